@@ -1,0 +1,193 @@
+"""`nsys-recipe`: list, run, doctor, setup-nsys, synth."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+import traceback
+from pathlib import Path
+
+from . import analyses, nsys_tool, resources
+from .errors import EXIT_MISSING_TOOL, EXIT_USAGE, PackError, UsageError
+
+MODES = ["none", "concurrent", "dask-futures"]
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, like every other usage error
+        raise UsageError(f"{self.prog}: {message}")
+
+
+def _comma_names(text: str) -> list[str]:
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError("empty recipe name")
+    return names
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="nsys-recipe", description="Multi-rank Nsight Systems recipes and notebooks.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    sub.add_parser("list", help="list the pack's recipes")
+
+    run = sub.add_parser("run", help="run a recipe over reports or exports")
+    run.add_argument("inputs", nargs="*", metavar="INPUT",
+                     help=".nsys-rep/.qdrep reports, .sqlite exports, *_pqtdir folders, folders or globs")
+    run.add_argument("--name", required=True, type=_comma_names, help="recipe name, or a comma-separated list")
+    run.add_argument("--input", dest="more_inputs", nargs="+", default=[], metavar="INPUT",
+                     help="inputs, as `nsys recipe` takes them")
+    run.add_argument("--output", default=None, help="output folder (default ./NAME-N)")
+    run.add_argument("--force-overwrite", action="store_true", help="replace an existing output folder")
+    run.add_argument("--mode", choices=MODES, default="concurrent", help="how ranks are processed")
+    run.add_argument("--engine", choices=["auto", "nsys", "pack"], default="auto",
+                     help="auto: `nsys recipe` for reports when nsys is found, else the pack's runner")
+    run.add_argument("--report", action="store_true", help="also execute the notebook and write report.html")
+    run.add_argument("--nsys", default=None, help="path of the nsys executable to use")
+    run.add_argument("--jobs", type=int, default=None, help="parallel workers (default: the core count)")
+    run.add_argument("--dask-scheduler", default=None, metavar="ADDRESS", help="scheduler for --mode dask-futures")
+    seen: set[str] = set()
+
+    def add(flag, **kw):
+        if flag not in seen:
+            seen.add(flag)
+            run.add_argument(flag, **kw)
+
+    for spec in analyses.RECIPES.values():
+        spec.add_arguments(add)
+
+    doctor = sub.add_parser("doctor", help="what nsys and packages the pack finds, and what is missing")
+    doctor.add_argument("--nsys", default=None)
+
+    setup = sub.add_parser("setup-nsys", help="fetch Nsight Systems from Debian's non-free archive")
+    setup.add_argument("--version", default=nsys_tool.DEFAULT_VERSION, choices=sorted(nsys_tool.RELEASES))
+    setup.add_argument("--with-host", action="store_true", help="also the host side, needed to make reports")
+
+    synth = sub.add_parser("synth", help="write SYNTHETIC exports with known stragglers (for tests, scale runs)")
+    try:
+        from . import synth as synth_mod
+
+        synth_mod.add_arguments(synth)
+    except ImportError:
+        pass
+    return p
+
+
+def cmd_list(args) -> int:
+    width = max(len(n) for n in analyses.RECIPES)
+    for name, spec in sorted(analyses.RECIPES.items()):
+        print(f"{name:<{width}}  {spec.description}")
+    return 0
+
+
+def _recipe_options(args, name: str) -> tuple[dict, list[str]]:
+    """Options as a dict for the pack's runner and as argv for `nsys recipe`."""
+    options, argv = {}, []
+    for key in analyses.OPTION_NAMES[name]:
+        value = getattr(args, key, None)
+        options[key] = value
+        if value is None:
+            continue
+        flag = "--" + key.replace("_", "-")
+        argv += [flag, ",".join(value) if isinstance(value, list) else str(value)]
+    return options, argv
+
+
+def cmd_run(args) -> int:
+    from . import runner, summary
+
+    inputs = list(args.inputs) + list(args.more_inputs)
+    names = args.name
+    for n in names:
+        analyses.get(n)
+    if len(set(names)) != len(names):
+        raise UsageError(f"--name lists a recipe twice: {','.join(names)}")
+    if args.mode == "dask-futures" and args.dask_scheduler:
+        os.environ.setdefault("DASK_SCHEDULER_ADDRESS", args.dask_scheduler)
+    base = Path(args.output) if args.output else None
+    if len(names) > 1:
+        base = base or runner.default_output("nsys-recipe")
+        runner.check_output(base, args.force_overwrite)
+    outs = []
+    for name in names:
+        output = (base / name) if len(names) > 1 else base
+        options, argv = _recipe_options(args, name)
+        options["_dask_scheduler"] = args.dask_scheduler
+        out = runner.run(name, inputs, str(output) if output else None, force=args.force_overwrite,
+                         mode=args.mode, engine=args.engine, report=args.report, nsys_path=args.nsys,
+                         jobs=args.jobs, options=options, argv_options=argv)
+        outs.append((name, out))
+        summary.print_summary(name, out)
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    ok = True
+    try:
+        nsys = nsys_tool.find_nsys(args.nsys)
+        print(f"nsys: {nsys.path} (version {nsys.version}, found via {nsys.source})")
+        framework = nsys.recipe_python_path()
+        print(f"  recipe framework: {framework / 'nsys_recipe' if framework else 'missing'}")
+        host = nsys.target_dir.parent / "host-linux-x64" / "QdstrmImporter"
+        print(f"  host side (needed to make reports): {'present' if host.exists() else 'missing'}"
+              + ("" if host.exists() else " -> nsys-recipe setup-nsys --with-host"))
+    except PackError as exc:
+        ok = False
+        print(f"nsys: not found -> nsys-recipe setup-nsys ({exc})")
+    print(f"python: {sys.executable} ({sys.version.split()[0]})")
+    for mod, needed in [("numpy", True), ("pandas", True), ("pyarrow", True), ("psutil", True),
+                        ("plotly", True), ("papermill", True), ("nbconvert", True), ("tqdm", True),
+                        ("dask", False), ("distributed", False)]:
+        try:
+            m = importlib.import_module(mod)
+            print(f"  {mod}: {getattr(m, '__version__', 'installed')}")
+        except ImportError:
+            ok = ok and not needed
+            hint = "pip install nsys-recipe-pack" if needed else "pip install 'dask[distributed]' (for --mode dask-futures)"
+            print(f"  {mod}: missing -> {hint}")
+    print(f"recipes: {resources.recipes_dir()} (use NSYS_RECIPE_PATH={resources.recipes_dir()} nsys recipe NAME)")
+    print(f"notebooks: {resources.notebooks_dir()}")
+    print(f"export cache: {nsys_tool.cache_root() / 'exports'}")
+    return 0 if ok else EXIT_MISSING_TOOL
+
+
+def cmd_setup(args) -> int:
+    path = nsys_tool.setup_nsys(args.version, with_host=args.with_host,
+                                log=lambda m: print(m, file=sys.stderr))
+    print(path)
+    return 0
+
+
+def cmd_synth(args) -> int:
+    from . import synth
+
+    return synth.main(args)
+
+
+COMMANDS = {"list": cmd_list, "run": cmd_run, "doctor": cmd_doctor, "setup-nsys": cmd_setup, "synth": cmd_synth}
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except PackError as exc:
+        print(f"nsys-recipe: error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("nsys-recipe: interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    except Exception as exc:  # a bug: one line unless asked for the traceback
+        if os.environ.get("NSYS_RECIPE_DEBUG"):
+            traceback.print_exc()
+        print(f"nsys-recipe: internal error: {type(exc).__name__}: {exc} "
+              "(set NSYS_RECIPE_DEBUG=1 for the traceback and report it)", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

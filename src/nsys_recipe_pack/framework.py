@@ -1,0 +1,53 @@
+"""The thin bridge between NVIDIA's recipe framework and the pack: used only by `recipes/*/*.py`.
+
+Nothing here imports `nsys_recipe`; the recipe modules pass in their Recipe object and context.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from . import analyses, runner
+from .errors import PackError
+
+
+def add_recipe_options(parser, name: str) -> None:
+    analyses.get(name).add_arguments(parser.add_recipe_argument)
+
+
+def nsys_of_framework() -> str | None:
+    """The nsys that runs this framework: target-linux-x64/python/packages/nsys_recipe -> ../../../nsys."""
+    mod = sys.modules.get("nsys_recipe")
+    if mod is None or not getattr(mod, "__file__", None):
+        return None
+    candidate = Path(mod.__file__).resolve().parents[3] / "nsys"
+    return str(candidate) if candidate.exists() else None
+
+
+def run_in_framework(recipe, context, name: str) -> None:
+    """Map with the framework's context, reduce and write with the pack's code."""
+    options = {k: recipe.get_parsed_arg(k) for k in analyses.OPTION_NAMES[name]}
+    inputs = [str(p) for p in recipe.get_parsed_arg("input")]
+    try:
+        mapped = context.wait(context.map(runner.map_file, inputs, recipe=name, options=options,
+                                          nsys_path=nsys_of_framework()))
+        tables, analysis = runner.reduce_all(name, mapped, options)
+    except PackError as exc:
+        print(f"nsys-recipe-pack error: {exc} [exit {exc.exit_code}]", file=sys.stderr)
+        raise SystemExit(exc.exit_code) from None
+    out = Path(recipe.get_output_dir())
+    analysis["engine"] = "nsys recipe"
+    found = nsys_of_framework()
+    if found:
+        from .nsys_tool import _version_of
+
+        analysis["nsys_version"] = _version_of(found)
+    for table in runner.write_tables(out, tables, analysis).values():
+        recipe.add_output_file(table)
+    recipe.add_output_file("analysis.json")
+    from . import resources
+
+    recipe.create_notebook(f"{name}.ipynb", dir_path=str(resources.notebooks_dir()))
+    recipe._analysis_dict.update({"InputFiles": inputs, "Outputs": recipe._output_files})
+    recipe.create_analysis_file()

@@ -1,0 +1,70 @@
+"""Vectorised interval arithmetic: assign events to windows, clip them, and take unions per group.
+
+Nsight Systems events are half-open [start, end) intervals in ns; these helpers never loop over events
+in Python, so they stay fast on millions of rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+
+def split_into_windows(
+    starts: np.ndarray, ends: np.ndarray, win_start: np.ndarray, win_end: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Clip each event to every window it overlaps.
+
+    Windows must be sorted by start and must not overlap. Returns (event_index, window_index,
+    clipped_start, clipped_end) with one row per (event, window) overlap of positive length.
+    """
+    starts = np.asarray(starts, dtype=np.int64)
+    ends = np.asarray(ends, dtype=np.int64)
+    win_start = np.asarray(win_start, dtype=np.int64)
+    win_end = np.asarray(win_end, dtype=np.int64)
+    empty = np.zeros(0, dtype=np.int64)
+    if len(starts) == 0 or len(win_start) == 0:
+        return empty, empty, empty, empty
+    # first window that ends after the event starts; last window that starts before the event ends
+    first = np.searchsorted(win_end, starts, side="right")
+    last = np.searchsorted(win_start, ends, side="left") - 1
+    span = np.maximum(last - first + 1, 0)
+    ev = np.repeat(np.arange(len(starts)), span)
+    offsets = np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)
+    win = np.repeat(first, span) + offsets
+    cs = np.maximum(starts[ev], win_start[win])
+    ce = np.minimum(ends[ev], win_end[win])
+    keep = ce > cs
+    return ev[keep], win[keep], cs[keep], ce[keep]
+
+
+def union_length(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pd.Series:
+    """Total length of the union of intervals within each group (index = group value)."""
+    if len(starts) == 0:
+        return pd.Series(dtype="int64")
+    df = pd.DataFrame({"g": group, "s": np.asarray(starts, np.int64), "e": np.asarray(ends, np.int64)})
+    df = df.sort_values(["g", "s"], kind="mergesort")
+    reach = df.groupby("g", sort=False)["e"].cummax()
+    prev_reach = reach.groupby(df["g"], sort=False).shift(1)
+    new_segment = prev_reach.isna() | (df["s"] > prev_reach)
+    seg_id = new_segment.cumsum()
+    segs = pd.DataFrame({"g": df["g"], "seg": seg_id, "s": df["s"], "e": df["e"]})
+    agg = segs.groupby(["g", "seg"], sort=False).agg(s=("s", "min"), e=("e", "max"))
+    return (agg["e"] - agg["s"]).groupby(level=0).sum().astype("int64")
+
+
+def union_segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The disjoint segments covering a set of intervals (one group)."""
+    if len(starts) == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = np.argsort(starts, kind="mergesort")
+    s = np.asarray(starts, np.int64)[order]
+    e = np.asarray(ends, np.int64)[order]
+    reach = np.maximum.accumulate(e)
+    new = np.ones(len(s), dtype=bool)
+    new[1:] = s[1:] > reach[:-1]
+    seg = np.cumsum(new) - 1
+    seg_start = s[new]
+    seg_end = np.zeros(len(seg_start), np.int64)
+    np.maximum.at(seg_end, seg, e)
+    return seg_start, seg_end

@@ -1,0 +1,520 @@
+"""Load one rank: find the inputs, export a report when needed (cached), read only the needed columns.
+
+Every recipe sees the same normalised frames (`RankData`) whatever the input was: a `.nsys-rep` or
+`.qdrep` (exported through nsys to Parquet, cached by the report's name, size, mtime and the nsys
+version), an `nsys export --type sqlite` file, or an `nsys export --type parquetdir` folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import hashlib
+import json
+import os
+import re
+import shutil
+import sqlite3
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow.parquet as pq
+
+from . import nsys_tool
+from .errors import BadInputError, UsageError
+
+REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+PID_SHIFT = 24
+PID_MASK = 0xFFFFFF
+
+# What each kind of data needs from an export: table -> columns (only those are read).
+TABLES = {
+    "nvtx": {"NVTX_EVENTS": ["start", "end", "eventType", "text", "textId", "globalTid", "endGlobalTid",
+                             "domainId"]},
+    "kernel": {"CUPTI_ACTIVITY_KIND_KERNEL": ["start", "end", "deviceId", "streamId", "correlationId",
+                                              "globalPid", "shortName", "demangledName", "graphNodeId"]},
+    "memcpy": {"CUPTI_ACTIVITY_KIND_MEMCPY": ["start", "end", "deviceId", "streamId", "correlationId",
+                                              "globalPid", "bytes", "copyKind", "srcKind", "dstKind"]},
+    "memset": {"CUPTI_ACTIVITY_KIND_MEMSET": ["start", "end", "deviceId", "streamId", "correlationId",
+                                              "globalPid", "bytes"]},
+    "runtime": {"CUPTI_ACTIVITY_KIND_RUNTIME": ["start", "end", "globalTid", "correlationId", "nameId"]},
+    "sync": {"CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": ["start", "end", "deviceId", "streamId", "correlationId",
+                                                      "globalPid", "syncType"]},
+}
+ALWAYS = ["StringIds", "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV", "META_DATA_EXPORT",
+          "EXPORT_META_DATA", "PROCESSES"]
+MPI_PREFIX = "MPI_"
+
+RANK_ENV_KEYS = ["RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK"]
+LOCAL_RANK_ENV_KEYS = ["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
+                       "MV2_COMM_WORLD_LOCAL_RANK"]
+HOST_ENV_KEYS = ["HOSTNAME", "SLURMD_NODENAME", "PMIX_HOSTNAME"]
+NVTX_RANK_RE = re.compile(r"^\s*(?:MPI\s+)?rank\s*[:#_-]?\s*(\d+)\s*$", re.IGNORECASE)
+FILE_RANK_RE = re.compile(r"(?:rank[_-]?|(?<=[_.-])r)(\d+)(?![0-9])", re.IGNORECASE)
+
+
+@dataclass
+class RankData:
+    """One rank's events, with names resolved and times exactly as exported (ns)."""
+
+    file: str
+    pid: int | None
+    session_start_ns: int  # TARGET_INFO_SESSION_START_TIME.utcEpochNs, 0 when absent
+    env: dict = field(default_factory=dict)
+    rank_candidates: dict = field(default_factory=dict)  # source -> rank
+    host: str | None = None
+    local_rank: int | None = None
+    nvtx: pd.DataFrame | None = None
+    kernels: pd.DataFrame | None = None
+    memcpy: pd.DataFrame | None = None
+    memset: pd.DataFrame | None = None
+    runtime: pd.DataFrame | None = None
+    sync: pd.DataFrame | None = None
+    mpi: pd.DataFrame | None = None
+    has_cuda: bool = False
+
+    @property
+    def gpu(self) -> int | None:
+        if self.kernels is not None and len(self.kernels):
+            return int(self.kernels["device"].mode().iloc[0])
+        return None
+
+
+# ---------------------------------------------------------------------------------------------------
+# inputs
+
+
+def input_kind(path: Path) -> str | None:
+    name = path.name
+    if path.is_dir():
+        if name.endswith("_pqtdir") or (path / "StringIds.parquet").exists():
+            return "parquetdir"
+        return None
+    if name.endswith(REPORT_SUFFIXES):
+        return "report"
+    if name.endswith(".sqlite"):
+        return "sqlite"
+    return None
+
+
+def expand_inputs(inputs: list[str]) -> list[Path]:
+    """Files, folders and globs -> the list of rank inputs, one per report (exports beside a report
+    of the same name are skipped: the report is the source of truth)."""
+    if not inputs:
+        raise UsageError("no inputs given; pass report files, export files or folders holding them")
+    found: list[Path] = []
+    for raw in inputs:
+        matches = [Path(p) for p in sorted(glob.glob(raw))] if glob.has_magic(raw) else [Path(raw)]
+        if not matches:
+            raise BadInputError(f"{raw}: no file matches this pattern")
+        for p in matches:
+            if not p.exists():
+                raise BadInputError(f"{p}: no such file or folder")
+            kind = input_kind(p)
+            if kind is not None:
+                found.append(p)
+            elif p.is_dir():
+                inner = [c for c in sorted(p.iterdir()) if input_kind(c) is not None]
+                if not inner:
+                    raise BadInputError(
+                        f"{p}: folder holds no reports (.nsys-rep, .qdrep) or exports (.sqlite, *_pqtdir)"
+                    )
+                found.extend(inner)
+            else:
+                raise BadInputError(
+                    f"{p}: not a report or export; expected .nsys-rep, .qdrep, .sqlite or a *_pqtdir folder"
+                )
+    by_stem: dict[tuple[Path, str], Path] = {}
+    for p in found:
+        stem = _stem(p)
+        key = (p.parent.resolve(), stem)
+        prev = by_stem.get(key)
+        if prev is None or (input_kind(p) == "report" and input_kind(prev) != "report"):
+            by_stem[key] = p
+    unique = list(dict.fromkeys(by_stem.values()))
+    return sorted(unique, key=lambda x: str(x))
+
+
+def _stem(p: Path) -> str:
+    name = p.name
+    for suffix in (*REPORT_SUFFIXES, ".sqlite", "_pqtdir"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+# ---------------------------------------------------------------------------------------------------
+# export sources
+
+
+class ExportSource:
+    """Read-only access to an export's tables, reading only the columns asked for."""
+
+    def __init__(self, path: Path, kind: str, origin: Path | None = None):
+        self.path = path
+        self.kind = kind
+        self.origin = origin or path
+        if kind == "sqlite":
+            self._check_sqlite()
+            self._con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            self._tables = {r[0] for r in self._con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        else:
+            self._tables = {f.name[: -len(".parquet")] for f in path.glob("*.parquet")}
+        self._cols: dict[str, list[str]] = {}
+
+    def _check_sqlite(self) -> None:
+        with open(self.path, "rb") as fh:
+            head = fh.read(16)
+        if not head:
+            raise BadInputError(f"{self.path}: empty file; re-export it with `nsys export --type sqlite`")
+        if head != b"SQLite format 3\x00":
+            raise BadInputError(f"{self.path}: not an SQLite file; make it with `nsys export --type sqlite REPORT`")
+
+    def close(self) -> None:
+        if self.kind == "sqlite":
+            self._con.close()
+
+    @property
+    def tables(self) -> set[str]:
+        return self._tables
+
+    def has(self, table: str) -> bool:
+        return table in self._tables
+
+    def columns(self, table: str) -> list[str]:
+        if table not in self._cols:
+            if self.kind == "sqlite":
+                self._cols[table] = [r[1] for r in self._con.execute(f'PRAGMA table_info("{table}")')]
+            else:
+                self._cols[table] = list(pq.read_schema(self.path / f"{table}.parquet").names)
+        return self._cols[table]
+
+    def read(self, table: str, columns: list[str] | None = None) -> pd.DataFrame:
+        if not self.has(table):
+            return pd.DataFrame(columns=columns or [])
+        have = self.columns(table)
+        cols = [c for c in (columns or have) if c in have]
+        if self.kind == "sqlite":
+            sel = ", ".join(f'"{c}"' for c in cols) or "*"
+            return pd.read_sql_query(f'SELECT {sel} FROM "{table}"', self._con)
+        return pq.read_table(self.path / f"{table}.parquet", columns=cols).to_pandas()
+
+
+# ---------------------------------------------------------------------------------------------------
+# export cache for reports
+
+
+def _report_key(report: Path, nsys: nsys_tool.Nsys) -> str:
+    st = report.stat()
+    h = hashlib.sha1()
+    h.update(f"{report.name}|{st.st_size}|{st.st_mtime_ns}|{nsys.version}".encode())
+    with open(report, "rb") as fh:  # a little content, so two different reports never share a key
+        h.update(fh.read(65536))
+        if st.st_size > 65536:
+            fh.seek(-65536, os.SEEK_END)
+            h.update(fh.read(65536))
+    return h.hexdigest()[:24]
+
+
+def export_cache_dir() -> Path:
+    return nsys_tool.cache_root() / "exports"
+
+
+def _check_report_file(report: Path) -> None:
+    size = report.stat().st_size
+    if size == 0:
+        raise BadInputError(f"{report}: empty file; profile again or copy the report completely")
+
+
+def export_report(report: Path, tables: list[str], nsys: nsys_tool.Nsys) -> Path:
+    """Parquet export of the given tables, cached and reused while the report is unchanged.
+
+    Tables are exported on demand: a later recipe needing more tables adds them to the same entry.
+    """
+    _check_report_file(report)
+    entry = export_cache_dir() / _report_key(report, nsys)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    manifest_path = entry / "manifest.json"
+    with _locked(entry.with_suffix(".lock")):
+        manifest = _read_manifest(manifest_path)
+        requested = set(manifest.get("requested", []))
+        missing = [t for t in tables if t not in requested]
+        if not missing:
+            return entry
+        entry.mkdir(exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=entry.parent))
+        try:
+            out = tmp / "x_pqtdir"
+            patterns = ",".join(f"^{t}$" if not t.endswith("*") else f"^{t[:-1]}.*" for t in missing)
+            nsys_tool.run_nsys(
+                nsys,
+                ["export", "--type", "parquetdir", "--quiet", "true", "--force-overwrite", "true",
+                 "--tables", patterns, "--output", str(out), str(report)],
+                report=report,
+            )
+            for f in out.glob("*.parquet") if out.exists() else []:
+                os.replace(f, entry / f.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        manifest = {
+            "report": str(report.resolve()),
+            "nsys_version": nsys.version,
+            "requested": sorted(requested | set(missing)),
+        }
+        tmp_manifest = entry / f".manifest.{os.getpid()}.json"
+        tmp_manifest.write_text(json.dumps(manifest, indent=1))
+        os.replace(tmp_manifest, manifest_path)
+    return entry
+
+
+def _read_manifest(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path):
+    with open(lock_path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def table_names(needs: set[str]) -> list[str]:
+    names = list(ALWAYS)
+    for need in sorted(needs):
+        names.extend(TABLES.get(need, {}))
+    if "mpi" in needs:
+        names.append(MPI_PREFIX + "*")
+    return names
+
+
+def open_source(path: Path, needs: set[str], nsys_path: str | None = None) -> ExportSource:
+    kind = input_kind(path)
+    if kind == "report":
+        nsys = nsys_tool.find_nsys(nsys_path)
+        entry = export_report(path, table_names(needs), nsys)
+        return ExportSource(entry, "parquetdir", origin=path)
+    if kind == "sqlite":
+        if path.stat().st_size == 0:
+            raise BadInputError(f"{path}: empty file; re-export it with `nsys export --type sqlite`")
+        return ExportSource(path, "sqlite")
+    if kind == "parquetdir":
+        return ExportSource(path, "parquetdir")
+    raise BadInputError(f"{path}: not a report or export")
+
+
+# ---------------------------------------------------------------------------------------------------
+# reading and normalising
+
+
+def _pid_of(global_id: pd.Series) -> np.ndarray:
+    return ((global_id.astype("uint64") >> np.uint64(PID_SHIFT)) & np.uint64(PID_MASK)).astype("int64").to_numpy()
+
+
+def _strings(src: ExportSource) -> pd.Series:
+    s = src.read("StringIds", ["id", "value"])
+    return pd.Series(s["value"].to_numpy(), index=s["id"].astype("int64").to_numpy())
+
+
+def _lookup(strings: pd.Series, ids: pd.Series) -> pd.Series:
+    ids = pd.to_numeric(ids, errors="coerce")
+    out = pd.Series(strings.reindex(ids.fillna(-1).astype("int64").to_numpy()).to_numpy(), index=ids.index)
+    return out.astype(object)
+
+
+def _env(src: ExportSource) -> dict:
+    if not src.has("TARGET_INFO_SYSTEM_ENV"):
+        return {}
+    env = src.read("TARGET_INFO_SYSTEM_ENV", ["name", "value"])
+    row = env.loc[env["name"] == "DeviceEnvironment", "value"]
+    if row.empty:
+        return {}
+    out = {}
+    for item in str(row.iloc[0]).split(";"):
+        key, sep, value = item.partition("=")
+        if sep:
+            out[key.strip()] = value
+    return out
+
+
+def _session_start(src: ExportSource) -> int:
+    if not src.has("TARGET_INFO_SESSION_START_TIME"):
+        return 0
+    t = src.read("TARGET_INFO_SESSION_START_TIME", ["utcEpochNs"])
+    vals = pd.to_numeric(t["utcEpochNs"], errors="coerce").dropna()
+    return int(vals.iloc[0]) if len(vals) else 0
+
+
+def _read_nvtx(src: ExportSource, strings: pd.Series) -> pd.DataFrame:
+    cols = TABLES["nvtx"]["NVTX_EVENTS"]
+    raw = src.read("NVTX_EVENTS", cols)
+    if raw.empty:
+        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in
+                             [("start_ns", "int64"), ("end_ns", "Int64"), ("event_type", "int64"),
+                              ("name", object), ("domain", object), ("tid", "int64"), ("pid", "int64")]})
+    text = raw["text"].astype(object) if "text" in raw else pd.Series(None, index=raw.index, dtype=object)
+    if "textId" in raw:
+        text = text.where(text.notna(), _lookup(strings, raw["textId"]))
+    domain_id = pd.to_numeric(raw.get("domainId", pd.Series(0, index=raw.index)), errors="coerce").fillna(0)
+    domain_id = domain_id.astype("int64")
+    event_type = raw["eventType"].astype("int64")
+    tid = pd.to_numeric(raw["globalTid"], errors="coerce").fillna(0).astype("uint64")
+    create = event_type == 75
+    domains = pd.Series(text[create].to_numpy(), index=domain_id[create].to_numpy())
+    domains = domains[~domains.index.duplicated()]
+    domain = pd.Series(domains.reindex(domain_id.to_numpy()).to_numpy(), index=raw.index).fillna("")
+    out = pd.DataFrame({
+        "start_ns": raw["start"].astype("int64"),
+        "end_ns": pd.to_numeric(raw["end"], errors="coerce").astype("Int64"),
+        "event_type": event_type,
+        "name": text.fillna(""),
+        "domain": domain,
+        "tid": tid.astype("int64"),
+        "pid": _pid_of(tid),
+    })
+    return out[~create].reset_index(drop=True)
+
+
+def _read_gpu(src: ExportSource, table: str, cols: list[str], strings: pd.Series) -> pd.DataFrame:
+    raw = src.read(table, cols)
+    out = pd.DataFrame({
+        "start_ns": raw["start"].astype("int64") if len(raw) else pd.Series(dtype="int64"),
+        "end_ns": raw["end"].astype("int64") if len(raw) else pd.Series(dtype="int64"),
+    })
+    for src_col, dst in [("deviceId", "device"), ("streamId", "stream"), ("correlationId", "correlation_id"),
+                         ("bytes", "bytes"), ("copyKind", "copy_kind"), ("srcKind", "src_kind"),
+                         ("dstKind", "dst_kind"), ("syncType", "sync_type"), ("graphNodeId", "graph_node_id")]:
+        if src_col in raw:
+            out[dst] = pd.to_numeric(raw[src_col], errors="coerce").astype("Int64")
+    gp = raw["globalPid"] if "globalPid" in raw else pd.Series(0, index=raw.index)
+    out["pid"] = _pid_of(pd.to_numeric(gp, errors="coerce").fillna(0))
+    if "shortName" in raw:
+        out["name"] = _lookup(strings, raw["shortName"]).fillna("")
+        full = raw["demangledName"] if "demangledName" in raw else raw["shortName"]
+        out["full_name"] = _lookup(strings, full).fillna(out["name"])
+    return out
+
+
+def _read_runtime(src: ExportSource, strings: pd.Series) -> pd.DataFrame:
+    raw = src.read("CUPTI_ACTIVITY_KIND_RUNTIME", TABLES["runtime"]["CUPTI_ACTIVITY_KIND_RUNTIME"])
+    tid = pd.to_numeric(raw["globalTid"], errors="coerce").fillna(0).astype("uint64") if len(raw) else \
+        pd.Series(dtype="uint64")
+    return pd.DataFrame({
+        "start_ns": raw["start"].astype("int64") if len(raw) else pd.Series(dtype="int64"),
+        "end_ns": raw["end"].astype("int64") if len(raw) else pd.Series(dtype="int64"),
+        "tid": tid.astype("int64"),
+        "pid": _pid_of(tid) if len(raw) else np.zeros(0, np.int64),
+        "correlation_id": pd.to_numeric(raw["correlationId"], errors="coerce").astype("Int64")
+        if len(raw) else pd.Series(dtype="Int64"),
+        "name": _lookup(strings, raw["nameId"]).fillna("") if len(raw) else pd.Series(dtype=object),
+    })
+
+
+def _read_mpi(src: ExportSource, strings: pd.Series) -> pd.DataFrame:
+    frames = []
+    for table in sorted(t for t in src.tables if t.startswith(MPI_PREFIX) and t.endswith("_EVENTS")):
+        raw = src.read(table, ["start", "end", "globalTid", "textId"])
+        if raw.empty:
+            continue
+        tid = pd.to_numeric(raw["globalTid"], errors="coerce").fillna(0).astype("uint64")
+        frames.append(pd.DataFrame({
+            "start_ns": raw["start"].astype("int64"),
+            "end_ns": raw["end"].astype("int64"),
+            "tid": tid.astype("int64"),
+            "pid": _pid_of(tid),
+            "name": _lookup(strings, raw["textId"]).fillna("MPI") if "textId" in raw else "MPI",
+        }))
+    if not frames:
+        return pd.DataFrame({"start_ns": pd.Series(dtype="int64"), "end_ns": pd.Series(dtype="int64"),
+                             "tid": pd.Series(dtype="int64"), "pid": pd.Series(dtype="int64"),
+                             "name": pd.Series(dtype=object)})
+    return pd.concat(frames, ignore_index=True)
+
+
+def _first_int(env: dict, keys: list[str]) -> tuple[int, str] | None:
+    for key in keys:
+        value = env.get(key, "").strip()
+        if value.lstrip("-").isdigit():
+            return int(value), key
+    return None
+
+
+def load_file(path: Path, needs: set[str], nsys_path: str | None = None) -> list[RankData]:
+    """Read one input and split it into ranks (one per process that did GPU work, or NVTX work)."""
+    src = open_source(path, needs, nsys_path)
+    try:
+        if not (src.has("StringIds") or src.has("NVTX_EVENTS") or src.has("TARGET_INFO_SESSION_START_TIME")
+                or src.kind == "parquetdir" and src.origin != src.path):
+            raise BadInputError(f"{path}: not an Nsight Systems export (no StringIds, NVTX_EVENTS or "
+                                "TARGET_INFO_* tables); export the report with `nsys export`")
+        strings = _strings(src) if src.has("StringIds") else pd.Series(dtype=object)
+        env = _env(src)
+        session = _session_start(src)
+        frames: dict[str, pd.DataFrame] = {}
+        nvtx_all = _read_nvtx(src, strings)
+        if "nvtx" in needs:
+            frames["nvtx"] = nvtx_all
+        for need, attr in [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")]:
+            if need in needs:
+                (table, cols), = TABLES[need].items()
+                frames[attr] = _read_gpu(src, table, cols, strings)
+        if "runtime" in needs:
+            frames["runtime"] = _read_runtime(src, strings)
+        if "mpi" in needs:
+            frames["mpi"] = _read_mpi(src, strings)
+        has_cuda = any(src.has(t) for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                                            "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_RUNTIME"))
+    finally:
+        src.close()
+
+    gpu_pids: set[int] = set()
+    if has_cuda:
+        gpu_tables = [src_tbl for src_tbl in (("kernel", "CUPTI_ACTIVITY_KIND_KERNEL"),
+                                               ("memcpy", "CUPTI_ACTIVITY_KIND_MEMCPY"))]
+        for need, _ in gpu_tables:
+            attr = "kernels" if need == "kernel" else need
+            if attr in frames:
+                gpu_pids.update(int(p) for p in np.unique(frames[attr]["pid"]))
+        if not gpu_pids and "runtime" in frames:
+            gpu_pids.update(int(p) for p in np.unique(frames["runtime"]["pid"]))
+    nvtx_ranges = nvtx_all[nvtx_all["event_type"].isin([59, 60])]
+    pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(nvtx_ranges["pid"]))
+    if not pids:
+        pids = [None]
+
+    file_rank = None
+    m = FILE_RANK_RE.search(_stem(path))
+    if m:
+        file_rank = int(m.group(1))
+    host = next((env[k] for k in HOST_ENV_KEYS if env.get(k)), None)
+    local = _first_int(env, LOCAL_RANK_ENV_KEYS)
+    env_rank = _first_int(env, RANK_ENV_KEYS)
+
+    ranks = []
+    for pid in pids:
+        cands: dict = {}
+        if env_rank is not None and len(pids) == 1:
+            cands["env"] = env_rank
+        names = nvtx_all["name"] if pid is None else nvtx_all.loc[nvtx_all["pid"] == pid, "name"]
+        hits = names[names.str.contains("rank", case=False, regex=False)].str.extract(NVTX_RANK_RE)[0].dropna()
+        if len(hits) and hits.nunique() == 1:
+            cands["nvtx"] = (int(hits.iloc[0]), "NVTX")
+        if file_rank is not None and len(pids) == 1:
+            cands["filename"] = (file_rank, "file name")
+        rd = RankData(file=str(path), pid=pid, session_start_ns=session, env=env, rank_candidates=cands,
+                      host=host, local_rank=local[0] if local and len(pids) == 1 else None, has_cuda=has_cuda)
+        for attr, df in frames.items():
+            if pid is not None and len(pids) > 1 and "pid" in df:
+                df = df[df["pid"] == pid].reset_index(drop=True)
+            setattr(rd, attr, df)
+        ranks.append(rd)
+    return ranks

@@ -1,0 +1,271 @@
+"""Map over ranks, reduce across them, write the output folder atomically.
+
+Two engines give the same tables: the pack's own (a process pool over the inputs) and NVIDIA's recipe
+framework (`nsys recipe NAME`, which calls back into `map_file` and `reduce_all` from the recipe
+module in `recipes/`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+
+from . import analyses, loader, nsys_tool, progress, resources
+from .errors import BadInputError, MissingToolError, PackError, UsageError
+from .ranks import assign_ranks
+
+FILES_COLUMNS = ["rank", "file", "rank_source", "host", "local_rank", "gpu", "pid"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# map
+
+
+def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None) -> list[dict]:
+    """Load one input and run the recipe's per-rank analysis on each rank it holds."""
+    spec = analyses.get(recipe)
+    out = []
+    for rd in loader.load_file(Path(path), set(spec.needs), nsys_path):
+        res = spec.map_rank(rd, options)
+        res["identity"] = {
+            "file": rd.file, "pid": rd.pid, "candidates": rd.rank_candidates, "host": rd.host,
+            "local_rank": rd.local_rank, "gpu": rd.gpu, "session_start_ns": rd.session_start_ns,
+        }
+        out.append(res)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# reduce
+
+
+def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[dict, dict]:
+    spec = analyses.get(recipe)
+    results = [r for per_file in mapped for r in per_file]
+    if not results:
+        raise BadInputError("no ranks to analyse: the inputs hold no processes with NVTX or CUDA data")
+    ids = pd.DataFrame([{**r["identity"], "order": i} for i, r in enumerate(results)])
+    ids["pid"] = ids["pid"].astype("Int64")
+    ids = assign_ranks(ids)
+    sessions = ids["session_start_ns"].astype("int64")
+    base = int(sessions[sessions > 0].min()) if (sessions > 0).any() else 0
+    notes = []
+    per_rank = []
+    for _, row in ids.iterrows():
+        res = results[int(row["order"])]
+        offset = int(row["session_start_ns"]) - base if row["session_start_ns"] > 0 else 0
+        per_rank.append({**res, "rank": int(row["rank"]), "offset_ns": offset})
+
+    delimiter = None
+    if spec.per_iteration:
+        keys = Counter(json.dumps(r["delimiter"], sort_keys=True) for r in per_rank)
+        chosen, _ = keys.most_common(1)[0]
+        delimiter = json.loads(chosen)
+        odd = [r for r in per_rank if json.dumps(r["delimiter"], sort_keys=True) != chosen]
+        if odd:
+            notes.append(
+                f"{len(odd)} rank(s) chose a different iteration delimiter and were left out: "
+                + ", ".join(f"rank {r['rank']} ({r['delimiter']['name']})" for r in odd[:10])
+                + f"; pass --iteration {delimiter['name']} to use one delimiter everywhere"
+            )
+            per_rank = [r for r in per_rank if r not in odd]
+
+    tables = spec.reduce(per_rank, options)
+    settings = tables.pop("settings", {})
+    files = ids.rename(columns={})[["rank", "file", "rank_source", "host", "local_rank", "gpu", "pid"]].copy()
+    files["local_rank"] = files["local_rank"].astype("Int64")
+    files["gpu"] = files["gpu"].astype("Int64")
+    tables["files"] = files.sort_values("rank").reset_index(drop=True)
+    analysis = {
+        "recipe": recipe,
+        "delimiter": delimiter,
+        "ranks": int(len(per_rank)),
+        "iterations": int(max((len(r.get("iterations", [])) for r in per_rank), default=0)),
+        "options": {k: v for k, v in options.items() if not k.startswith("_")},
+        **settings,
+        "notes": notes,
+    }
+    return tables, analysis
+
+
+# ---------------------------------------------------------------------------------------------------
+# output folder
+
+
+def default_output(name: str, cwd: Path | None = None) -> Path:
+    cwd = cwd or Path.cwd()
+    i = 1
+    while (cwd / f"{name}-{i}").exists():
+        i += 1
+    return cwd / f"{name}-{i}"
+
+
+def check_output(output: Path, force: bool) -> None:
+    if output.exists() and not force:
+        raise UsageError(f"{output}: output folder already exists; pass --force-overwrite or choose --output")
+
+
+def staging_dir(output: Path) -> Path:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
+
+
+def publish(staged: Path, output: Path, force: bool) -> None:
+    """Move a finished staging folder into place; an old output goes only once the new one is whole."""
+    if output.exists():
+        if not force:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise UsageError(f"{output}: output folder already exists; pass --force-overwrite")
+        trash = output.parent / f".{output.name}.old-{os.getpid()}"
+        os.replace(output, trash)
+        os.replace(staged, output)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        os.replace(staged, output)
+
+
+def write_tables(out_dir: Path, tables: dict, analysis: dict) -> dict:
+    written = {}
+    for name, df in tables.items():
+        path = out_dir / f"{name}.parquet"
+        df.to_parquet(path, index=False)
+        written[name] = path.name
+    (out_dir / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
+    return written
+
+
+def write_nsys_analysis(out_dir: Path, final_name: str, recipe: str, mode: str, inputs: list[str], outputs: dict,
+                        started: datetime) -> None:
+    spec = analyses.get(recipe)
+    doc = {
+        "RecipeJsonVersion": "1.2.0",
+        "RecipeName": recipe,
+        "DisplayName": spec.display_name,
+        "Mode": mode,
+        "StartTime": str(started),
+        "EndTime": str(datetime.now()),
+        "InputFiles": inputs,
+        "Outputs": outputs,
+    }
+    (out_dir / f"{final_name}.nsys-analysis").write_text(json.dumps(doc, indent=4))
+
+
+def copy_notebook(out_dir: Path, recipe: str) -> None:
+    nb = resources.notebook_path(recipe)
+    if nb.exists():
+        shutil.copy(nb, out_dir / nb.name)
+
+
+# ---------------------------------------------------------------------------------------------------
+# engines
+
+
+def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jobs: int | None,
+                    nsys_path: str | None) -> list[list[dict]]:
+    args = [(str(f), recipe, options, nsys_path) for f in files]
+    if mode == "none" or len(files) == 1:
+        return [map_file(*a) for a in progress.iterate(args, total=len(args), desc=recipe)]
+    if mode == "dask-futures":
+        return _run_dask(args, options)
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(files)))
+    results: list = [None] * len(args)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(map_file, *a): i for i, a in enumerate(args)}
+        for fut in progress.iterate(as_completed(futures), total=len(futures), desc=recipe):
+            results[futures[fut]] = fut.result()
+    return results
+
+
+def _run_dask(args: list[tuple], options: dict) -> list[list[dict]]:
+    try:
+        from distributed import Client
+    except ImportError:
+        raise MissingToolError("--mode dask-futures needs dask and distributed: "
+                               "pip install 'dask[distributed]'") from None
+    address = options.get("_dask_scheduler")
+    with Client(address) if address else Client(processes=True, n_workers=os.cpu_count() or 1) as client:
+        futures = [client.submit(map_file, *a, pure=False) for a in args]
+        return client.gather(futures)
+
+
+def run_framework_engine(recipe: str, files: list[Path], argv_options: list[str], mode: str,
+                         nsys: nsys_tool.Nsys, staged: Path) -> None:
+    """Run through `nsys recipe` with the pack's recipes on NSYS_RECIPE_PATH into `staged`."""
+    env = nsys_tool.recipe_env(nsys, resources.recipes_dir())
+    cmd = [str(nsys.path), "recipe", recipe, "--mode", mode, "--output", str(staged),
+           "--input", *[str(f) for f in files], *argv_options]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if res.returncode != 0 or not staged.exists():
+        tail = "\n".join((res.stderr + res.stdout).strip().splitlines()[-15:])
+        pack_error = [ln for ln in tail.splitlines() if ln.startswith("nsys-recipe-pack error:")]
+        if pack_error:
+            code = int(pack_error[-1].split("[exit ")[-1].rstrip("]")) if "[exit " in pack_error[-1] else 3
+            raise PackError(pack_error[-1].split(":", 1)[1].split(" [exit")[0].strip(), code)
+        raise PackError(f"`nsys recipe {recipe}` failed (exit {res.returncode}):\n{tail}", 3)
+
+
+def run(recipe: str, inputs: list[str], output: str | None = None, *, force: bool = False,
+        mode: str = "concurrent", engine: str = "auto", report: bool = False, nsys_path: str | None = None,
+        jobs: int | None = None, options: dict | None = None, argv_options: list[str] | None = None,
+        log=None) -> Path:
+    """Run one pack recipe end to end and return its output folder."""
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    analyses.get(recipe)
+    options = dict(options or {})
+    files = loader.expand_inputs(inputs)
+    out = Path(output) if output else default_output(recipe)
+    check_output(out, force)
+    all_reports = all(loader.input_kind(f) == "report" for f in files)
+    nsys = None
+    if engine in ("auto", "nsys") and all_reports:
+        nsys = nsys_tool.find_nsys(nsys_path, required=engine == "nsys")
+        if nsys is not None and nsys.recipe_python_path() is None:
+            if engine == "nsys":
+                raise MissingToolError(f"{nsys.path}: this nsys has no recipe framework (python/packages/"
+                                       "nsys_recipe); use --engine pack or run `nsys-recipe setup-nsys`")
+            nsys = None
+    elif engine == "nsys":
+        raise UsageError("--engine nsys needs every input to be a .nsys-rep/.qdrep report "
+                         "(`nsys recipe` takes no exports)")
+    started = datetime.now()
+    staged = staging_dir(out)
+    try:
+        if nsys is not None:
+            log(f"running {recipe} through `nsys recipe` ({nsys.version}) on {len(files)} report(s)")
+            shutil.rmtree(staged)
+            run_framework_engine(recipe, files, list(argv_options or []), mode, nsys, staged)
+        else:
+            log(f"running {recipe} with the pack's runner on {len(files)} input(s)")
+            mapped = run_pack_engine(recipe, files, options, mode, jobs, nsys_path)
+            tables, analysis = reduce_all(recipe, mapped, options)
+            analysis["engine"] = "pack"
+            analysis["nsys_version"] = _nsys_version_or_none(files, nsys_path)
+            written = write_tables(staged, tables, analysis)
+            copy_notebook(staged, recipe)
+            write_nsys_analysis(staged, out.name, recipe, mode, [str(f) for f in files], written, started)
+        if report:
+            from .notebook import render_report
+
+            render_report(recipe, staged)
+        publish(staged, out, force)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return out
+
+
+def _nsys_version_or_none(files: list[Path], nsys_path: str | None) -> str | None:
+    if any(loader.input_kind(f) == "report" for f in files):
+        found = nsys_tool.find_nsys(nsys_path, required=False)
+        return found.version if found else None
+    return None
