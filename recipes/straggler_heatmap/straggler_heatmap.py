@@ -2,6 +2,7 @@
 
 from nsys_recipe.lib import recipe
 from nsys_recipe.lib.args import Option
+
 from nsys_recipe_pack import framework
 
 

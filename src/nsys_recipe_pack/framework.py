@@ -48,6 +48,7 @@ def run_in_framework(recipe, context, name: str) -> None:
     recipe.add_output_file("analysis.json")
     from . import resources
 
-    recipe.create_notebook(f"{name}.ipynb", dir_path=str(resources.notebooks_dir()))
+    if resources.notebook_path(name).exists():
+        recipe.create_notebook(f"{name}.ipynb", dir_path=str(resources.notebooks_dir()))
     recipe._analysis_dict.update({"InputFiles": inputs, "Outputs": recipe._output_files})
     recipe.create_analysis_file()

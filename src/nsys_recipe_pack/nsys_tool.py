@@ -253,7 +253,7 @@ def _layout(unpacked: Path, staged: Path, with_host: bool) -> None:
 
 
 def newer_report_error(path: Path, stderr: str, nsys: Nsys) -> BadInputError | None:
-    m = re.search(r"created in Nsight Systems version\s*([0-9.]+)", stderr)
+    m = re.search(r"created in Nsight Systems version\s*\(?\s*(\d+(?:\.\d+)+)", stderr)
     if "newer than" in stderr or m:
         made_by = m.group(1) if m else "a newer release"
         return BadInputError(

@@ -1,0 +1,44 @@
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from nsys_recipe_pack import nsys_tool
+
+ROOT = Path(__file__).resolve().parents[1]
+SAMPLES = Path(os.environ.get("TMP_SAMPLES", ROOT / "sample_reports"))
+CPU_SET = SAMPLES / "cpu_ddp"
+MPI_SET = SAMPLES / "gpubootcamp_mpi_jacobi_v100"
+AI_SET = SAMPLES / "ai_profiler_a100"
+MEMCPY_SET = SAMPLES / "gpubootcamp_jacobi_memcpy"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_cache(tmp_path_factory):
+    """Exports go to a fresh cache per test session; nsys itself is the one `make test` set up."""
+    found = nsys_tool.find_nsys(required=False)
+    old = {k: os.environ.get(k) for k in ("XDG_CACHE_HOME", "NSYS")}
+    if found is not None:
+        os.environ["NSYS"] = str(found.path)
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    yield
+    for k, v in old.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def nsys():
+    """The real Nsight Systems; `make test` fetches it, so a missing one is a failure, not a skip."""
+    return nsys_tool.find_nsys(required=True)
+
+
+@pytest.fixture()
+def mpi_copy(tmp_path):
+    """The MPI set copied with timestamps kept (for cache tests)."""
+    dest = tmp_path / "mpi"
+    shutil.copytree(MPI_SET, dest)
+    return dest

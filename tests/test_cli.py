@@ -1,0 +1,107 @@
+"""The command line: exit codes, one-line errors, both engines giving the same tables."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pandas.testing as pdt
+from conftest import MPI_SET, ROOT
+
+from nsys_recipe_pack import resources
+from nsys_recipe_pack.cli import main
+
+NEWER = ROOT / "tests/data/newer_nsys_format/pdl_2p2c.nsys-rep"
+TABLES = ["iterations", "ranks", "stragglers", "files"]
+
+
+def cli(*args, cwd=None):
+    exe = Path(sys.executable).with_name("nsys-recipe")
+    return subprocess.run([str(exe), *args], capture_output=True, text=True, cwd=cwd)
+
+
+def one_line_error(res):
+    lines = [ln for ln in res.stderr.strip().splitlines() if ln.strip()]
+    assert lines and "Traceback" not in res.stderr, res.stderr
+    return lines[-1]
+
+
+def test_list_shows_recipes():
+    res = cli("list")
+    assert res.returncode == 0 and "straggler_heatmap" in res.stdout
+
+
+def test_no_inputs_is_a_usage_error(tmp_path):
+    res = cli("run", "--name", "straggler_heatmap", "--output", str(tmp_path / "o"))
+    assert res.returncode == 2
+    assert "no inputs" in one_line_error(res)
+    assert not (tmp_path / "o").exists()
+
+
+def test_unknown_recipe_is_a_usage_error():
+    res = cli("run", "--name", "no_such_recipe", str(MPI_SET))
+    assert res.returncode == 2 and "unknown recipe" in one_line_error(res)
+
+
+def test_existing_output_folder_is_not_touched(tmp_path):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    res = cli("run", "--name", "straggler_heatmap", "--iteration-kernel", "jacobi_kernel", "--output", str(out),
+              str(MPI_SET))
+    assert res.returncode == 2
+    msg = one_line_error(res)
+    assert str(out) in msg and "--force-overwrite" in msg
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+def test_report_from_newer_nsys_names_both_versions(nsys, tmp_path):
+    rep = tmp_path / NEWER.name
+    shutil.copy2(NEWER, rep)
+    res = cli("run", "--name", "straggler_heatmap", "--engine", "pack", "--output", str(tmp_path / "o"), str(rep))
+    assert res.returncode == 3
+    msg = one_line_error(res)
+    assert str(rep) in msg and "2025.5" in msg and nsys.version in msg and "--nsys" in msg
+    assert not (tmp_path / "o").exists()
+
+
+def read_tables(out: Path) -> dict:
+    return {t: pd.read_parquet(out / f"{t}.parquet") for t in TABLES}
+
+
+def assert_same_tables(a: Path, b: Path):
+    ta, tb = read_tables(a), read_tables(b)
+    for t in TABLES:
+        x, y = ta[t], tb[t]
+        if t == "files":  # same ranks and files; paths may be spelled differently
+            x = x.assign(file=x["file"].map(lambda p: Path(p).name))
+            y = y.assign(file=y["file"].map(lambda p: Path(p).name))
+        pdt.assert_frame_equal(x, y)
+
+
+def test_pack_engine_nsys_engine_and_plain_nsys_recipe_agree(nsys, tmp_path):
+    args = ["--iteration-kernel", "jacobi_kernel"]
+    pack, fw = tmp_path / "pack", tmp_path / "fw"
+    res = cli("run", "--name", "straggler_heatmap", "--engine", "pack", "--output", str(pack), *args, str(MPI_SET))
+    assert res.returncode == 0, res.stderr
+    res = cli("run", "--name", "straggler_heatmap", "--engine", "nsys", "--output", str(fw), *args, str(MPI_SET))
+    assert res.returncode == 0, res.stderr
+    assert_same_tables(pack, fw)
+    assert list(fw.glob("*.nsys-analysis")) and list(pack.glob("*.nsys-analysis"))
+
+    # NVIDIA's own command with the pack's recipes on NSYS_RECIPE_PATH
+    env = dict(os.environ, NSYS_RECIPE_PATH=str(resources.recipes_dir()),
+               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    plain = tmp_path / "plain"
+    res = subprocess.run([str(nsys.path), "recipe", "straggler_heatmap", "--input", str(MPI_SET), "--output",
+                          str(plain), *args], capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert_same_tables(pack, plain)
+
+
+def test_main_returns_exit_code_without_traceback(capsys):
+    assert main(["run", "--name", "straggler_heatmap"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err

@@ -1,0 +1,36 @@
+import numpy as np
+
+from nsys_recipe_pack.intervals import split_into_windows, union_length, union_segments
+
+
+def test_union_length_by_group_hand_case():
+    # group 0: [0,10) and [5,15) overlap -> 15; [20,25) -> 5; total 20
+    # group 1: [0,5) inside [0,10) -> 10
+    g = np.array([0, 0, 0, 1, 1])
+    s = np.array([5, 0, 20, 0, 0])
+    e = np.array([15, 10, 25, 10, 5])
+    u = union_length(g, s, e)
+    assert u.to_dict() == {0: 20, 1: 10}
+
+
+def test_union_touching_intervals_are_not_double_counted():
+    u = union_length(np.zeros(3, int), np.array([0, 10, 10]), np.array([10, 20, 15]))
+    assert u.loc[0] == 20
+
+
+def test_split_into_windows_clips_events_spanning_windows():
+    # windows [0,10) [10,20) [30,40); event [5,35) covers 5 + 10 + 5 inside windows
+    ev, win, cs, ce = split_into_windows(np.array([5, 12]), np.array([35, 13]),
+                                         np.array([0, 10, 30]), np.array([10, 20, 40]))
+    rows = sorted(zip(ev.tolist(), win.tolist(), cs.tolist(), ce.tolist(), strict=False))
+    assert rows == [(0, 0, 5, 10), (0, 1, 10, 20), (0, 2, 30, 35), (1, 1, 12, 13)]
+
+
+def test_events_outside_all_windows_vanish():
+    ev, *_ = split_into_windows(np.array([20]), np.array([25]), np.array([0, 30]), np.array([10, 40]))
+    assert len(ev) == 0
+
+
+def test_union_segments():
+    s, e = union_segments(np.array([3, 0, 20]), np.array([8, 5, 30]))
+    assert s.tolist() == [0, 20] and e.tolist() == [8, 30]

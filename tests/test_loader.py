@@ -1,0 +1,133 @@
+"""The loader against Nsight Systems' own tools on real reports."""
+
+import io
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pandas.testing as pdt
+import pytest
+from conftest import MPI_SET
+
+from nsys_recipe_pack import loader, nsys_tool
+from nsys_recipe_pack.errors import BadInputError, UsageError
+
+NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "sync", "mpi"}
+
+
+def nsys_stats(nsys, report: Path, name: str) -> pd.DataFrame:
+    """`nsys stats` on a private copy (it writes an .sqlite beside the report)."""
+    res = subprocess.run([str(nsys.path), "stats", "-q", "--report", name, "--format", "csv", "--output", "-",
+                          str(report)], capture_output=True, text=True, check=True)
+    text = res.stdout[res.stdout.index("Time (%)"):]
+    return pd.read_csv(io.StringIO(text))
+
+
+@pytest.fixture(scope="module")
+def report_copy(tmp_path_factory):
+    dest = tmp_path_factory.mktemp("rep") / "report4.qdrep"
+    shutil.copy2(MPI_SET / "report4.qdrep", dest)
+    return dest
+
+
+def test_kernels_and_nvtx_match_nsys_stats(nsys, report_copy):
+    (rd,) = loader.load_file(report_copy, NEEDS)
+    kern = nsys_stats(nsys, report_copy, "cuda_gpu_kern_sum")
+    assert len(rd.kernels) == kern["Instances"].sum()
+    assert (rd.kernels["end_ns"] - rd.kernels["start_ns"]).sum() == kern["Total Time (ns)"].sum()
+    per_name = rd.kernels.assign(d=rd.kernels["end_ns"] - rd.kernels["start_ns"]).groupby("full_name")["d"].sum()
+    assert per_name.sort_index().to_dict() == kern.set_index("Name")["Total Time (ns)"].sort_index().to_dict()
+
+    nvtx = nsys_stats(nsys, report_copy, "nvtx_sum")
+    ranges = rd.nvtx[rd.nvtx["event_type"].isin([59, 60])]
+    mine = ranges.groupby("name").size().sort_index().to_dict()
+    theirs = nvtx.groupby("Range")["Instances"].sum().sort_index().to_dict()
+    assert mine == theirs
+
+
+def test_report_sqlite_and_parquetdir_read_the_same(nsys, report_copy, tmp_path):
+    sq = tmp_path / "r.sqlite"
+    pqt = tmp_path / "r_pqtdir"
+    for kind, out in (("sqlite", sq), ("parquetdir", pqt)):
+        subprocess.run([str(nsys.path), "export", "-q", "true", "--type", kind, "-o", str(out), str(report_copy)],
+                       check=True, capture_output=True)
+    (a,) = loader.load_file(report_copy, NEEDS)
+    (b,) = loader.load_file(sq, NEEDS)
+    (c,) = loader.load_file(pqt, NEEDS)
+    for attr in ("nvtx", "kernels", "memcpy", "runtime", "sync", "mpi"):
+        x, y, z = (getattr(r, attr).reset_index(drop=True) for r in (a, b, c))
+        pdt.assert_frame_equal(x, z, check_dtype=False)
+        pdt.assert_frame_equal(x, y, check_dtype=False)
+    assert a.session_start_ns == b.session_start_ns == c.session_start_ns > 0
+    assert a.env["OMPI_COMM_WORLD_RANK"] == "2"
+
+
+def test_export_cache_is_reused_across_copies_and_renewed_on_change(nsys, mpi_copy, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))
+    report = mpi_copy / "report1.qdrep"
+    calls = []
+    real = nsys_tool.run_nsys
+
+    def counting(*a, **kw):
+        calls.append(a[1][0])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(nsys_tool, "run_nsys", counting)
+    loader.load_file(report, {"nvtx"})
+    loader.load_file(report, {"nvtx"})
+    assert calls == ["export"]
+    # a copy of the folder with timestamps kept (cp -a, rsync -a) reuses the export
+    moved = mpi_copy.parent / "elsewhere"
+    shutil.copytree(mpi_copy, moved)
+    loader.load_file(moved / "report1.qdrep", {"nvtx"})
+    assert calls == ["export"]
+    # needing another table adds it to the same entry
+    loader.load_file(report, {"nvtx", "kernel"})
+    assert calls == ["export", "export"]
+    # a changed report is exported again
+    st = report.stat()
+    os.utime(report, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    loader.load_file(report, {"nvtx"})
+    assert calls == ["export", "export", "export"]
+
+
+def test_only_needed_tables_are_exported(nsys, mpi_copy, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))
+    report = mpi_copy / "report3.qdrep"
+    loader.load_file(report, {"nvtx"})
+    entries = [p for p in loader.export_cache_dir().iterdir() if p.is_dir() and not p.name.startswith(".")]
+    tables = {f.stem for e in entries for f in e.glob("*.parquet")}
+    assert "NVTX_EVENTS" in tables and "StringIds" in tables
+    assert not any(t.startswith("CUPTI") for t in tables)
+
+
+def test_expand_inputs_folders_globs_and_dedup(tmp_path):
+    (tmp_path / "a.nsys-rep").write_bytes(b"x")
+    (tmp_path / "a.sqlite").write_bytes(b"x")  # export beside its report: the report wins
+    (tmp_path / "b_pqtdir").mkdir()
+    (tmp_path / "notes.txt").write_text("x")
+    got = loader.expand_inputs([str(tmp_path)])
+    assert [p.name for p in got] == ["a.nsys-rep", "b_pqtdir"]
+    assert [p.name for p in loader.expand_inputs([str(tmp_path / "*.sqlite")])] == ["a.sqlite"]
+    with pytest.raises(UsageError):
+        loader.expand_inputs([])
+    with pytest.raises(BadInputError, match="notes.txt"):
+        loader.expand_inputs([str(tmp_path / "notes.txt")])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(BadInputError, match="no reports"):
+        loader.expand_inputs([str(empty)])
+
+
+def test_rank_candidates_from_environment_and_nvtx():
+    ranks = {}
+    for f in sorted(MPI_SET.glob("*.qdrep")):
+        (rd,) = loader.load_file(f, {"nvtx", "kernel"})
+        ranks[f.name] = (rd.rank_candidates["env"][0], rd.rank_candidates["nvtx"][0], rd.host)
+    # the shipped set's README: report1=3, report2=7, report3=4, report4=2, report6=6
+    assert {k: v[1] for k, v in ranks.items()} == {"report1.qdrep": 3, "report2.qdrep": 7, "report3.qdrep": 4,
+                                                   "report4.qdrep": 2, "report6.qdrep": 6}
+    assert all(v[0] == v[1] for v in ranks.values())
+    assert {v[2] for v in ranks.values()} == {"prm-dgx-05"}
