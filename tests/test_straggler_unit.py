@@ -1,0 +1,132 @@
+"""straggler_heatmap's analysis on small hand-built ranks, checked against hand calculations."""
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from nsys_recipe_pack.analyses import straggler
+from nsys_recipe_pack.errors import BadInputError
+from nsys_recipe_pack.loader import RankData
+
+MS = 1_000_000
+TID = 42
+
+
+def nvtx_rows(rows):
+    return pd.DataFrame({
+        "start_ns": pd.Series([r[1] for r in rows], dtype="int64"),
+        "end_ns": pd.Series([r[2] for r in rows], dtype="Int64"),
+        "event_type": 59,
+        "name": [r[0] for r in rows],
+        "domain": "",
+        "tid": TID,
+        "pid": 1,
+    })
+
+
+def cpu_rank(extra_loader_ms: dict, iterations=8, late_ms=None, offset=0):
+    """Steps of 100 ms: dataloader 10, forward 30, backward 40, allreduce until the common end, optimizer 5.
+
+    A rank with extra dataloader time arrives late at allreduce; everyone's allreduce ends at the
+    common barrier time, so the others wait.
+    """
+    rows = []
+    t = offset
+    for i in range(iterations):
+        extra = extra_loader_ms.get(i, 0) * MS
+        worst = max(late_ms.get(i, 0) if late_ms else 0, 0) * MS
+        dl_end = t + 10 * MS + extra
+        fw_end = dl_end + 30 * MS
+        bw_end = fw_end + 40 * MS
+        barrier = t + 80 * MS + worst + 2 * MS  # everyone leaves allreduce at the same instant
+        opt_end = barrier + 5 * MS
+        rows += [("step", t, opt_end), ("dataloader", t, dl_end), ("forward", dl_end, fw_end),
+                 ("backward", fw_end, bw_end), ("allreduce", bw_end, barrier), ("optimizer", barrier, opt_end)]
+        t = opt_end + 1 * MS
+    return rows
+
+
+def make(rank_rows, session=0):
+    return RankData(file="x", pid=1, session_start_ns=session, nvtx=nvtx_rows(rank_rows))
+
+
+def run(ranks, **opts):
+    per_rank = []
+    for r, rd in enumerate(ranks):
+        res = straggler.map_rank(rd, opts)
+        per_rank.append({**res, "rank": r, "offset_ns": 0})
+    return per_rank, straggler.reduce(per_rank, opts)
+
+
+def test_busy_wait_and_flags_by_hand():
+    slow = {3: 50, 4: 50}  # rank 2 loads 50 ms longer in iterations 3 and 4
+    late = {3: 50, 4: 50}
+    ranks = [make(cpu_rank(slow if r == 2 else {}, late_ms=late)) for r in range(4)]
+    per_rank, out = run(ranks)
+    assert per_rank[0]["delimiter"] == {"kind": "nvtx", "name": "step", "domain": None, "source": "auto"}
+    it = out["iterations"].set_index(["rank", "iteration"])
+    # iteration 3, victim rank 0: duration 80+50+2+5 = 137 ms, wait = allreduce = 52 ms, busy = 85 ms
+    assert it.loc[(0, 3), "duration_ns"] == 137 * MS
+    assert it.loc[(0, 3), "wait_ns"] == 52 * MS
+    assert it.loc[(0, 3), "busy_ns"] == 85 * MS
+    # the straggler waits only 2 ms and is busy 135 ms
+    assert it.loc[(2, 3), "wait_ns"] == 2 * MS and it.loc[(2, 3), "busy_ns"] == 135 * MS
+    assert it.loc[(2, 3), "excess_ns"] == 50 * MS
+    assert it.loc[(2, 3), "score"] == pytest.approx(135 / 85)
+    # arrival skew: the straggler reaches allreduce 50 ms after the others
+    assert it.loc[(2, 3), "arrival_skew_ns"] == 50 * MS and it.loc[(0, 3), "arrival_skew_ns"] == 0
+    flagged = set(out["stragglers"][["rank", "iteration"]].itertuples(index=False, name=None))
+    assert flagged == {(2, 3), (2, 4)}
+    assert set(out["stragglers"]["cause"]) == {"dataloader"}
+    ranks_table = out["ranks"]
+    assert ranks_table.iloc[0]["rank"] == 2 and ranks_table.iloc[0]["straggler_iterations"] == 2
+    assert ranks_table.iloc[0]["top_cause"] == "dataloader"
+    assert ranks_table.iloc[0]["excess_total_ns"] == 100 * MS
+
+
+def test_victims_are_not_flagged_even_though_their_iterations_are_long():
+    slow = {i: 30 for i in range(8)}
+    ranks = [make(cpu_rank(slow if r == 1 else {}, late_ms=slow)) for r in range(4)]
+    _, out = run(ranks)
+    assert set(out["stragglers"]["rank"]) == {1}
+    assert len(out["stragglers"]) == 8
+
+
+def test_small_excess_below_threshold_is_not_flagged():
+    ranks = [make(cpu_rank({2: 5} if r == 3 else {}, late_ms={2: 5})) for r in range(4)]
+    _, out = run(ranks)  # 5 ms over a 90 ms busy median is below 10 %
+    assert out["stragglers"].empty
+    _, out = run(ranks, threshold=0.02)
+    assert set(out["stragglers"][["rank", "iteration"]].itertuples(index=False, name=None)) == {(3, 2)}
+
+
+def test_noise_scale_keeps_jitter_unflagged():
+    rng = np.random.default_rng(0)
+    ranks = []
+    for r in range(6):
+        jitter = {i: int(rng.integers(0, 12)) for i in range(40)}  # up to 12 ms of noise in the dataloader
+        if r == 4:
+            jitter[20] = 60
+        ranks.append(make(cpu_rank(jitter, iterations=40, late_ms={i: 60 if i == 20 else 12 for i in range(40)})))
+    _, out = run(ranks, threshold=0.05)
+    flagged = set(out["stragglers"][["rank", "iteration"]].itertuples(index=False, name=None))
+    assert (4, 20) in flagged
+    assert len(flagged) <= 2  # of 240 cells
+
+
+def test_explicit_iteration_name_and_missing_name():
+    ranks = [make(cpu_rank({})) for _ in range(2)]
+    per_rank, _ = run(ranks, iteration="step")
+    assert per_rank[0]["delimiter"]["source"] == "--iteration"
+    assert len(per_rank[0]["iterations"]) == 8
+    with pytest.raises(BadInputError, match="closest names: 'step'"):
+        straggler.map_rank(ranks[0], {"iteration": "stepp"})
+
+
+def test_host_gap_is_time_outside_child_ranges():
+    rows = [("step", 0, 100 * MS), ("forward", 0, 30 * MS), ("allreduce", 60 * MS, 100 * MS)]
+    rows = [(n, s + k * 200 * MS, e + k * 200 * MS) for k in range(5) for n, s, e in rows]
+    res = straggler.map_rank(make(rows), {})
+    comps = res["components"].set_index(["iteration", "component"])["ns"]
+    assert comps.loc[(0, "host_gap")] == 30 * MS  # 30..60 ms is covered by nothing
+    assert comps.loc[(0, "forward")] == 30 * MS
