@@ -7,7 +7,7 @@ import pytest
 from nsys_recipe_pack import nsys_tool
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLES = Path(os.environ.get("TMP_SAMPLES", ROOT / "sample_reports"))
+SAMPLES = ROOT / "sample_reports"
 CPU_SET = SAMPLES / "cpu_ddp"
 MPI_SET = SAMPLES / "gpubootcamp_mpi_jacobi_v100"
 AI_SET = SAMPLES / "ai_profiler_a100"
