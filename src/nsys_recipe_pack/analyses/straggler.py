@@ -20,8 +20,10 @@ NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "mpi"}
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_SIGMA = 4.0
 MAD_TO_SIGMA = 1.4826
+Q90_TO_SIGMA = 1.645  # the 90th percentile of |N(0, 1)|
 SYNC_API_RE = r"Synchronize|cudaStreamWaitEvent"
 EXPLAINS = 0.5  # a component must account for this share of the excess to flag on its own noise
+COMPONENT_BUSY_SIGMA = 0.75  # ... and then the busy excess needs only this fraction of sigma
 
 
 def _windowed_union(win_start, win_end, starts, ends, n) -> np.ndarray:
@@ -123,6 +125,17 @@ def _robust_scale(x: pd.Series) -> float:
     return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
 
 
+def _tail_scale(x: pd.Series) -> float:
+    """A noise scale that also respects heavy tails: the MAD scale, or the 90th percentile of the absolute
+    deviation read as a normal quantile, whichever is larger. On a contended CPU a forward pass's time
+    is heavy-tailed, and the MAD alone would call its ordinary slow iterations outliers."""
+    x = x.dropna()
+    if x.empty:
+        return 0.0
+    dev = np.abs(x - np.median(x))
+    return max(float(MAD_TO_SIGMA * np.median(dev)), float(np.quantile(dev, 0.90) / Q90_TO_SIGMA))
+
+
 def reduce(per_rank: list[dict], options: dict) -> dict:
     """Cross-rank comparison. per_rank items: the map output plus rank and offset_ns (clock alignment)."""
     threshold = float(options.get("threshold", DEFAULT_THRESHOLD))
@@ -156,7 +169,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
         med = wide.groupby(level="iteration").transform("median")
         comp_excess = wide - med
         comp_floor = max(1000.0, 0.001 * typical)
-        scales = comp_excess.apply(_robust_scale).clip(lower=comp_floor)
+        scales = comp_excess.apply(_tail_scale).clip(lower=comp_floor)
         comp_z = comp_excess / scales
         excess_vals = iters["excess_ns"].to_numpy(dtype=float)[:, None]
         explains = (comp_excess.to_numpy() >= EXPLAINS * excess_vals) & (comp_z.to_numpy() > sigma)
@@ -170,7 +183,9 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
         cause = np.full(len(cells), None, dtype=object)
     iters["cause"] = pd.Series(cause, index=iters.index, dtype=object)
     iters["noise_z"] = z_busy.astype("float64")
-    iters["is_straggler"] = (iters["excess_ns"] > threshold * med_busy) & ((z_busy > sigma) | noise_ok)
+    med_duration = iters.groupby("iteration")["duration_ns"].transform("median")
+    iters["is_straggler"] = (iters["excess_ns"] > threshold * med_duration) & (
+        (z_busy > sigma) | (noise_ok & (z_busy > COMPONENT_BUSY_SIGMA * sigma)))
     n_ranks = iters.groupby("iteration")["rank"].transform("nunique")
     iters.loc[n_ranks < 2, "is_straggler"] = False
 

@@ -1,0 +1,37 @@
+"""straggler_heatmap on the pack's real CPU-only sample reports, against the injected truth."""
+
+import json
+
+import pandas as pd
+import pytest
+from conftest import CPU_SET
+
+from nsys_recipe_pack import runner
+
+TRUTH = json.loads((CPU_SET / "truth.json").read_text())
+
+
+@pytest.mark.parametrize("options", [{"iteration": "step"}, {}], ids=["--iteration step", "auto"])
+def test_injected_rank_is_flagged_with_the_right_cause(tmp_path, options, nsys):
+    out = runner.run("straggler_heatmap", [str(CPU_SET)], str(tmp_path / "o"), engine="pack", options=options)
+    analysis = json.loads((out / "analysis.json").read_text())
+    assert analysis["delimiter"]["name"] == TRUTH["iteration_delimiter"]
+    it = pd.read_parquet(out / "iterations.parquet")
+    assert it.groupby("rank").size().tolist() == [TRUTH["steps"]] * TRUTH["world_size"]
+    s = TRUTH["straggler"]
+    injected = it["rank"].eq(s["rank"]) & it["iteration"].isin(s["iterations"])
+    hit = it[injected & it["is_straggler"]]
+    assert len(hit) >= 0.8 * len(s["iterations"])
+    assert (hit["cause"] == s["cause"]).mean() >= 0.8
+    false_pos = (it["is_straggler"] & ~injected).sum() / (~injected).sum()
+    assert false_pos <= 0.02
+    # ranks from the environment each report recorded, hosts too
+    files = pd.read_parquet(out / "files.parquet")
+    assert files["rank_source"].tolist() == ["env:RANK"] * TRUTH["world_size"]
+    assert set(files["host"]) == {"node0"}
+    ranks = pd.read_parquet(out / "ranks.parquet")
+    assert ranks.iloc[0]["rank"] == s["rank"] and ranks.iloc[0]["top_cause"] == s["cause"]
+    # victims wait for the straggler: in the injected iterations the others' wait grows
+    others = it[~it["rank"].eq(s["rank"])]
+    slow_iters = others["iteration"].isin(s["iterations"])
+    assert others.loc[slow_iters, "wait_ns"].median() > others.loc[~slow_iters, "wait_ns"].median() + 0.5 * s["added_ms"] * 1e6
