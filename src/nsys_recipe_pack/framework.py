@@ -44,8 +44,8 @@ def run_in_framework(recipe, context, name: str) -> None:
 
         analysis["nsys_version"] = _version_of(found)
     for table in runner.write_tables(out, tables, analysis).values():
-        recipe.add_output_file(table)
-    recipe.add_output_file("analysis.json")
+        recipe.add_output_file(table, "Parquet")
+    recipe.add_output_file("analysis.json", "JSON")
     from . import resources
 
     if resources.notebook_path(name).exists():

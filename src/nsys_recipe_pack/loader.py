@@ -76,6 +76,7 @@ class RankData:
     sync: pd.DataFrame | None = None
     mpi: pd.DataFrame | None = None
     has_cuda: bool = False
+    synthetic: bool = False  # written by the pack's generator, not a profiler
 
     @property
     def gpu(self) -> int | None:
@@ -459,6 +460,7 @@ def load_file(path: Path, needs: set[str], nsys_path: str | None = None) -> list
         strings = _strings(src) if src.has("StringIds") else pd.Series(dtype=object)
         env = _env(src)
         session = _session_start(src)
+        synthetic = src.has("META_DATA_EXPORT") and "SYNTHETIC" in set(src.read("META_DATA_EXPORT", ["name"])["name"])
         frames: dict[str, pd.DataFrame] = {}
         nvtx_all = _read_nvtx(src, strings)
         if "nvtx" in needs:
@@ -511,7 +513,8 @@ def load_file(path: Path, needs: set[str], nsys_path: str | None = None) -> list
         if file_rank is not None and len(pids) == 1:
             cands["filename"] = (file_rank, "file name")
         rd = RankData(file=str(path), pid=pid, session_start_ns=session, env=env, rank_candidates=cands,
-                      host=host, local_rank=local[0] if local and len(pids) == 1 else None, has_cuda=has_cuda)
+                      host=host, local_rank=local[0] if local and len(pids) == 1 else None, has_cuda=has_cuda,
+                      synthetic=synthetic)
         for attr, df in frames.items():
             if pid is not None and len(pids) > 1 and "pid" in df:
                 df = df[df["pid"] == pid].reset_index(drop=True)

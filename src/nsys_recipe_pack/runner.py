@@ -40,6 +40,7 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
         res["identity"] = {
             "file": rd.file, "pid": rd.pid, "candidates": rd.rank_candidates, "host": rd.host,
             "local_rank": rd.local_rank, "gpu": rd.gpu, "session_start_ns": rd.session_start_ns,
+            "synthetic": rd.synthetic,
         }
         out.append(res)
     return out
@@ -92,6 +93,7 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
         "ranks": int(len(per_rank)),
         "iterations": int(max((len(r.get("iterations", [])) for r in per_rank), default=0)),
         "options": {k: v for k, v in options.items() if not k.startswith("_")},
+        "synthetic": bool(ids["synthetic"].any()),
         **settings,
         "notes": notes,
     }
@@ -244,6 +246,8 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
             log(f"running {recipe} through `nsys recipe` ({nsys.version}) on {len(files)} report(s)")
             shutil.rmtree(staged)
             run_framework_engine(recipe, files, list(argv_options or []), mode, nsys, staged)
+            for f in staged.glob(".*.nsys-analysis"):  # the framework names it after the staging folder
+                os.replace(f, staged / f"{out.name}.nsys-analysis")
         else:
             log(f"running {recipe} with the pack's runner on {len(files)} input(s)")
             mapped = run_pack_engine(recipe, files, options, mode, jobs, nsys_path)

@@ -1,0 +1,50 @@
+"""Execute a recipe's notebook against an output folder (papermill) and export HTML without code."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from . import resources
+from .errors import MissingToolError, PackError
+
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+KERNEL = "python3"  # Jupyter runs the native kernel with this very interpreter (sys.executable)
+
+
+def execute_notebook(template: Path, output_dir: Path, out_ipynb: Path, parameters: dict | None = None) -> Path:
+    try:
+        import papermill as pm
+    except ImportError:
+        raise MissingToolError("--report needs papermill and nbconvert: pip install papermill nbconvert") from None
+    params = {"output_dir": str(Path(output_dir).resolve()), **(parameters or {})}
+    logging.getLogger("papermill").setLevel(logging.WARNING)
+    try:
+        pm.execute_notebook(str(template), str(out_ipynb), parameters=params, kernel_name=KERNEL,
+                            progress_bar=sys.stderr.isatty(), cwd=str(output_dir), log_output=False)
+    except pm.PapermillExecutionError as exc:
+        raise PackError(f"{template.name}: cell {exc.exec_count} failed ({exc.ename}: {exc.evalue}); "
+                        f"the executed notebook with the error is {out_ipynb}", 1) from None
+    return out_ipynb
+
+
+def notebook_to_html(ipynb: Path, html: Path, hide_code: bool = True) -> Path:
+    import nbformat
+    from nbconvert import HTMLExporter
+
+    exporter = HTMLExporter(extra_template_basedirs=[str(TEMPLATES)], template_name="offline")
+    exporter.exclude_input = hide_code
+    exporter.exclude_input_prompt = hide_code
+    exporter.exclude_output_prompt = hide_code
+    body, _ = exporter.from_notebook_node(nbformat.read(str(ipynb), as_version=4))
+    html.write_text(body, encoding="utf-8")
+    return html
+
+
+def render_report(recipe: str, output_dir: Path, parameters: dict | None = None) -> Path:
+    """Executed notebook as output_dir/<recipe>.ipynb and its HTML as output_dir/report.html."""
+    output_dir = Path(output_dir)
+    executed = execute_notebook(resources.notebook_path(recipe), output_dir, output_dir / f"{recipe}.ipynb",
+                                parameters)
+    return notebook_to_html(executed, output_dir / "report.html")

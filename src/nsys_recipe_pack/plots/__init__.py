@@ -1,0 +1,27 @@
+"""Figures for the notebooks (plotly), kept apart from the analyses that compute the tables.
+
+`show(fig)` embeds plotly.js in the first figure's HTML output, so an exported HTML report opens on a
+machine with no internet, and also hands JupyterLab plotly's own mimetype for interactive rendering.
+"""
+
+from __future__ import annotations
+
+import json
+
+_state = {"plotlyjs_sent": False}
+CONFIG = {"displaylogo": False, "responsive": True}
+
+
+def show(fig) -> None:
+    from IPython.display import display
+
+    html = fig.to_html(full_html=False, include_plotlyjs=not _state["plotlyjs_sent"], include_mathjax=False,
+                       config=CONFIG)
+    _state["plotlyjs_sent"] = True
+    display({"text/html": html, "application/vnd.plotly.v1+json": json.loads(fig.to_json())}, raw=True)
+
+
+def note(text: str) -> None:
+    from IPython.display import Markdown, display
+
+    display(Markdown(text))

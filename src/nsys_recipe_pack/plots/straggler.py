@@ -1,0 +1,96 @@
+"""straggler_heatmap figures: rank x iteration heatmap, per-rank summary, causes, arrival skew."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+
+MAX_HEATMAP_ROWS = 256
+
+
+def _ms(ns):
+    return np.asarray(ns, dtype="float64") / 1e6
+
+
+def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
+    """Score per (rank, iteration); above `max_rows` ranks, ranks are binned keeping each bin's worst cell."""
+    ranks = np.sort(it["rank"].unique())
+    binned = len(ranks) > max_rows
+    df = it.copy()
+    if binned:
+        edges = np.array_split(ranks, max_rows)
+        label = {r: f"{b[0]}–{b[-1]}" for b in edges for r in b}
+        df["row"] = df["rank"].map(label)
+        order = [f"{b[0]}–{b[-1]}" for b in edges]
+        df = df.sort_values("score", ascending=False).drop_duplicates(["row", "iteration"])
+    else:
+        df["row"] = df["rank"].astype(str)
+        order = [str(r) for r in ranks]
+    z = df.pivot(index="row", columns="iteration", values="score").reindex(order)
+    cols = z.columns
+    def grid(col, fn=lambda v: v):
+        return df.pivot(index="row", columns="iteration", values=col).reindex(order)[cols].map(fn).to_numpy()
+    custom = np.stack([
+        grid("rank"), grid("duration_ns", lambda v: v / 1e6), grid("wait_ns", lambda v: v / 1e6),
+        grid("busy_ns", lambda v: v / 1e6), grid("cause", lambda v: v if isinstance(v, str) else "—"),
+        grid("is_straggler", lambda v: "yes" if v is True else "no"),
+    ], axis=-1)
+    fig = go.Figure(go.Heatmap(
+        z=z.to_numpy(), x=list(cols), y=order, customdata=custom, colorscale="RdYlBu_r", zmid=1.0,
+        colorbar={"title": "busy / median"},
+        hovertemplate=("rank %{customdata[0]}<br>iteration %{x}<br>score %{z:.2f}<br>duration %{customdata[1]:.2f} ms"
+                       "<br>wait %{customdata[2]:.2f} ms<br>busy %{customdata[3]:.2f} ms<br>cause %{customdata[4]}"
+                       "<br>straggler %{customdata[5]}<extra></extra>"),
+    ))
+    flagged = df[df["is_straggler"]]
+    if len(flagged):
+        fig.add_trace(go.Scatter(x=flagged["iteration"], y=flagged["row"], mode="markers", name="straggler",
+                                 marker={"symbol": "x-thin", "size": 7, "line": {"width": 1.5, "color": "black"}},
+                                 hoverinfo="skip"))
+    title = "Busy time relative to the iteration's cross-rank median (× marks flagged cells)"
+    if binned:
+        title += f"<br><sup>{len(ranks)} ranks shown in {max_rows} bins; each cell is the worst rank of its bin</sup>"
+    fig.update_layout(title=title, xaxis_title="iteration", yaxis_title="rank", yaxis_type="category",
+                      height=min(900, 250 + 14 * len(order)), showlegend=False)
+    return fig
+
+
+def straggler_bars(ranks: pd.DataFrame, top: int = 50) -> go.Figure:
+    r = ranks[ranks["straggler_iterations"] > 0].head(top)
+    fig = go.Figure(go.Bar(
+        x=r["rank"].astype(str), y=r["straggler_iterations"], customdata=np.stack(
+            [_ms(r["excess_total_ns"]), r["worst_score"], r["top_cause"].fillna("—")], axis=-1),
+        hovertemplate=("rank %{x}<br>%{y} straggler iterations<br>excess %{customdata[0]:.1f} ms"
+                       "<br>worst score %{customdata[1]:.2f}<br>top cause %{customdata[2]}<extra></extra>"),
+    ))
+    fig.update_layout(title=f"Straggler iterations per rank (top {len(r)} ranks)", xaxis_title="rank",
+                      yaxis_title="flagged iterations", xaxis_type="category")
+    return fig
+
+
+def causes(stragglers: pd.DataFrame) -> go.Figure:
+    c = stragglers.assign(cause=stragglers["cause"].fillna("unknown")).groupby("cause").agg(
+        cells=("rank", "size"), excess_ms=("excess_ns", lambda s: s.sum() / 1e6)).sort_values("excess_ms")
+    fig = go.Figure(go.Bar(x=c["excess_ms"], y=c.index, orientation="h", customdata=c["cells"],
+                           hovertemplate="%{y}<br>%{x:.1f} ms excess in %{customdata} cells<extra></extra>"))
+    fig.update_layout(title="What the flagged cells spent their excess on", xaxis_title="excess busy time (ms)",
+                      yaxis_title="cause", height=250 + 30 * len(c))
+    return fig
+
+
+def arrival_skew(it: pd.DataFrame) -> go.Figure:
+    g = it.dropna(subset=["arrival_skew_ns"]).groupby("iteration")
+    worst = it.dropna(subset=["arrival_skew_ns"]).sort_values("arrival_skew_ns").groupby("iteration").tail(1)
+    worst = worst.set_index("iteration").sort_index()
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=worst.index, y=_ms(worst["arrival_skew_ns"]), mode="lines+markers",
+                             name="latest rank", customdata=worst["rank"],
+                             hovertemplate="iteration %{x}<br>%{y:.2f} ms after the first<br>rank %{customdata}"
+                                           "<extra></extra>"))
+    med = g["arrival_skew_ns"].median()
+    fig.add_trace(go.Scatter(x=med.index, y=_ms(med), mode="lines", name="median rank",
+                             hovertemplate="iteration %{x}<br>median %{y:.2f} ms<extra></extra>"))
+    fig.update_layout(title="Arrival at the iteration's last collective, after the earliest rank",
+                      xaxis_title="iteration", yaxis_title="arrival skew (ms)")
+    return fig

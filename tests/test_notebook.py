@@ -1,0 +1,61 @@
+"""Notebooks executed with papermill and exported as self-contained HTML; figures on edge cases."""
+
+import json
+import re
+
+import numpy as np
+import pandas as pd
+
+from nsys_recipe_pack import runner
+from nsys_recipe_pack.notebook import render_report
+from nsys_recipe_pack.plots import straggler as plots
+from nsys_recipe_pack.synth import Straggler, write_synthetic
+
+
+def figures_in(html: str) -> int:
+    return len(re.findall(r'class="plotly-graph-div"', html))
+
+
+def check_html(html_path, figures: int):
+    html = html_path.read_text()
+    assert html.count("plotly.js v") >= 1  # the library itself is embedded, once
+    assert not re.search(r'<script[^>]+src="https?://', html)  # nothing loaded from the network
+    assert figures_in(html) == figures
+    assert "read_parquet" not in html  # code cells are hidden
+    return html
+
+
+def test_report_with_a_straggler(tmp_path):
+    data = write_synthetic(tmp_path / "in", ranks=4, iterations=20, stragglers=[Straggler(2, 5, 9, "dataloader", 1.5)])
+    out = runner.run("straggler_heatmap", [str(data)], str(tmp_path / "out"), mode="none", options={})
+    html = check_html(render_report("straggler_heatmap", out), figures=4)
+    assert "SYNTHETIC DATA" in html
+    assert (out / "straggler_heatmap.ipynb").exists()
+    nb = json.loads((out / "straggler_heatmap.ipynb").read_text())
+    assert any("parameters" in c.get("metadata", {}).get("tags", []) for c in nb["cells"])
+
+
+def test_report_without_stragglers_says_so(tmp_path):
+    data = write_synthetic(tmp_path / "in", ranks=3, iterations=10)
+    out = runner.run("straggler_heatmap", [str(data)], str(tmp_path / "out"), mode="none", options={})
+    html = check_html(render_report("straggler_heatmap", out), figures=2)  # heatmap and arrival skew
+    assert "No straggler found" in html
+
+
+def test_heatmap_bins_ranks_beyond_256_and_keeps_the_worst():
+    ranks, iters = 1200, 5
+    it = pd.DataFrame({"rank": np.repeat(np.arange(ranks), iters), "iteration": np.tile(np.arange(iters), ranks)})
+    it["score"] = 1.0
+    it.loc[(it["rank"] == 777) & (it["iteration"] == 3), "score"] = 3.5
+    for c in ("duration_ns", "wait_ns", "busy_ns"):
+        it[c] = 1_000_000
+    it["cause"] = None
+    it["is_straggler"] = it["score"] > 2
+    fig = plots.heatmap(it)
+    z = np.array(fig.data[0].z, dtype=float)
+    assert z.shape == (256, iters)
+    assert np.nanmax(z) == 3.5 and (z == 3.5).sum() == 1
+    row = fig.data[0].y[int(np.argwhere(z == 3.5)[0][0])]
+    lo, hi = (int(x) for x in row.split("–"))
+    assert lo <= 777 <= hi
+    assert "1200 ranks shown in 256 bins" in fig.layout.title.text
