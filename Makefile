@@ -26,7 +26,7 @@ demo: nsys
 	  --output $(DEMO_OUT)/straggler_heatmap --force-overwrite --report
 
 lint: setup
-	$(BIN)/ruff check src tests recipes scripts bench
+	$(BIN)/ruff check src tests recipes scripts
 
 test: nsys lint
 	$(BIN)/python -m pytest -q

@@ -131,3 +131,33 @@ def test_rank_candidates_from_environment_and_nvtx():
                                                    "report4.qdrep": 2, "report6.qdrep": 6}
     assert all(v[0] == v[1] for v in ranks.values())
     assert {v[2] for v in ranks.values()} == {"prm-dgx-05"}
+
+
+def test_one_report_with_several_processes_gives_one_rank_each(tmp_path):
+    """`nsys profile torchrun ...` puts every local rank in one file: each process becomes a rank."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from nsys_recipe_pack import runner
+    from nsys_recipe_pack.synth import Straggler, write_synthetic
+
+    data = write_synthetic(tmp_path / "in", ranks=2, iterations=12, stragglers=[Straggler(1, 3, 5, "dataloader", 1.6)])
+    merged = tmp_path / "node_pqtdir"
+    merged.mkdir()
+    for f in (data / "rank0_pqtdir").glob("*.parquet"):
+        parts = [pq.read_table(data / f"rank{r}_pqtdir" / f.name) for r in (0, 1)]
+        table = parts[0] if f.stem in ("StringIds", "META_DATA_EXPORT", "TARGET_INFO_SESSION_START_TIME",
+                                       "TARGET_INFO_SYSTEM_ENV") else pa.concat_tables(parts)
+        pq.write_table(table, merged / f.name)
+    ranks = loader.load_file(merged, {"nvtx", "kernel"})
+    assert [rd.pid for rd in ranks] == [4000, 4001]
+    assert all("env" not in rd.rank_candidates for rd in ranks)  # one environment cannot name two ranks
+    assert [len(rd.kernels) for rd in ranks] == [len(pq.read_table(data / f"rank{r}_pqtdir" /
+                                                                   "CUPTI_ACTIVITY_KIND_KERNEL.parquet"))
+                                                 for r in (0, 1)]
+    out = runner.run("straggler_heatmap", [str(merged)], str(tmp_path / "o"), mode="none", options={})
+    files = pd.read_parquet(out / "files.parquet")
+    assert files["pid"].tolist() == [4000, 4001] and files["rank_source"].tolist() == ["position"] * 2
+    it = pd.read_parquet(out / "iterations.parquet")
+    # rank 1 (the second process) was slow in 3-5; with two ranks the median splits the excess evenly
+    assert (it.loc[it["rank"] == 1].set_index("iteration").loc[[3, 4, 5], "excess_ns"] > 0).all()
