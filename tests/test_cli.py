@@ -105,3 +105,18 @@ def test_main_returns_exit_code_without_traceback(capsys):
     assert main(["run", "--name", "straggler_heatmap"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_synth_command_and_default_output_name(tmp_path):
+    res = cli("synth", "--ranks", "3", "--iterations", "8", "--straggler", "rank=1,iterations=2-4,cause=compute,slowdown=1.6",
+              "--output", str(tmp_path / "syn"))
+    assert res.returncode == 0, res.stderr
+    assert "SYNTHETIC" in res.stdout
+    res = cli("synth", "--ranks", "3", "--straggler", "rank=1,iterations=2-4,cause=disk", "--output", str(tmp_path / "x"))
+    assert res.returncode == 2 and "cause must be one of" in one_line_error(res)
+    first = cli("run", "--name", "straggler_heatmap", str(tmp_path / "syn"), cwd=tmp_path)
+    second = cli("run", "--name", "straggler_heatmap", str(tmp_path / "syn"), cwd=tmp_path)
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    assert (tmp_path / "straggler_heatmap-1" / "iterations.parquet").exists()
+    assert (tmp_path / "straggler_heatmap-2" / "iterations.parquet").exists()
+    assert "top stragglers" in first.stdout and "   1 " in first.stdout

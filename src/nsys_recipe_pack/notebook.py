@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 from . import resources
@@ -21,12 +24,35 @@ def execute_notebook(template: Path, output_dir: Path, out_ipynb: Path, paramete
     params = {"output_dir": str(Path(output_dir).resolve()), **(parameters or {})}
     logging.getLogger("papermill").setLevel(logging.WARNING)
     try:
-        pm.execute_notebook(str(template), str(out_ipynb), parameters=params, kernel_name=KERNEL,
-                            progress_bar=sys.stderr.isatty(), cwd=str(output_dir), log_output=False)
+        with _kernel_chatter_hidden():
+            pm.execute_notebook(str(template), str(out_ipynb), parameters=params, kernel_name=KERNEL,
+                                progress_bar=False, cwd=str(output_dir), log_output=False)
     except pm.PapermillExecutionError as exc:
         raise PackError(f"{template.name}: cell {exc.exec_count} failed ({exc.ename}: {exc.evalue}); "
                         f"the executed notebook with the error is {out_ipynb}", 1) from None
     return out_ipynb
+
+
+@contextlib.contextmanager
+def _kernel_chatter_hidden():
+    """The Jupyter kernel inherits our stderr and logs start/stop noise there; keep it unless a cell fails."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as log:
+        os.dup2(log.fileno(), 2)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not ok:
+                log.seek(0)
+                tail = log.read().decode(errors="replace").strip().splitlines()[-20:]
+                if tail:
+                    print("\n".join(tail), file=sys.stderr)
 
 
 def notebook_to_html(ipynb: Path, html: Path, hide_code: bool = True) -> Path:

@@ -37,8 +37,8 @@ def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
         grid("is_straggler", lambda v: "yes" if v is True else "no"),
     ], axis=-1)
     fig = go.Figure(go.Heatmap(
-        z=z.to_numpy(), x=list(cols), y=order, customdata=custom, colorscale="RdYlBu_r", zmid=1.0,
-        colorbar={"title": "busy / median"},
+        z=z.to_numpy(), x=list(cols), y=order, customdata=custom, colorscale="RdYlBu_r", zmin=0.0, zmax=2.0,
+        colorbar={"title": "busy / median", "tickvals": [0, 0.5, 1, 1.5, 2], "ticktext": ["0", "0.5", "1", "1.5", "≥2"]},
         hovertemplate=("rank %{customdata[0]}<br>iteration %{x}<br>score %{z:.2f}<br>duration %{customdata[1]:.2f} ms"
                        "<br>wait %{customdata[2]:.2f} ms<br>busy %{customdata[3]:.2f} ms<br>cause %{customdata[4]}"
                        "<br>straggler %{customdata[5]}<extra></extra>"),
