@@ -120,3 +120,22 @@ def test_synth_command_and_default_output_name(tmp_path):
     assert (tmp_path / "straggler_heatmap-1" / "iterations.parquet").exists()
     assert (tmp_path / "straggler_heatmap-2" / "iterations.parquet").exists()
     assert "top stragglers" in first.stdout and "   1 " in first.stdout
+
+
+def test_gpu_recipes_same_tables_from_both_engines_and_nsys_recipe(nsys, tmp_path):
+    mpi = tmp_path / "mpi"  # `nsys recipe` may write exports beside the reports: use a copy
+    shutil.copytree(MPI_SET, mpi)
+    env = dict(os.environ, NSYS_RECIPE_PATH=str(resources.recipes_dir()),
+               PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    for recipe, args, tables in [("kernel_pace", ["--kernel", "jacobi_kernel"], ["pace", "stats"]),
+                                 ("compute_memory_share", [], ["share", "by_range"])]:
+        pack = tmp_path / f"{recipe}-pack"
+        res = cli("run", "--name", recipe, "--engine", "pack", "--output", str(pack), *args, str(mpi))
+        assert res.returncode == 0, res.stderr
+        plain = tmp_path / f"{recipe}-plain"
+        alias = ["--name", "jacobi_kernel"] if recipe == "kernel_pace" else []  # like cuda_gpu_kern_pace
+        res = subprocess.run([str(nsys.path), "recipe", recipe, "--input", str(mpi), "--output", str(plain), *alias],
+                             capture_output=True, text=True, env=env)
+        assert res.returncode == 0, res.stderr[-2000:]
+        for t in tables:
+            pdt.assert_frame_equal(pd.read_parquet(pack / f"{t}.parquet"), pd.read_parquet(plain / f"{t}.parquet"))

@@ -59,3 +59,16 @@ def test_heatmap_bins_ranks_beyond_256_and_keeps_the_worst():
     lo, hi = (int(x) for x in row.split("–"))
     assert lo <= 777 <= hi
     assert "1200 ranks shown in 256 bins" in fig.layout.title.text
+
+
+def test_kernel_pace_and_share_reports(tmp_path, nsys):
+    from conftest import MEMCPY_SET
+
+    data = write_synthetic(tmp_path / "in", ranks=3, iterations=15, stragglers=[Straggler(1, 2, 4, "compute", 1.5)])
+    out = runner.run("kernel_pace", [str(data)], str(tmp_path / "kp"), mode="none",
+                     options={"kernel": "sgemm_128x64_nn"})
+    check_html(render_report("kernel_pace", out), figures=3)
+    out = runner.run("compute_memory_share", [str(MEMCPY_SET / "jacobi_report.qdrep")], str(tmp_path / "cms"),
+                     engine="pack", mode="none")
+    html = check_html(render_report("compute_memory_share", out), figures=4)
+    assert "memcpy_dtoh" in html and "No memory copies" not in html

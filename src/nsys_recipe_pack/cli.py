@@ -50,10 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--dask-scheduler", default=None, metavar="ADDRESS", help="scheduler for --mode dask-futures")
     seen: set[str] = set()
 
-    def add(flag, **kw):
-        if flag not in seen:
-            seen.add(flag)
-            run.add_argument(flag, **kw)
+    def add(*flags, **kw):
+        if flags[0] not in seen:
+            seen.add(flags[0])
+            run.add_argument(*flags, **kw)
 
     for spec in analyses.RECIPES.values():
         spec.add_arguments(add)

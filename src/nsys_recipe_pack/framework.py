@@ -13,7 +13,7 @@ from .errors import PackError
 
 
 def add_recipe_options(parser, name: str) -> None:
-    analyses.get(name).add_arguments(parser.add_recipe_argument)
+    analyses.get(name).add_arguments(parser.add_recipe_argument, framework=True)
 
 
 def nsys_of_framework() -> str | None:

@@ -34,7 +34,31 @@ def straggler_lines(out: Path, top: int = 5) -> list[str]:
     return lines
 
 
-SUMMARIES = {"straggler_heatmap": straggler_lines}
+def pace_lines(out: Path, top: int = 5) -> list[str]:
+    stats = pd.read_parquet(out / "stats.parquet")
+    table = pd.DataFrame({
+        "rank": stats["rank"].map(lambda r: "all" if r == -1 else str(r)),
+        "count": stats["count"],
+        "median ms": stats["median_ns"].map(_ms),
+        "p95 ms": stats["p95_ns"].map(_ms),
+        "cv": stats["cv"].map(lambda v: "" if pd.isna(v) else f"{v:.3f}"),
+    })
+    worst = table.iloc[:-1].assign(_cv=stats["cv"].iloc[:-1]).sort_values("_cv", ascending=False).head(top)
+    rows = pd.concat([worst.drop(columns="_cv"), table.iloc[[-1]]])
+    return ["least steady ranks (by coefficient of variation):"] + ["  " + ln for ln in rows.to_string(index=False).splitlines()]
+
+
+def share_lines(out: Path) -> list[str]:
+    share = pd.read_parquet(out / "share.parquet")
+    t = share.groupby("category")[["sum_ns", "union_ns"]].sum()
+    total = t["union_ns"].sum()
+    t = t.assign(**{"sum ms": t["sum_ns"].map(_ms), "wall ms": t["union_ns"].map(_ms),
+                    "wall %": (100 * t["union_ns"] / total).map(lambda v: f"{v:.1f}")})
+    return ["GPU time by category, all ranks:"] + ["  " + ln for ln in
+                                                  t[["sum ms", "wall ms", "wall %"]].to_string().splitlines()]
+
+
+SUMMARIES = {"straggler_heatmap": straggler_lines, "kernel_pace": pace_lines, "compute_memory_share": share_lines}
 
 
 def print_summary(recipe: str, out: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import straggler
+from . import pace, share, straggler
 
 
 @dataclass(frozen=True)
@@ -16,7 +16,7 @@ class RecipeSpec:
     needs: frozenset
     map_rank: Callable
     reduce: Callable
-    add_arguments: Callable  # add_arguments(add) with add(flag, **argparse kwargs)
+    add_arguments: Callable  # add_arguments(add, framework) with add(*flags, **argparse kwargs)
     per_iteration: bool  # whether ranks must agree on one iteration delimiter
 
 
@@ -24,17 +24,33 @@ def _comma_list(text: str) -> list[str]:
     return [t for t in (x.strip() for x in text.split(",")) if t]
 
 
-def _straggler_args(add) -> None:
+def _iteration_args(add) -> None:
     add("--iteration", metavar="NAME[@DOMAIN]", default=None,
         help="NVTX range that delimits iterations (default: found automatically)")
     add("--iteration-kernel", metavar="KERNEL", default=None,
         help="each launch of this kernel starts an iteration")
+
+
+def _straggler_args(add, framework: bool = False) -> None:
+    _iteration_args(add)
     add("--sync", metavar="NAME[,NAME]", type=_comma_list, default=None,
         help="extra NVTX range names that are sync points (collective names are matched anyway)")
     add("--threshold", type=float, default=straggler.DEFAULT_THRESHOLD,
         help="minimum excess busy time over the iteration's cross-rank median, as a fraction (default 0.1)")
     add("--sigma", type=float, default=straggler.DEFAULT_SIGMA,
         help="minimum excess in units of the run-wide robust noise scale (default 4)")
+
+
+def _pace_args(add, framework: bool = False) -> None:
+    # under `nsys recipe kernel_pace`, --name is accepted too, like the built-in cuda_gpu_kern_pace
+    flags = ("--kernel", "--name") if framework else ("--kernel",)
+    add(*flags, dest="kernel", metavar="KERNEL", default=None,
+        help="one iteration per launch of this kernel (its short name), as cuda_gpu_kern_pace --name")
+    _iteration_args(add)
+
+
+def _no_args(add, framework: bool = False) -> None:
+    return None
 
 
 RECIPES = {
@@ -48,9 +64,33 @@ RECIPES = {
         add_arguments=_straggler_args,
         per_iteration=True,
     ),
+    "kernel_pace": RecipeSpec(
+        name="kernel_pace",
+        display_name="Kernel pace",
+        description="How steadily each rank's iterations (or launches of one kernel) progress, and the lag "
+                    "between ranks.",
+        needs=frozenset(pace.NEEDS),
+        map_rank=pace.map_rank,
+        reduce=pace.reduce,
+        add_arguments=_pace_args,
+        per_iteration=True,
+    ),
+    "compute_memory_share": RecipeSpec(
+        name="compute_memory_share",
+        display_name="Compute vs memory share",
+        description="How GPU time splits between compute, communication, copies by kind, memset and idle "
+                    "(plain sums and exclusive wall time).",
+        needs=frozenset(share.NEEDS),
+        map_rank=share.map_rank,
+        reduce=share.reduce,
+        add_arguments=_no_args,
+        per_iteration=False,
+    ),
 }
 OPTION_NAMES = {
     "straggler_heatmap": ["iteration", "iteration_kernel", "sync", "threshold", "sigma"],
+    "kernel_pace": ["kernel", "iteration", "iteration_kernel"],
+    "compute_memory_share": [],
 }
 
 
