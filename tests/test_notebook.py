@@ -72,3 +72,12 @@ def test_kernel_pace_and_share_reports(tmp_path, nsys):
                      engine="pack", mode="none")
     html = check_html(render_report("compute_memory_share", out), figures=4)
     assert "memcpy_dtoh" in html and "No memory copies" not in html
+
+
+def test_sync_summary_report(tmp_path, nsys):
+    from conftest import AI_SET
+
+    out = runner.run("sync_summary", [str(AI_SET / "baseline_nvtx.nsys-rep")], str(tmp_path / "ss"), engine="pack",
+                     mode="none")
+    html = check_html(render_report("sync_summary", out), figures=3)
+    assert "pageable memcpy" in html

@@ -38,9 +38,10 @@ TABLES = {
     "kernel": {"CUPTI_ACTIVITY_KIND_KERNEL": ["start", "end", "deviceId", "streamId", "correlationId",
                                               "globalPid", "shortName", "demangledName", "graphNodeId"]},
     "memcpy": {"CUPTI_ACTIVITY_KIND_MEMCPY": ["start", "end", "deviceId", "streamId", "correlationId",
-                                              "globalPid", "bytes", "copyKind", "srcKind", "dstKind"]},
+                                              "globalPid", "bytes", "copyKind", "srcKind", "dstKind",
+                                              "srcDeviceId", "dstDeviceId"]},
     "memset": {"CUPTI_ACTIVITY_KIND_MEMSET": ["start", "end", "deviceId", "streamId", "correlationId",
-                                              "globalPid", "bytes"]},
+                                              "globalPid", "bytes", "memKind"]},
     "runtime": {"CUPTI_ACTIVITY_KIND_RUNTIME": ["start", "end", "globalTid", "correlationId", "nameId"]},
     "sync": {"CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": ["start", "end", "deviceId", "streamId", "correlationId",
                                                       "globalPid", "syncType"]},
@@ -393,7 +394,8 @@ def _read_gpu(src: ExportSource, table: str, cols: list[str], strings: pd.Series
     })
     for src_col, dst in [("deviceId", "device"), ("streamId", "stream"), ("correlationId", "correlation_id"),
                          ("bytes", "bytes"), ("copyKind", "copy_kind"), ("srcKind", "src_kind"),
-                         ("dstKind", "dst_kind"), ("syncType", "sync_type"), ("graphNodeId", "graph_node_id")]:
+                         ("dstKind", "dst_kind"), ("syncType", "sync_type"), ("graphNodeId", "graph_node_id"),
+                         ("srcDeviceId", "src_device"), ("dstDeviceId", "dst_device"), ("memKind", "mem_kind")]:
         if src_col in raw:
             out[dst] = pd.to_numeric(raw[src_col], errors="coerce").astype("Int64")
     gp = raw["globalPid"] if "globalPid" in raw else pd.Series(0, index=raw.index)

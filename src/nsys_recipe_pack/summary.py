@@ -58,7 +58,20 @@ def share_lines(out: Path) -> list[str]:
                                                   t[["sum ms", "wall ms", "wall %"]].to_string().splitlines()]
 
 
-SUMMARIES = {"straggler_heatmap": straggler_lines, "kernel_pace": pace_lines, "compute_memory_share": share_lines}
+def sync_lines(out: Path, top: int = 5) -> list[str]:
+    summary = pd.read_parquet(out / "summary.parquet")
+    findings = pd.read_parquet(out / "findings.parquet")
+    t = summary.groupby("kind").agg(count=("count", "sum"), total_ns=("total_ns", "sum"))
+    lines = ["blocking calls by kind, all ranks:"]
+    lines += ["  " + ln for ln in t.assign(total_ms=t["total_ns"].map(_ms))[["count", "total_ms"]]
+              .to_string().splitlines()]
+    lines.append(f"{len(findings)} finding(s)" + (":" if len(findings) else ""))
+    lines += [f"  rank {r.rank} [{r.severity}] {r.finding}: {r.evidence}" for r in findings.head(top).itertuples()]
+    return lines
+
+
+SUMMARIES = {"straggler_heatmap": straggler_lines, "kernel_pace": pace_lines, "compute_memory_share": share_lines,
+             "sync_summary": sync_lines}
 
 
 def print_summary(recipe: str, out: Path) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import pace, share, straggler
+from . import pace, share, straggler, sync
 
 
 @dataclass(frozen=True)
@@ -86,11 +86,23 @@ RECIPES = {
         add_arguments=_no_args,
         per_iteration=False,
     ),
+    "sync_summary": RecipeSpec(
+        name="sync_summary",
+        display_name="Sync summary",
+        description="Where the host blocks on the GPU (device, stream, event syncs, synchronous and pageable "
+                    "copies, memsets), inside which NVTX range, with findings.",
+        needs=frozenset(sync.NEEDS),
+        map_rank=sync.map_rank,
+        reduce=sync.reduce,
+        add_arguments=_no_args,
+        per_iteration=False,
+    ),
 }
 OPTION_NAMES = {
     "straggler_heatmap": ["iteration", "iteration_kernel", "sync", "threshold", "sigma"],
     "kernel_pace": ["kernel", "iteration", "iteration_kernel"],
     "compute_memory_share": [],
+    "sync_summary": [],
 }
 
 

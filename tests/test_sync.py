@@ -1,0 +1,81 @@
+"""sync_summary: counts against Nsight Systems' own sync recipes, and hand-checked nesting and idle time."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import AI_SET, MPI_SET
+
+from nsys_recipe_pack import runner
+from nsys_recipe_pack.analyses import sync
+from nsys_recipe_pack.loader import RankData
+from nsys_recipe_pack.nvtx import innermost, stack_levels
+
+BUILTIN = {"cuda_api_sync": ["device", "stream"], "cuda_memcpy_async": ["memcpy_pageable"],
+           "cuda_memcpy_sync": ["memcpy_sync"], "cuda_memset_sync": ["memset_sync"]}
+
+
+@pytest.mark.parametrize("source", [AI_SET, MPI_SET], ids=["ai_profiler_a100", "mpi_jacobi"])
+def test_counts_match_nsys_builtin_recipes(nsys, tmp_path, source):
+    data = tmp_path / "data"  # the built-ins write exports beside the reports
+    shutil.copytree(source, data)
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    out = runner.run("sync_summary", [str(data)], str(tmp_path / "o"), engine="pack")
+    calls = pd.read_parquet(out / "sync_calls.parquet")
+    files = pd.read_parquet(out / "files.parquet")
+    stem_of = {r: Path(f).name.split(".")[0] for r, f in zip(files["rank"], files["file"], strict=True)}
+    calls["File"] = calls["rank"].map(stem_of)
+    compared = 0
+    for recipe, kinds in BUILTIN.items():
+        ref = tmp_path / recipe
+        subprocess.run([str(nsys.path), "recipe", recipe, "--input", str(data), "--output", str(ref)],
+                       check=True, capture_output=True, env=env)
+        theirs = (pd.read_parquet(ref / "analysis.parquet").groupby("File").size()
+                  if (ref / "analysis.parquet").exists() else pd.Series(dtype="int64"))
+        mine = calls[calls["kind"].isin(kinds)].groupby("File").size()
+        both = sorted(set(stem_of.values()))
+        assert mine.reindex(both, fill_value=0).to_dict() == theirs.reindex(both, fill_value=0).to_dict(), recipe
+        compared += int(theirs.sum())
+    assert compared > 0
+
+
+MS = 1_000_000
+
+
+def test_innermost_range_and_levels_by_hand():
+    # thread 1: A [0,100) > B [10,50) > C [20,30); D [60,90) inside A. thread 2: E [0,100)
+    ranges = pd.DataFrame({"name": list("ABCDE"), "tid": [1, 1, 1, 1, 2],
+                           "start_ns": [0, 10, 20, 60, 0], "end_ns": [100, 50, 30, 90, 100]})
+    assert stack_levels(ranges).tolist() == [0, 1, 2, 1, 0]
+    tid = np.array([1, 1, 1, 1, 2, 1, 3, 1])
+    start = np.array([25, 40, 55, 70, 5, 95, 5, 85])
+    end = np.array([28, 45, 58, 80, 6, 99, 6, 120])
+    pos = innermost(ranges, tid, start, end)
+    names = [ranges["name"][p] if p >= 0 else None for p in pos]
+    # [85, 120) outlives every range it started in; thread 3 has no ranges
+    assert names == ["C", "B", "A", "D", "E", "A", None, None]
+
+
+def test_gpu_idle_while_blocked_by_hand():
+    # host: cudaDeviceSynchronize [10, 30) ms inside NVTX "step"; the GPU works [5, 15) and [20, 22) ms
+    rt = pd.DataFrame({"start_ns": [10 * MS], "end_ns": [30 * MS], "tid": [7], "pid": [1],
+                       "correlation_id": pd.array([1], dtype="Int64"), "name": ["cudaDeviceSynchronize_v3020"]})
+    k = pd.DataFrame({"start_ns": [5 * MS, 20 * MS], "end_ns": [15 * MS, 22 * MS], "device": [0, 0], "stream": [7, 7],
+                      "correlation_id": pd.array([2, 3], dtype="Int64"), "pid": [1, 1], "name": ["k", "k"],
+                      "full_name": ["k", "k"]})
+    nvtx = pd.DataFrame({"start_ns": [0], "end_ns": pd.array([40 * MS], dtype="Int64"), "event_type": [59],
+                         "name": ["step"], "domain": [""], "tid": [7], "pid": [1]})
+    rd = RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx, kernels=k, runtime=rt, has_cuda=True)
+    res = sync.map_rank(rd, {})
+    call = res["calls"].iloc[0]
+    assert call["kind"] == "device" and call["nvtx_range"] == "step"
+    assert call["gpu_idle_ns"] == 20 * MS - (5 + 2) * MS
+    out = sync.reduce([{**res, "rank": 0, "offset_ns": 0}], {})
+    finding = out["findings"]
+    assert finding["finding"].tolist() == ["sync that leaves the GPU idle"]
+    assert "13.00 of 20.00 ms idle" in finding["evidence"].iloc[0]
