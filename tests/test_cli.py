@@ -128,7 +128,9 @@ def test_gpu_recipes_same_tables_from_both_engines_and_nsys_recipe(nsys, tmp_pat
     env = dict(os.environ, NSYS_RECIPE_PATH=str(resources.recipes_dir()),
                PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
     for recipe, args, tables in [("kernel_pace", ["--kernel", "jacobi_kernel"], ["pace", "stats"]),
-                                 ("compute_memory_share", [], ["share", "by_range"])]:
+                                 ("compute_memory_share", [], ["share", "by_range"]),
+                                 ("sync_summary", [], ["sync_calls", "summary", "findings"]),
+                                 ("nvtx_gpu_proj", [], ["ranges", "summary"])]:
         pack = tmp_path / f"{recipe}-pack"
         res = cli("run", "--name", recipe, "--engine", "pack", "--output", str(pack), *args, str(mpi))
         assert res.returncode == 0, res.stderr

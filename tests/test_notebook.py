@@ -81,3 +81,12 @@ def test_sync_summary_report(tmp_path, nsys):
                      mode="none")
     html = check_html(render_report("sync_summary", out), figures=3)
     assert "pageable memcpy" in html
+
+
+def test_nvtx_gpu_proj_report(tmp_path, nsys):
+    from conftest import AI_SET
+
+    out = runner.run("nvtx_gpu_proj", [str(AI_SET / "thirdOptimization.nsys-rep")], str(tmp_path / "p"),
+                     engine="pack", mode="none")
+    html = check_html(render_report("nvtx_gpu_proj", out), figures=3)
+    assert "Epoch" in html

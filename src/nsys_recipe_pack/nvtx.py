@@ -63,3 +63,19 @@ def innermost(ranges: pd.DataFrame, tid: np.ndarray, start: np.ndarray, end: np.
     contains = r["end_ns"].to_numpy()[pos] >= np.asarray(end, np.int64)[q]
     out[q[contains]] = pos[contains]
     return out
+
+
+def parents(ranges: pd.DataFrame, levels: np.ndarray) -> np.ndarray:
+    """Position of each range's parent (the enclosing range one level up on the same thread), or -1."""
+    n = len(ranges)
+    if n == 0:
+        return np.zeros(0, np.int64)
+    q = pd.DataFrame({"q": np.arange(n), "tid": ranges["tid"].to_numpy(np.int64),
+                      "t": ranges["start_ns"].to_numpy(np.int64), "level": levels - 1}).sort_values("t", kind="mergesort")
+    c = pd.DataFrame({"pos": np.arange(n), "tid": ranges["tid"].to_numpy(np.int64),
+                      "t": ranges["start_ns"].to_numpy(np.int64), "level": levels}).sort_values("t", kind="mergesort")
+    hit = pd.merge_asof(q, c, on="t", by=["tid", "level"], direction="backward")
+    out = np.full(n, -1, np.int64)
+    ok = hit["pos"].notna().to_numpy()
+    out[hit["q"].to_numpy()[ok]] = hit["pos"].to_numpy()[ok].astype(np.int64)
+    return out

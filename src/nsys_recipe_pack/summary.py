@@ -70,7 +70,19 @@ def sync_lines(out: Path, top: int = 5) -> list[str]:
     return lines
 
 
-SUMMARIES = {"straggler_heatmap": straggler_lines, "kernel_pace": pace_lines, "compute_memory_share": share_lines,
+def proj_lines(out: Path, top: int = 8) -> list[str]:
+    s = pd.read_parquet(out / "summary.parquet")
+    t = s.groupby("name")[["count", "cpu_total_ns", "gpu_busy_total_ns"]].sum()
+    t = t.sort_values("gpu_busy_total_ns", ascending=False).head(top)
+    table = pd.DataFrame({"count": t["count"], "cpu ms": t["cpu_total_ns"].map(_ms),
+                          "gpu busy ms": t["gpu_busy_total_ns"].map(_ms),
+                          "cpu/gpu": (t["cpu_total_ns"] / t["gpu_busy_total_ns"].where(t["gpu_busy_total_ns"] > 0))
+                          .map(lambda v: "" if pd.isna(v) else f"{v:.2f}")})
+    table.index = [str(i)[:40] for i in table.index]
+    return ["ranges with the most GPU time, all ranks:"] + ["  " + ln for ln in table.to_string().splitlines()]
+
+
+SUMMARIES = {"nvtx_gpu_proj": proj_lines, "straggler_heatmap": straggler_lines, "kernel_pace": pace_lines, "compute_memory_share": share_lines,
              "sync_summary": sync_lines}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from . import pace, share, straggler, sync
+from . import pace, proj, share, straggler, sync
 
 
 @dataclass(frozen=True)
@@ -97,12 +97,24 @@ RECIPES = {
         add_arguments=_no_args,
         per_iteration=False,
     ),
+    "nvtx_gpu_proj": RecipeSpec(
+        name="nvtx_gpu_proj",
+        display_name="NVTX GPU projection",
+        description="What each NVTX range costs on the GPU: its GPU ops projected onto it (start, end, busy "
+                    "union), and whether the GPU or the CPU launch path bounds it.",
+        needs=frozenset(proj.NEEDS),
+        map_rank=proj.map_rank,
+        reduce=proj.reduce,
+        add_arguments=_no_args,
+        per_iteration=False,
+    ),
 }
 OPTION_NAMES = {
     "straggler_heatmap": ["iteration", "iteration_kernel", "sync", "threshold", "sigma"],
     "kernel_pace": ["kernel", "iteration", "iteration_kernel"],
     "compute_memory_share": [],
     "sync_summary": [],
+    "nvtx_gpu_proj": [],
 }
 
 

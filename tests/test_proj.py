@@ -1,0 +1,69 @@
+"""nvtx_gpu_proj against Nsight Systems' nvtx_gpu_proj_trace, and a hand-built case."""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+from conftest import AI_SET
+
+from nsys_recipe_pack import runner
+from nsys_recipe_pack.analyses import proj
+from nsys_recipe_pack.loader import RankData
+
+MS = 1_000_000
+
+
+def test_projection_equals_nvtx_gpu_proj_trace(nsys, tmp_path):
+    data = tmp_path / "ai"
+    shutil.copytree(AI_SET, data)
+    env = dict(os.environ, PATH=str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"])
+    ref = tmp_path / "ref"
+    subprocess.run([str(nsys.path), "recipe", "nvtx_gpu_proj_trace", "--input", str(data), "--output", str(ref)],
+                   check=True, capture_output=True, env=env)
+    theirs = pd.read_parquet(ref / "trace.parquet")
+    theirs["end"] = theirs["Projected Start"] + theirs["Projected Duration"]
+    out = runner.run("nvtx_gpu_proj", [str(data)], str(tmp_path / "o"), engine="pack")
+    mine = pd.read_parquet(out / "ranges.parquet")
+    files = pd.read_parquet(out / "files.parquet")
+    mine["File"] = mine["rank"].map(dict(zip(files["rank"], files["file"].map(lambda f: Path(f).stem), strict=True)))
+    mine["TID"] = mine["tid"] & 0xFFFFFF
+    m = mine[mine["gpu_ops"] > 0].merge(theirs, left_on=["File", "cpu_start_ns", "TID", "name"],
+                                        right_on=["File", "Orig Start", "TID", "Name"], how="outer", indicator=True)
+    assert set(m["File"]) >= {"baseline_nvtx", "firstOptimization", "secondOptimization", "thirdOptimization"}
+    both = m[m["_merge"] == "both"]
+    # The only rows not matched: the built-in's nameless pseudo-range holding the GPU ops launched outside every
+    # NVTX range, which it writes for `baseline` (a report without NVTX). The pack lists NVTX ranges only.
+    unmatched = m[m["_merge"] != "both"]
+    assert (unmatched["_merge"] == "right_only").all() and unmatched["Name"].isna().all()
+    assert unmatched["File"].tolist() == ["baseline"]
+    assert len(both) / len(m) >= 0.99 and len(both) > 56000
+    same = ((both["gpu_start_ns"] == both["Projected Start"]) & (both["gpu_end_ns"] == both["end"])
+            & (both["gpu_ops"] == both["NumGPUOps"]) & (both["stack_level"] == both["Lvl"]))
+    assert same.all()
+
+
+def test_projection_by_hand_with_overlapping_streams():
+    # range A [0,100) ms holds B [10,50); B launches k1 (GPU [20,60)) and k2 (GPU [40,80), another stream);
+    # A itself launches k3 (GPU [90,95)); a launch outside every range gives an op that belongs to none
+    nvtx = pd.DataFrame({"start_ns": [0, 10 * MS], "end_ns": pd.array([100 * MS, 50 * MS], dtype="Int64"),
+                         "event_type": [59, 59], "name": ["A", "B"], "domain": ["", ""], "tid": [5, 5], "pid": [1, 1]})
+    rt = pd.DataFrame({"start_ns": [12 * MS, 14 * MS, 60 * MS, 150 * MS], "end_ns": [13 * MS, 15 * MS, 61 * MS, 151 * MS],
+                       "tid": [5, 5, 5, 5], "pid": [1, 1, 1, 1],
+                       "correlation_id": pd.array([1, 2, 3, 4], dtype="Int64"), "name": ["cudaLaunchKernel"] * 4})
+    k = pd.DataFrame({"start_ns": [20 * MS, 40 * MS, 90 * MS, 160 * MS], "end_ns": [60 * MS, 80 * MS, 95 * MS, 170 * MS],
+                      "device": [0] * 4, "stream": [7, 8, 7, 7], "correlation_id": pd.array([1, 2, 3, 4], dtype="Int64"),
+                      "pid": [1] * 4, "name": ["k1", "k2", "k3", "k4"], "full_name": ["k1", "k2", "k3", "k4"]})
+    rd = RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx, kernels=k, runtime=rt, has_cuda=True)
+    res = proj.map_rank(rd, {})
+    r = res["ranges"].set_index("name")
+    assert r.loc["B", "gpu_start_ns"] == 20 * MS and r.loc["B", "gpu_end_ns"] == 80 * MS
+    assert r.loc["B", "gpu_busy_ns"] == 60 * MS and r.loc["B", "gpu_ops"] == 2  # 40 + 40 overlapping by 20
+    assert r.loc["A", "gpu_start_ns"] == 20 * MS and r.loc["A", "gpu_end_ns"] == 95 * MS
+    assert r.loc["A", "gpu_busy_ns"] == 65 * MS and r.loc["A", "gpu_ops"] == 3
+    assert r.loc["B", "parent_id"] == r.loc["A", "range_id"] and r.loc["B", "stack_level"] == 1
+    out = proj.reduce([{**res, "rank": 0, "offset_ns": 0}], {})
+    s = out["summary"].set_index("name")
+    assert s.loc["B", "launch_ratio"] == 40 / 60
