@@ -38,6 +38,25 @@ NCCL_SHORT = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
 NCCL_FULL = NCCL_SHORT + "(ncclDevComm*, unsigned long, ncclWork*)"
 LAUNCH_API = "cudaLaunchKernel_v7000"
 TEXT_ID_NAMES = {"dataloader", "backward", "optimizer"}  # the others are stored as plain text
+GRAPH_KERNELS = ["graph_fused_add", "graph_scale", "graph_copy"]
+OVERLAP_KERNEL = "bucket_reduce"
+EXTRA_APIS = ["cudaMemcpyAsync_v3020", "cudaMemsetAsync_v3020", "cudaMemcpy_v3020", "cudaStreamSynchronize_v3020",
+              "cudaGraphLaunch_v10000"]
+WORKER_RANGES = ["prefetch", "decode"]
+# Fixed GPU work per iteration, in ns after the start of the range named (exact, never jittered), so tests
+# can state expected values by hand. (name, range, start, end, kind)
+EXTRA_OPS = [
+    ("htod_pinned", "dataloader", 100 * US, 300 * US, "memcpy"),      # 4 MB from pinned memory
+    ("htod_pageable", "dataloader", 400 * US, 550 * US, "memcpy"),    # 1 MB from pageable memory, blocks the host
+    ("memset", "dataloader", 600 * US, 650 * US, "memset"),
+    ("dtod", "optimizer", 100 * US, 200 * US, "memcpy"),
+    ("peer", "optimizer", 300 * US, 380 * US, "memcpy"),
+    ("graph_fused_add", "optimizer", 500 * US, 600 * US, "graph"),
+    ("graph_scale", "optimizer", 600 * US, 700 * US, "graph"),
+    ("graph_copy", "optimizer", 700 * US, 800 * US, "graph"),
+    ("dtoh_item", "optimizer", 950 * US, 960 * US, "memcpy"),         # loss.item(): 4 bytes, synchronous
+]
+OVERLAP_BEFORE_ARRIVAL = (3 * MS, 2 * MS)  # bucket_reduce on stream 9, inside the last backward kernel
 SYNTHETIC_LABEL = "nsys-recipe-pack synthetic export (not a real profile)"
 CAUSES = ("dataloader", "compute")
 
@@ -182,6 +201,10 @@ def _rank_tables(r: int, tl: dict, iterations: int, offset: int, session_utc: in
         "start": launch, "end": launch + 8 * US, "eventClass": 1, "globalTid": np.uint64(gtid),
         "correlationId": corr, "nameId": np.uint64(strings[LAUNCH_API]), "returnValue": 0, "callchainId": None,
     })
+    extra = _gpu_extras(spans, iterations, gtid, gpid, pid, device, int(corr[-1]) + 1, strings)
+    kernels = pd.concat([kernels, extra["kernels"]], ignore_index=True)
+    runtime = pd.concat([runtime, extra["runtime"]], ignore_index=True)
+    nvtx = pd.concat([nvtx, extra["nvtx"]], ignore_index=True)
     env = {
         "RANK": r, "LOCAL_RANK": r % gpus_per_node, "WORLD_SIZE": world,
         "HOSTNAME": f"synth-node{r // gpus_per_node:03d}", "NSYS_RECIPE_PACK_SYNTHETIC": 1,
@@ -191,6 +214,9 @@ def _rank_tables(r: int, tl: dict, iterations: int, offset: int, session_utc: in
         "NVTX_EVENTS": nvtx,
         "CUPTI_ACTIVITY_KIND_KERNEL": kernels,
         "CUPTI_ACTIVITY_KIND_RUNTIME": runtime,
+        "CUPTI_ACTIVITY_KIND_MEMCPY": extra["memcpy"],
+        "CUPTI_ACTIVITY_KIND_MEMSET": extra["memset"],
+        "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": extra["sync"],
         "TARGET_INFO_SESSION_START_TIME": pd.DataFrame({"utcEpochNs": [session_utc], "utcTime": [utc],
                                                         "localTime": [utc]}),
         "TARGET_INFO_SYSTEM_ENV": pd.DataFrame({
@@ -200,6 +226,80 @@ def _rank_tables(r: int, tl: dict, iterations: int, offset: int, session_utc: in
         "ThreadNames": pd.DataFrame({"nameId": [np.uint64(strings["python3"])], "priority": [0],
                                      "globalTid": [np.uint64(gtid)]}),
     }
+
+
+def _gpu_extras(spans: dict, iterations: int, gtid: int, gpid: int, pid: int, device: int, first_corr: int,
+                strings: dict) -> dict:
+    """Copies of every kind (pinned and pageable), a memset, a CUDA graph, a synchronous `.item()` with its
+    stream sync, a kernel overlapping another stream, and nested NVTX ranges on a second thread."""
+    n = iterations
+    corr = first_corr + np.arange(n)[:, None] * 10 + np.arange(10)[None, :]  # ten ids per iteration
+    base = {name: spans[rng][0] for name, rng, *_ in EXTRA_OPS}
+    at = {name: (base[name] + s0, base[name] + e0) for name, _, s0, e0, _ in EXTRA_OPS}
+    rows_rt = []
+
+    def call(api, start, end, c):
+        rows_rt.append(pd.DataFrame({"start": start, "end": end, "eventClass": 1, "globalTid": np.uint64(gtid),
+                                     "correlationId": c, "nameId": np.uint64(strings[api]), "returnValue": 0,
+                                     "callchainId": None}))
+
+    # host calls: async copies return at once, the pageable one blocks for the copy; .item() blocks on its copy
+    call("cudaMemcpyAsync_v3020", at["htod_pinned"][0] - 20 * US, at["htod_pinned"][0] - 10 * US, corr[:, 0])
+    call("cudaMemcpyAsync_v3020", at["htod_pageable"][0] - 20 * US, at["htod_pageable"][1] + 10 * US, corr[:, 1])
+    call("cudaMemsetAsync_v3020", at["memset"][0] - 20 * US, at["memset"][0] - 10 * US, corr[:, 2])
+    call("cudaMemcpyAsync_v3020", at["dtod"][0] - 20 * US, at["dtod"][0] - 10 * US, corr[:, 3])
+    call("cudaMemcpyAsync_v3020", at["peer"][0] - 20 * US, at["peer"][0] - 10 * US, corr[:, 4])
+    call("cudaGraphLaunch_v10000", at["graph_fused_add"][0] - 50 * US, at["graph_fused_add"][0] - 42 * US, corr[:, 5])
+    call("cudaMemcpy_v3020", at["dtoh_item"][0] - 50 * US, at["dtoh_item"][1] + 40 * US, corr[:, 6])
+    sync_start = base["dtoh_item"] + 1_100 * US
+    call("cudaStreamSynchronize_v3020", sync_start, sync_start + 200 * US, corr[:, 7])
+    arrival = spans["allreduce"][0]
+    call("cudaLaunchKernel_v7000", arrival - OVERLAP_BEFORE_ARRIVAL[0] - 30 * US,
+         arrival - OVERLAP_BEFORE_ARRIVAL[0] - 22 * US, corr[:, 8])
+
+    def copies(names, kind, src, dst, nbytes, c, src_dev, dst_dev):
+        return pd.DataFrame({"start": at[names][0], "end": at[names][1], "deviceId": device, "contextId": np.uint64(1),
+                             "streamId": np.uint64(7), "correlationId": c, "globalPid": np.uint64(gpid),
+                             "bytes": nbytes, "copyKind": kind, "srcKind": src, "dstKind": dst,
+                             "srcDeviceId": src_dev, "dstDeviceId": dst_dev})
+
+    memcpy = pd.concat([
+        copies("htod_pinned", 1, 1, 2, 4 << 20, corr[:, 0], None, device),
+        copies("htod_pageable", 1, 0, 2, 1 << 20, corr[:, 1], None, device),
+        copies("dtod", 8, 2, 2, 8 << 20, corr[:, 3], device, device),
+        copies("peer", 10, 2, 2, 2 << 20, corr[:, 4], device, device + 1),
+        copies("dtoh_item", 2, 2, 0, 4, corr[:, 6], device, None),
+    ], ignore_index=True)
+    memset = pd.DataFrame({"start": at["memset"][0], "end": at["memset"][1], "deviceId": device,
+                           "contextId": np.uint64(1), "streamId": np.uint64(7), "correlationId": corr[:, 2],
+                           "globalPid": np.uint64(gpid), "value": 0, "bytes": 16 << 20, "graphNodeId": None,
+                           "memKind": 2})
+    graph = [pd.DataFrame({"start": at[k][0], "end": at[k][1], "shortName": np.uint64(strings[k]),
+                           "demangledName": np.uint64(strings[k]), "graphNodeId": np.uint64(i + 1),
+                           "streamId": np.uint64(7), "correlationId": corr[:, 5]})
+             for i, k in enumerate(GRAPH_KERNELS)]
+    overlap = pd.DataFrame({"start": arrival - OVERLAP_BEFORE_ARRIVAL[0], "end": arrival - OVERLAP_BEFORE_ARRIVAL[1],
+                            "shortName": np.uint64(strings[OVERLAP_KERNEL]),
+                            "demangledName": np.uint64(strings[OVERLAP_KERNEL]), "graphNodeId": None,
+                            "streamId": np.uint64(9), "correlationId": corr[:, 8]})
+    kernels = pd.concat([*graph, overlap], ignore_index=True).assign(
+        deviceId=device, contextId=np.uint64(1), globalPid=np.uint64(gpid), launchType=0, cacheConfig=0,
+        registersPerThread=32, gridX=64, gridY=1, gridZ=1, blockX=256, blockY=1, blockZ=1, staticSharedMemory=0,
+        dynamicSharedMemory=0, localMemoryPerThread=0, localMemoryTotal=0, gridId=0, sharedMemoryExecuted=0)
+    sync = pd.DataFrame({"start": sync_start + 5 * US, "end": sync_start + 195 * US, "deviceId": device,
+                         "contextId": np.uint64(1), "streamId": np.uint64(7), "correlationId": corr[:, 7],
+                         "globalPid": np.uint64(gpid), "syncType": 3, "eventId": None})
+    # a data-loading worker thread with nested ranges
+    worker_tid = gpid | (pid + 1)
+    s0 = spans["dataloader"][0]
+    nvtx = pd.DataFrame({
+        "start": np.concatenate([s0 + 500 * US, s0 + 1_000 * US]),
+        "end": np.concatenate([s0 + 2_500 * US, s0 + 2_000 * US]),
+        "eventType": 59, "text": np.repeat(np.array(WORKER_RANGES, dtype=object), n),
+        "globalTid": np.uint64(worker_tid), "textId": None, "domainId": np.uint64(0)})
+    nvtx["textId"] = nvtx["textId"].astype("Int64")
+    return {"runtime": pd.concat(rows_rt, ignore_index=True), "memcpy": memcpy, "memset": memset,
+            "kernels": kernels, "sync": sync, "nvtx": nvtx}
 
 
 def _typed(table: str, df: pd.DataFrame, schema: dict) -> pa.Table:
@@ -261,7 +361,8 @@ def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str =
     stragglers = list(stragglers)
     tl = _timeline(ranks, iterations, stragglers, rng)
     offsets = np.round(rng.uniform(0, 5 * MS, size=ranks)).astype(np.int64) + np.arange(ranks) * 1_700 * US
-    names = ["step", *CHILDREN, *FWD_KERNELS, *BWD_KERNELS, NCCL_SHORT, NCCL_FULL, LAUNCH_API, "python3"]
+    names = ["step", *CHILDREN, *FWD_KERNELS, *BWD_KERNELS, NCCL_SHORT, NCCL_FULL, LAUNCH_API, "python3",
+             *GRAPH_KERNELS, OVERLAP_KERNEL, *EXTRA_APIS]
     strings = {n: i for i, n in enumerate(dict.fromkeys(names))}
     string_table = pd.DataFrame({"id": list(strings.values()), "value": list(strings.keys())})
     meta = pd.DataFrame({"name": ["EXPORT_PRODUCT_NAME", "EXPORT_PRODUCT_VERSION", "EXPORT_SCHEMA_VERSION",
