@@ -87,3 +87,17 @@ def test_kernel_pace_durations_equal_cuda_gpu_kern_pace(nsys, copies, tmp_path):
     assert stats.loc[-1, "median_ns"] == np.median(allrows)
     # lag is measured on aligned clocks: the earliest rank of each iteration has lag 0
     assert (pace.groupby("iteration")["lag_ns"].min() == 0).all()
+
+
+def test_ranks_with_another_delimiter_are_left_out_and_said(copies, tmp_path):
+    # `baseline` has no NVTX, so its automatic delimiter is a kernel; the four NVTX reports agree on a range
+    out = runner.run("kernel_pace", [str(copies / f"{n}.nsys-rep") for n in
+                                     ("baseline", "baseline_nvtx", "firstOptimization", "secondOptimization")],
+                     str(tmp_path / "o"), engine="pack")
+    import json
+
+    analysis = json.loads((out / "analysis.json").read_text())
+    assert analysis["delimiter"]["kind"] == "nvtx" and analysis["ranks"] == 3
+    assert "left out" in analysis["notes"][0] and "vectorized_elementwise_kernel" in analysis["notes"][0]
+    assert "--iteration 'Data loading'" in analysis["notes"][0]
+    assert sorted(pd.read_parquet(out / "pace.parquet")["rank"].unique()) == [1, 2, 3]

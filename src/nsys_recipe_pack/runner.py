@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -72,14 +73,15 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
         keys = Counter(json.dumps(r["delimiter"], sort_keys=True) for r in per_rank)
         chosen, _ = keys.most_common(1)[0]
         delimiter = json.loads(chosen)
-        odd = [r for r in per_rank if json.dumps(r["delimiter"], sort_keys=True) != chosen]
+        same = [json.dumps(r["delimiter"], sort_keys=True) == chosen for r in per_rank]
+        odd = [r for r, ok in zip(per_rank, same, strict=True) if not ok]
         if odd:
             notes.append(
                 f"{len(odd)} rank(s) chose a different iteration delimiter and were left out: "
                 + ", ".join(f"rank {r['rank']} ({r['delimiter']['name']})" for r in odd[:10])
-                + f"; pass --iteration {delimiter['name']} to use one delimiter everywhere"
+                + f"; pass --iteration {shlex.quote(delimiter['name'])} to use one delimiter everywhere"
             )
-            per_rank = [r for r in per_rank if r not in odd]
+            per_rank = [r for r, ok in zip(per_rank, same, strict=True) if ok]
 
     tables = spec.reduce(per_rank, options)
     settings = tables.pop("settings", {})
@@ -91,7 +93,7 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
         "recipe": recipe,
         "delimiter": delimiter,
         "ranks": int(len(per_rank)),
-        "iterations": int(max((len(r.get("iterations", [])) for r in per_rank), default=0)),
+        "iterations": int(max((len(r.get("iterations", r.get("pace", []))) for r in per_rank), default=0)),
         "options": {k: v for k, v in options.items() if not k.startswith("_")},
         "synthetic": bool(ids["synthetic"].any()),
         **settings,
