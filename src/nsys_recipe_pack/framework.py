@@ -52,3 +52,29 @@ def run_in_framework(recipe, context, name: str) -> None:
         recipe.create_notebook(f"{name}.ipynb", dir_path=str(resources.notebooks_dir()))
     recipe._analysis_dict.update({"InputFiles": inputs, "Outputs": recipe._output_files})
     recipe.create_analysis_file()
+
+
+def recipe_class(name: str, module: str):
+    """The `nsys_recipe.lib.recipe.Recipe` subclass for one pack recipe, to be bound in `recipes/<name>/<name>.py`.
+
+    `module` is that file's module name: the framework finds metadata.json beside the class's module.
+    """
+    from nsys_recipe.lib import recipe
+    from nsys_recipe.lib.args import Option
+
+    def run(self, context):
+        recipe.Recipe.run(self, context)
+        run_in_framework(self, context, name)
+
+    def get_argument_parser(cls):
+        parser = super(new, cls).get_argument_parser()
+        parser.add_recipe_argument(Option.INPUT, required=True)
+        parser.add_recipe_argument(Option.OUTPUT)
+        parser.add_recipe_argument(Option.FORCE_OVERWRITE)
+        add_recipe_options(parser, name)
+        return parser
+
+    class_name = "".join(part.capitalize() for part in name.split("_"))
+    new = type(class_name, (recipe.Recipe,), {"run": run, "get_argument_parser": classmethod(get_argument_parser),
+                                              "__module__": module, "__doc__": analyses.get(name).description})
+    return new
