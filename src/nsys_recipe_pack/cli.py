@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--report", action="store_true", help="also execute the notebook and write report.html")
     run.add_argument("--nsys", default=None, help="path of the nsys executable to use")
     run.add_argument("--jobs", type=int, default=None, help="parallel workers (default: the core count)")
+    run.add_argument("--skip-bad", action="store_true",
+                     help="go on without unusable inputs; each is listed with its reason in files.parquet")
     run.add_argument("--dask-scheduler", default=None, metavar="ADDRESS", help="scheduler for --mode dask-futures")
     seen: set[str] = set()
 
@@ -115,6 +117,9 @@ def cmd_run(args) -> int:
         output = (base / name) if len(names) > 1 else base
         options, argv = _recipe_options(args, name)
         options["_dask_scheduler"] = args.dask_scheduler
+        options["skip_bad"] = args.skip_bad
+        if args.skip_bad:
+            argv.append("--skip-bad")
         out = runner.run(name, inputs, str(output) if output else None, force=args.force_overwrite,
                          mode=args.mode, engine=args.engine, report=args.report, nsys_path=args.nsys,
                          jobs=args.jobs, options=options, argv_options=argv)

@@ -27,3 +27,7 @@ class BadInputError(PackError):
 
 class MissingToolError(PackError):
     exit_code = EXIT_MISSING_TOOL
+
+
+class MissingTraceError(BadInputError):
+    """A rank lacks a trace the recipe needs; the run fails only if every rank lacks it."""

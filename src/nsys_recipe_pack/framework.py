@@ -28,6 +28,7 @@ def nsys_of_framework() -> str | None:
 def run_in_framework(recipe, context, name: str) -> None:
     """Map with the framework's context, reduce and write with the pack's code."""
     options = {k: recipe.get_parsed_arg(k) for k in analyses.OPTION_NAMES[name]}
+    options["skip_bad"] = bool(recipe.get_parsed_arg("skip_bad"))
     inputs = [str(p) for p in recipe.get_parsed_arg("input")]
     try:
         mapped = context.wait(context.map(runner.map_file, inputs, recipe=name, options=options,
@@ -72,6 +73,8 @@ def recipe_class(name: str, module: str):
         parser.add_recipe_argument(Option.OUTPUT)
         parser.add_recipe_argument(Option.FORCE_OVERWRITE)
         add_recipe_options(parser, name)
+        parser.add_recipe_argument("--skip-bad", action="store_true",
+                                   help="go on without unusable inputs, listing them in files.parquet")
         return parser
 
     class_name = "".join(part.capitalize() for part in name.split("_"))

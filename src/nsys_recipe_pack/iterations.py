@@ -120,9 +120,11 @@ def find_iterations(nvtx: pd.DataFrame | None, kernels: pd.DataFrame | None, ite
                 counts = kernels["name"].value_counts()
                 if counts.iloc[0] >= MIN_REPEATS:
                     return _kernel_iterations(kernels, str(counts.index[0]), "auto", file)
-            raise BadInputError(
-                f"{file}: found no repeating NVTX range or kernel to use as the iteration; "
-                "pass --iteration NAME (an NVTX range) or --iteration-kernel NAME")
+            what = "has no NVTX ranges or CUDA kernels (profile with `nsys profile -t cuda,nvtx`)" if (
+                ranges.empty and (kernels is None or kernels.empty)) else \
+                "has no NVTX range or kernel that repeats at least 5 times"
+            raise BadInputError(f"{file}: cannot find iterations: the report {what}; or pass --iteration NAME "
+                                "(an NVTX range) or --iteration-kernel NAME")
         name, domain = found
         sel = ranges[(ranges["name"] == name) & (ranges["domain"] == domain)]
         delim = Delimiter("nvtx", name, domain or None, "auto")
@@ -133,8 +135,8 @@ def find_iterations(nvtx: pd.DataFrame | None, kernels: pd.DataFrame | None, ite
 
 def _kernel_iterations(kernels: pd.DataFrame | None, name: str, source: str, file: str) -> Iterations:
     if kernels is None or kernels.empty:
-        raise BadInputError(f"{file}: no CUDA kernels in this report, so --iteration-kernel {name!r} cannot "
-                            "apply; profile with `nsys profile -t cuda,nvtx` or use --iteration")
+        raise BadInputError(f"{file}: --iteration-kernel needs CUDA kernels and this report has none; profile "
+                            "with `nsys profile -t cuda` (add cuda to the -t list) or use --iteration")
     match = (kernels["name"] == name) | (kernels["full_name"] == name) | \
         kernels["full_name"].str.startswith(name + "(", na=False)
     sel = kernels[match].sort_values("start_ns", kind="mergesort")

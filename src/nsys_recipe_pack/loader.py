@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow.parquet as pq
 
 from . import nsys_tool
-from .errors import BadInputError, UsageError
+from .errors import BadInputError, MissingTraceError, UsageError
 
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 PID_SHIFT = 24
@@ -58,6 +58,14 @@ NVTX_RANK_RE = re.compile(r"^\s*(?:MPI\s+)?rank\s*[:#_-]?\s*(\d+)\s*$", re.IGNOR
 FILE_RANK_RE = re.compile(r"(?:rank[_-]?|(?<=[_.-])r)(\d+)(?![0-9])", re.IGNORECASE)
 
 
+TRACES = {  # what a recipe may need -> (description, the nsys profile -t value that records it)
+    "nvtx": ("NVTX ranges", "nvtx"),
+    "kernel": ("CUDA kernels", "cuda"),
+    "runtime": ("CUDA runtime calls", "cuda"),
+    "gpu": ("CUDA kernels, memcpy or memset", "cuda"),
+}
+
+
 @dataclass
 class RankData:
     """One rank's events, with names resolved and times exactly as exported (ns)."""
@@ -78,6 +86,19 @@ class RankData:
     mpi: pd.DataFrame | None = None
     has_cuda: bool = False
     synthetic: bool = False  # written by the pack's generator, not a profiler
+
+    def require(self, what: str, recipe: str) -> None:
+        """Raise the one-line error naming the missing trace and the `nsys profile -t` value that records it."""
+        desc, flag = TRACES[what]
+        frames = {"nvtx": [self.nvtx], "kernel": [self.kernels], "runtime": [self.runtime],
+                  "gpu": [self.kernels, self.memcpy, self.memset]}[what]
+        if what == "nvtx":
+            present = self.nvtx is not None and bool(self.nvtx["event_type"].isin([59, 60]).any())
+        else:
+            present = any(f is not None and len(f) for f in frames)
+        if not present:
+            raise MissingTraceError(f"{self.file}: {recipe} needs {desc} and this report has none; profile with "
+                                f"`nsys profile -t {flag}` (add {flag} to the -t list)")
 
     @property
     def gpu(self) -> int | None:

@@ -271,8 +271,8 @@ def run_nsys(nsys: Nsys, args: list[str], report: Path | None = None, **kw) -> s
         if err:
             raise err
         raise BadInputError(
-            f"{report}: nsys {args[0]} failed ({_last_line(res.stderr or res.stdout)}); "
-            "check that the file is a complete Nsight Systems report"
+            f"{report}: not a readable Nsight Systems report, perhaps truncated or corrupt (nsys {args[0]}: "
+            f"{_last_line(res.stderr or res.stdout)}); copy it again or profile again"
         )
     return res
 

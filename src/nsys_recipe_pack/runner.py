@@ -22,7 +22,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import analyses, loader, nsys_tool, progress, resources
-from .errors import BadInputError, MissingToolError, PackError, UsageError
+from .errors import BadInputError, MissingToolError, MissingTraceError, PackError, UsageError
 from .ranks import assign_ranks
 
 FILES_COLUMNS = ["rank", "file", "rank_source", "host", "local_rank", "gpu", "pid"]
@@ -36,14 +36,22 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
     """Load one input and run the recipe's per-rank analysis on each rank it holds."""
     spec = analyses.get(recipe)
     out = []
-    for rd in loader.load_file(Path(path), set(spec.needs), nsys_path):
-        res = spec.map_rank(rd, options)
-        res["identity"] = {
-            "file": rd.file, "pid": rd.pid, "candidates": rd.rank_candidates, "host": rd.host,
-            "local_rank": rd.local_rank, "gpu": rd.gpu, "session_start_ns": rd.session_start_ns,
-            "synthetic": rd.synthetic,
-        }
-        out.append(res)
+    try:
+        for rd in loader.load_file(Path(path), set(spec.needs), nsys_path):
+            try:
+                res = spec.map_rank(rd, options)
+            except MissingTraceError as exc:  # nothing to say about this rank; fatal only if true of all
+                res = {"missing": str(exc)}
+            res["identity"] = {
+                "file": rd.file, "pid": rd.pid, "candidates": rd.rank_candidates, "host": rd.host,
+                "local_rank": rd.local_rank, "gpu": rd.gpu, "session_start_ns": rd.session_start_ns,
+                "synthetic": rd.synthetic,
+            }
+            out.append(res)
+    except MissingToolError:
+        raise
+    except PackError as exc:  # a bad input: reported with all the others, or skipped with --skip-bad
+        return [{"bad_file": str(path), "reason": str(exc)}]
     return out
 
 
@@ -54,8 +62,19 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
 def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[dict, dict]:
     spec = analyses.get(recipe)
     results = [r for per_file in mapped for r in per_file]
+    bad = [r for r in results if "bad_file" in r]
+    results = [r for r in results if "bad_file" not in r]
+    if len(bad) == 1 and len(mapped) == 1:
+        raise BadInputError(bad[0]["reason"])
+    if bad and not options.get("skip_bad"):
+        hint = " (pass --skip-bad to go on without them)" if len(bad) < len(mapped) else ""
+        raise BadInputError(f"{len(bad)} of {len(mapped)} inputs cannot be used{hint}: {_group_reasons(bad)}")
     if not results:
         raise BadInputError("no ranks to analyse: the inputs hold no processes with NVTX or CUDA data")
+    missing = [r for r in results if "missing" in r]
+    if len(missing) == len(results):
+        raise MissingTraceError(missing[0]["missing"] + (f" (nor do the other {len(missing) - 1} ranks)"
+                                                          if len(missing) > 1 else ""))
     ids = pd.DataFrame([{**r["identity"], "order": i} for i, r in enumerate(results)])
     ids["pid"] = ids["pid"].astype("Int64")
     ids = assign_ranks(ids)
@@ -68,6 +87,9 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
         offset = int(row["session_start_ns"]) - base if row["session_start_ns"] > 0 else 0
         per_rank.append({**res, "rank": int(row["rank"]), "offset_ns": offset})
 
+    if missing:
+        notes.append(f"{len(missing)} rank(s) contribute nothing: " + " | ".join(r["missing"] for r in missing[:5]))
+        per_rank = [r for r in per_rank if "missing" not in r]
     delimiter = None
     if spec.per_iteration:
         keys = Counter(json.dumps(r["delimiter"], sort_keys=True) for r in per_rank)
@@ -88,7 +110,18 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
     files = ids.rename(columns={})[["rank", "file", "rank_source", "host", "local_rank", "gpu", "pid"]].copy()
     files["local_rank"] = files["local_rank"].astype("Int64")
     files["gpu"] = files["gpu"].astype("Int64")
-    tables["files"] = files.sort_values("rank").reset_index(drop=True)
+    files["status"] = "used"
+    files["reason"] = None
+    if bad:
+        notes.append(f"{len(bad)} input(s) skipped (--skip-bad): {_group_reasons(bad)}")
+        skipped = pd.DataFrame({"rank": pd.array([pd.NA] * len(bad), dtype="Int64"),
+                                "file": [r["bad_file"] for r in bad], "rank_source": None, "host": None,
+                                "local_rank": pd.array([pd.NA] * len(bad), dtype="Int64"),
+                                "gpu": pd.array([pd.NA] * len(bad), dtype="Int64"),
+                                "pid": pd.array([pd.NA] * len(bad), dtype="Int64"), "status": "skipped",
+                                "reason": [r["reason"] for r in bad]})
+        files = pd.concat([files.astype({"rank": "Int64"}), skipped], ignore_index=True)
+    tables["files"] = files.sort_values("rank", na_position="last").reset_index(drop=True)
     analysis = {
         "recipe": recipe,
         "delimiter": delimiter,
@@ -100,6 +133,20 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
         "notes": notes,
     }
     return tables, analysis
+
+
+def _group_reasons(bad: list[dict]) -> str:
+    """One clause per distinct reason, naming the files it applies to."""
+    groups: dict[str, list[str]] = {}
+    for r in bad:
+        prefix = r["bad_file"] + ": "
+        reason = r["reason"][len(prefix):] if r["reason"].startswith(prefix) else r["reason"]
+        groups.setdefault(reason, []).append(r["bad_file"])
+    parts = []
+    for reason, files in groups.items():
+        shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
+        parts.append(f"{shown}: {reason}")
+    return " | ".join(parts)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -22,10 +22,8 @@ NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
 def map_rank(rd, options: dict) -> dict:
     kernel = options.get("kernel")
     if kernel:
+        rd.require("kernel", "kernel_pace --kernel")
         k = rd.kernels
-        if k is None or k.empty:
-            raise BadInputError(f"{rd.file}: no CUDA kernels in this report; kernel_pace --kernel needs "
-                                "`nsys profile -t cuda`")
         sel = k[k["name"] == kernel].sort_values("start_ns", kind="mergesort")
         if sel.empty:
             raise BadInputError(f"{rd.file}: no kernel named {kernel!r}; closest names: "

@@ -20,6 +20,8 @@ NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
 
 
 def map_rank(rd, options: dict) -> dict:
+    rd.require("nvtx", "nvtx_gpu_proj")
+    rd.require("runtime", "nvtx_gpu_proj")
     r = closed_ranges(rd.nvtx).sort_values(["start_ns", "end_ns"], ascending=[True, False], kind="mergesort")
     r = r.reset_index(drop=True)
     n = len(r)

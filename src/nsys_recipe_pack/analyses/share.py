@@ -70,6 +70,7 @@ def _percentages(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def map_rank(rd, options: dict) -> dict:
+    rd.require("gpu", "compute_memory_share")
     ops = gpu_ops(rd)
     share = _split(ops, ["device"]) if len(ops) else None
     by_range = None

@@ -64,6 +64,7 @@ def _classify(rt: pd.DataFrame, mem: pd.DataFrame, mset: pd.DataFrame) -> pd.Ser
 
 
 def map_rank(rd, options: dict) -> dict:
+    rd.require("runtime", "sync_summary")
     rt = rd.runtime if rd.runtime is not None else pd.DataFrame(columns=["start_ns", "end_ns", "tid", "pid",
                                                                           "correlation_id", "name"])
     empty = pd.DataFrame(columns=[*map_columns()])
