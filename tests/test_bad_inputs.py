@@ -5,6 +5,7 @@ NSYS_RECIPE_UPDATE_README=1 pytest tests/test_bad_inputs.py rewrites it; otherwi
 """
 
 import os
+import random
 import re
 import shutil
 import sqlite3
@@ -27,7 +28,7 @@ def cli(*args, cwd):
 def make_cases(d: Path):
     """(case, argv, expected exit, a fragment the message must hold)"""
     (d / "trunc.nsys-rep").write_bytes((CPU_SET / "rank0.nsys-rep").read_bytes()[:100_000])
-    (d / "random.nsys-rep").write_bytes(os.urandom(50_000))
+    (d / "random.nsys-rep").write_bytes(random.Random(0).randbytes(50_000))  # fixed, so the message is too
     (d / "empty.nsys-rep").write_bytes(b"")
     (d / "notes.nsys-rep").write_text("not a report\n")
     (d / "notes.qdrep").write_text("not a report\n")
