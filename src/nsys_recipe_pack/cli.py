@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -174,7 +176,13 @@ def cmd_synth(args) -> int:
 COMMANDS = {"list": cmd_list, "run": cmd_run, "doctor": cmd_doctor, "setup-nsys": cmd_setup, "synth": cmd_synth}
 
 
+def _terminated(signum, frame):
+    raise KeyboardInterrupt  # the same clean-up as Ctrl-C: no half-written output, no broken cache entry
+
+
 def main(argv: list[str] | None = None) -> int:
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         args = build_parser().parse_args(argv)
         return COMMANDS[args.command](args)

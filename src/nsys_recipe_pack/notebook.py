@@ -40,15 +40,19 @@ def _kernel_chatter_hidden():
     saved = os.dup(2)
     with tempfile.TemporaryFile(mode="w+b") as log:
         os.dup2(log.fileno(), 2)
-        ok = False
+        show = False
         try:
             yield
-            ok = True
+        except KeyboardInterrupt:
+            raise
+        except BaseException:
+            show = True  # a failing cell: what the kernel said may help
+            raise
         finally:
             sys.stderr.flush()
             os.dup2(saved, 2)
             os.close(saved)
-            if not ok:
+            if show:
                 log.seek(0)
                 tail = log.read().decode(errors="replace").strip().splitlines()[-20:]
                 if tail:

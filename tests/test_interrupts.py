@@ -1,0 +1,84 @@
+"""A run killed part-way leaves nothing behind; two runs at once both succeed and share the cache safely."""
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import CPU_SET, MPI_SET
+
+
+def start(args, cwd, env=None):
+    exe = Path(sys.executable).with_name("nsys-recipe")
+    return subprocess.Popen([str(exe), *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_killed_run_leaves_no_output_folder(tmp_path, sig, nsys):
+    out = tmp_path / "o"
+    proc = start(["run", "--name", "straggler_heatmap", "--engine", "pack", "--mode", "none", "--report",
+                  "--output", str(out), str(CPU_SET)], cwd=tmp_path)
+    deadline = time.time() + 60
+    while not list(tmp_path.glob(".o.partial-*")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    time.sleep(1.0)  # well inside the work (the notebook alone takes seconds)
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".o.")]
+
+
+def test_killed_during_export_leaves_a_consistent_cache(tmp_path, nsys):
+    import os
+
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    proc = start(["run", "--name", "kernel_pace", "--engine", "pack", "--mode", "none", "--kernel", "jacobi_kernel",
+                  "--output", str(tmp_path / "o"), str(MPI_SET)], cwd=tmp_path, env=env)
+    exports = tmp_path / "cache" / "nsys-recipe-pack" / "exports"
+    deadline = time.time() + 60
+    while not (exports.exists() and any(p.is_dir() for p in exports.iterdir())) and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=120)
+    assert not (tmp_path / "o").exists()
+    leftovers = [p for p in exports.iterdir() if p.name.startswith(".export-")]
+    assert not leftovers
+    for entry in (p for p in exports.iterdir() if p.is_dir()):
+        manifest = entry / "manifest.json"
+        if manifest.exists():  # an entry is only trusted through its manifest, written last
+            tables = json.loads(manifest.read_text())["requested"]
+            assert "CUPTI_ACTIVITY_KIND_KERNEL" in tables
+    # and the next run simply works
+    res = subprocess.run([str(Path(sys.executable).with_name("nsys-recipe")), "run", "--name", "kernel_pace",
+                          "--engine", "pack", "--kernel", "jacobi_kernel", "--output", str(tmp_path / "o2"),
+                          str(MPI_SET)], capture_output=True, text=True, env=env, cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+
+
+def test_two_runs_at_once_share_the_cache(tmp_path, nsys):
+    import os
+
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / "cache"))
+    args = ["run", "--name", "sync_summary", "--engine", "pack", str(MPI_SET)]
+    procs = [start([*args, "--output", str(tmp_path / f"o{i}")], cwd=tmp_path, env=env) for i in range(2)]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    a = pd.read_parquet(tmp_path / "o0" / "sync_calls.parquet")
+    b = pd.read_parquet(tmp_path / "o1" / "sync_calls.parquet")
+    pd.testing.assert_frame_equal(a, b)
+    exports = tmp_path / "cache" / "nsys-recipe-pack" / "exports"
+    entries = [p for p in exports.iterdir() if p.is_dir()]
+    assert len(entries) == 5  # one per report, not one per run
+    for e in entries:
+        manifest = json.loads((e / "manifest.json").read_text())
+        assert {"CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"} <= set(manifest["requested"])
+        assert (e / "CUPTI_ACTIVITY_KIND_RUNTIME.parquet").exists()
