@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 NSYS_VERSION ?= 2023.4
 DEMO_OUT ?= demo-output
 
-.PHONY: setup nsys demo test lint lab clean
+.PHONY: setup nsys nsys-2024 demo test lint lab clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,7 +28,11 @@ demo: nsys
 lint: setup
 	$(BIN)/ruff check src tests recipes scripts
 
-test: nsys lint
+# The end-to-end tests also run under Nsight Systems 2024.2 (analysis side only) and compare tables.
+nsys-2024: setup
+	$(BIN)/nsys-recipe setup-nsys --version 2024.2 >/dev/null
+
+test: nsys nsys-2024 lint
 	$(BIN)/python -m pytest -q
 
 clean:
