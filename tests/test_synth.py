@@ -130,3 +130,28 @@ def test_loader_reads_ranks_and_hosts(both):
     assert [rd.rank_candidates["env"] for rd in ranks] == [(r, "RANK") for r in range(4)]
     assert {rd.host for rd in ranks} == {"synth-node000"}
     assert pd.Series([rd.session_start_ns for rd in ranks]).is_unique
+
+
+@pytest.mark.parametrize("fmt", ["sqlite", "parquetdir"])
+def test_newer_export_shape_gives_the_same_answers(tmp_path, fmt):
+    from nsys_recipe_pack import runner
+
+    outs = {}
+    for shape in ("2023.4", "newer"):
+        data = write_synthetic(tmp_path / shape, ranks=3, iterations=10, fmt=fmt, stragglers=[STRAGGLER], seed=9,
+                               schema=shape)
+        if shape == "newer" and fmt == "sqlite":
+            con = sqlite3.connect(data / "rank0.sqlite")
+            cols = {r[1] for r in con.execute("PRAGMA table_info(NVTX_EVENTS)")}
+            assert {"eventId", "binaryData"} <= cols
+            assert con.execute("SELECT count(*) FROM TARGET_INFO_CUDA_DEVICE").fetchone()[0] == 1
+            assert dict(con.execute("SELECT name, value FROM META_DATA_EXPORT"))["EXPORT_SCHEMA_VERSION"] == "3.25.0"
+        for recipe in ("straggler_heatmap", "nvtx_gpu_proj", "sync_summary", "compute_memory_share"):
+            out = runner.run(recipe, [str(data)], str(tmp_path / f"o-{shape}-{recipe}"), mode="none", options={})
+            outs.setdefault(recipe, {})[shape] = out
+    for recipe, pair in outs.items():
+        for f in pair["2023.4"].glob("*.parquet"):
+            a, b = pd.read_parquet(f), pd.read_parquet(pair["newer"] / f.name)
+            if f.name == "files.parquet":
+                a, b = a.drop(columns="file"), b.drop(columns="file")
+            pdt.assert_frame_equal(a, b, obj=f"{recipe}/{f.name}")

@@ -95,8 +95,33 @@ def parse_straggler(text: str) -> Straggler:
     return Straggler(int(fields["rank"]), first, last, cause, slowdown)
 
 
-def _schema() -> dict:
-    return json.loads(SCHEMA_FILE.read_text())
+NEWER_SCHEMA_VERSION = "3.25.0"
+# What newer exports (schema 3.16 to 3.25) add over 2023.4's, as seen in real ones: extra columns on existing
+# tables and a new table. Readers must ignore what they do not know.
+NEWER_COLUMNS = {
+    "NVTX_EVENTS": [{"name": "eventId", "sqlite": "INTEGER", "arrow": "uint64", "nullable": True},
+                    {"name": "binaryData", "sqlite": "BLOB", "arrow": "binary", "nullable": True}],
+    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": [{"name": "eventSyncId", "sqlite": "INTEGER", "arrow": "uint64",
+                                             "nullable": True}],
+}
+NEWER_TABLES = {
+    "TARGET_INFO_CUDA_DEVICE": [{"name": "cudaId", "sqlite": "INTEGER", "arrow": "int32", "nullable": False},
+                                {"name": "pid", "sqlite": "INTEGER", "arrow": "int64", "nullable": True},
+                                {"name": "uuid", "sqlite": "TEXT", "arrow": "string", "nullable": True},
+                                {"name": "name", "sqlite": "TEXT", "arrow": "string", "nullable": True}],
+}
+
+
+def _schema(shape: str = "2023.4") -> dict:
+    schema = json.loads(SCHEMA_FILE.read_text())
+    if shape == "newer":
+        for table, cols in NEWER_COLUMNS.items():
+            schema["tables"][table] = schema["tables"][table] + cols
+        schema["tables"].update(NEWER_TABLES)
+        schema["schema_version"] = NEWER_SCHEMA_VERSION
+    elif shape != "2023.4":
+        raise UsageError(f"--schema {shape}: use 2023.4 or newer")
+    return schema
 
 
 def _global_pid(pid: int) -> int:
@@ -348,7 +373,7 @@ def _write_parquetdir(path: Path, tables: dict, schema: dict) -> None:
 
 
 def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str = "parquetdir",
-                    stragglers=(), seed: int = 0, gpus_per_node: int = 8) -> Path:
+                    stragglers=(), seed: int = 0, gpus_per_node: int = 8, schema: str = "2023.4") -> Path:
     """Write one SYNTHETIC export per rank plus truth.json and README.md; return the folder."""
     if fmt not in ("sqlite", "parquetdir"):
         raise UsageError(f"--format {fmt}: use sqlite or parquetdir")
@@ -356,7 +381,8 @@ def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str =
         raise UsageError("--ranks and --iterations must be at least 1")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    schema = _schema()
+    shape = schema
+    schema = _schema(shape)
     rng = np.random.default_rng(seed)
     stragglers = list(stragglers)
     tl = _timeline(ranks, iterations, stragglers, rng)
@@ -375,6 +401,9 @@ def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str =
                               gpus_per_node, strings)
         tables["StringIds"] = string_table
         tables["META_DATA_EXPORT"] = meta
+        if shape == "newer":
+            tables["TARGET_INFO_CUDA_DEVICE"] = pd.DataFrame({"cudaId": [r % gpus_per_node], "pid": [4000 + r],
+                                                              "uuid": [f"GPU-synthetic-{r}"], "name": ["Synthetic GPU"]})
         if fmt == "sqlite":
             _write_sqlite(out / f"rank{r}.sqlite", tables, schema)
         else:
@@ -388,7 +417,7 @@ def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str =
     truth = {
         "synthetic": True,
         "generator": "nsys-recipe-pack synth",
-        "ranks": ranks, "iterations": iterations, "format": fmt, "seed": seed,
+        "ranks": ranks, "iterations": iterations, "format": fmt, "seed": seed, "schema": shape,
         "iteration_delimiter": "step",
         "stragglers": [asdict(s) for s in stragglers],
         "cells": cells,
@@ -410,6 +439,8 @@ def add_arguments(parser) -> None:
                         help="rank=R,iterations=A-B,cause=dataloader|compute,slowdown=X (repeatable)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--schema", choices=["2023.4", "newer"], default="2023.4",
+                        help="the export shape: Nsight Systems 2023.4's, or a newer one with extra columns and tables")
     parser.add_argument("--output", required=True)
 
 
@@ -419,6 +450,6 @@ def main(args) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     out = write_synthetic(args.output, args.ranks, args.iterations, args.format, stragglers, args.seed,
-                          args.gpus_per_node)
+                          args.gpus_per_node, args.schema)
     print(f"wrote SYNTHETIC exports ({args.ranks} ranks x {args.iterations} iterations, {args.format}) to {out}")
     return 0
