@@ -407,39 +407,59 @@ def _read_nvtx(src: ExportSource, strings: pd.Series) -> pd.DataFrame:
     return out[~create].reset_index(drop=True)
 
 
+GPU_COLUMNS = [("deviceId", "device"), ("streamId", "stream"), ("correlationId", "correlation_id"),
+               ("bytes", "bytes"), ("copyKind", "copy_kind"), ("srcKind", "src_kind"), ("dstKind", "dst_kind"),
+               ("syncType", "sync_type"), ("graphNodeId", "graph_node_id"), ("srcDeviceId", "src_device"),
+               ("dstDeviceId", "dst_device"), ("memKind", "mem_kind")]
+
+
+def _require_times(src: ExportSource, table: str, raw: pd.DataFrame) -> None:
+    if src.has(table) and not {"start", "end"} <= set(raw.columns):
+        raise BadInputError(f"{src.origin}: table {table} has no start/end columns, so the export is damaged; "
+                            "export the report again with `nsys export`")
+
+
 def _read_gpu(src: ExportSource, table: str, cols: list[str], strings: pd.Series) -> pd.DataFrame:
+    """One GPU activity table, every column the recipes use present (null where the export lacks it)."""
     raw = src.read(table, cols)
+    _require_times(src, table, raw)
     out = pd.DataFrame({
         "start_ns": raw["start"].astype("int64") if len(raw) else pd.Series(dtype="int64"),
         "end_ns": raw["end"].astype("int64") if len(raw) else pd.Series(dtype="int64"),
     })
-    for src_col, dst in [("deviceId", "device"), ("streamId", "stream"), ("correlationId", "correlation_id"),
-                         ("bytes", "bytes"), ("copyKind", "copy_kind"), ("srcKind", "src_kind"),
-                         ("dstKind", "dst_kind"), ("syncType", "sync_type"), ("graphNodeId", "graph_node_id"),
-                         ("srcDeviceId", "src_device"), ("dstDeviceId", "dst_device"), ("memKind", "mem_kind")]:
-        if src_col in raw:
-            out[dst] = pd.to_numeric(raw[src_col], errors="coerce").astype("Int64")
+    for src_col, dst in GPU_COLUMNS:
+        if src_col in cols:
+            values = raw[src_col] if src_col in raw else pd.Series(pd.NA, index=raw.index, dtype="Int64")
+            out[dst] = pd.to_numeric(values, errors="coerce").astype("Int64")
     gp = raw["globalPid"] if "globalPid" in raw else pd.Series(0, index=raw.index)
     out["pid"] = _pid_of(pd.to_numeric(gp, errors="coerce").fillna(0))
-    if "shortName" in raw:
-        out["name"] = _lookup(strings, raw["shortName"]).fillna("")
-        full = raw["demangledName"] if "demangledName" in raw else raw["shortName"]
-        out["full_name"] = _lookup(strings, full).fillna(out["name"])
+    if "shortName" in cols:
+        short = raw["shortName"] if "shortName" in raw else raw.get("demangledName")
+        full = raw["demangledName"] if "demangledName" in raw else short
+        if short is None:
+            out["name"] = ""
+            out["full_name"] = ""
+        else:
+            out["name"] = _lookup(strings, short).fillna("")
+            out["full_name"] = _lookup(strings, full).fillna(out["name"])
     return out
 
 
 def _read_runtime(src: ExportSource, strings: pd.Series) -> pd.DataFrame:
     raw = src.read("CUPTI_ACTIVITY_KIND_RUNTIME", TABLES["runtime"]["CUPTI_ACTIVITY_KIND_RUNTIME"])
-    tid = pd.to_numeric(raw["globalTid"], errors="coerce").fillna(0).astype("uint64") if len(raw) else \
-        pd.Series(dtype="uint64")
+    _require_times(src, "CUPTI_ACTIVITY_KIND_RUNTIME", raw)
+    n = pd.RangeIndex(len(raw))
+    tid = pd.to_numeric(raw["globalTid"], errors="coerce").fillna(0).astype("uint64") if "globalTid" in raw else \
+        pd.Series(0, index=n, dtype="uint64")
+    corr = raw["correlationId"] if "correlationId" in raw else pd.Series(pd.NA, index=n, dtype="Int64")
+    names = _lookup(strings, raw["nameId"]).fillna("") if "nameId" in raw else pd.Series("", index=n, dtype=object)
     return pd.DataFrame({
         "start_ns": raw["start"].astype("int64") if len(raw) else pd.Series(dtype="int64"),
         "end_ns": raw["end"].astype("int64") if len(raw) else pd.Series(dtype="int64"),
-        "tid": tid.astype("int64"),
+        "tid": tid.astype("int64").to_numpy(),
         "pid": _pid_of(tid) if len(raw) else np.zeros(0, np.int64),
-        "correlation_id": pd.to_numeric(raw["correlationId"], errors="coerce").astype("Int64")
-        if len(raw) else pd.Series(dtype="Int64"),
-        "name": _lookup(strings, raw["nameId"]).fillna("") if len(raw) else pd.Series(dtype=object),
+        "correlation_id": pd.to_numeric(corr, errors="coerce").astype("Int64").to_numpy(),
+        "name": names.to_numpy(object),
     })
 
 
