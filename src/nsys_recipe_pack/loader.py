@@ -86,6 +86,7 @@ class RankData:
     mpi: pd.DataFrame | None = None
     has_cuda: bool = False
     synthetic: bool = False  # written by the pack's generator, not a profiler
+    unclosed_ranges: int = 0  # NVTX ranges with no end (the process stopped first): left out of every analysis
 
     def require(self, what: str, recipe: str) -> None:
         """Raise the one-line error naming the missing trace and the `nsys profile -t` value that records it."""
@@ -562,5 +563,7 @@ def load_file(path: Path, needs: set[str], nsys_path: str | None = None) -> list
             if pid is not None and len(pids) > 1 and "pid" in df:
                 df = df[df["pid"] == pid].reset_index(drop=True)
             setattr(rd, attr, df)
+        if rd.nvtx is not None and len(rd.nvtx):
+            rd.unclosed_ranges = int((rd.nvtx["event_type"].isin([59, 60]) & rd.nvtx["end_ns"].isna()).sum())
         ranks.append(rd)
     return ranks

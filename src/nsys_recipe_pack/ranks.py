@@ -16,6 +16,7 @@ def assign_ranks(identities: pd.DataFrame) -> pd.DataFrame:
     says SLURM_PROCID=0 does not collapse into one rank.
     """
     ids = identities.sort_values(["file", "pid"], kind="mergesort", na_position="first").reset_index(drop=True)
+    ids.attrs["notes"] = notes = []
     for source in SOURCE_ORDER:
         values = [c.get(source) for c in ids["candidates"]]
         if all(v is not None for v in values):
@@ -24,6 +25,8 @@ def assign_ranks(identities: pd.DataFrame) -> pd.DataFrame:
                 ids["rank"] = ranks
                 ids["rank_source"] = [source if source != "env" else f"env:{v[1]}" for v in values]
                 return ids
+            dup = sorted({r for r in ranks if ranks.count(r) > 1})
+            notes.append(f"ranks from {source} were not used: they repeat ({', '.join(map(str, dup[:10]))})")
     ids["rank"] = range(len(ids))
     ids["rank_source"] = "position"
     return ids

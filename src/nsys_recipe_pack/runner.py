@@ -45,7 +45,7 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
             res["identity"] = {
                 "file": rd.file, "pid": rd.pid, "candidates": rd.rank_candidates, "host": rd.host,
                 "local_rank": rd.local_rank, "gpu": rd.gpu, "session_start_ns": rd.session_start_ns,
-                "synthetic": rd.synthetic,
+                "synthetic": rd.synthetic, "unclosed_ranges": rd.unclosed_ranges,
             }
             out.append(res)
     except MissingToolError:
@@ -78,9 +78,13 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
     ids = pd.DataFrame([{**r["identity"], "order": i} for i, r in enumerate(results)])
     ids["pid"] = ids["pid"].astype("Int64")
     ids = assign_ranks(ids)
+    notes = list(ids.attrs.get("notes", []))
+    unclosed = ids[ids["unclosed_ranges"] > 0]
+    if len(unclosed):
+        notes.append(f"{int(unclosed['unclosed_ranges'].sum())} NVTX range(s) never closed (no end) were left out, "
+                     f"on rank(s) {', '.join(map(str, unclosed['rank'].tolist()[:10]))}")
     sessions = ids["session_start_ns"].astype("int64")
     base = int(sessions[sessions > 0].min()) if (sessions > 0).any() else 0
-    notes = []
     per_rank = []
     for _, row in ids.iterrows():
         res = results[int(row["order"])]
@@ -105,6 +109,12 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
             )
             per_rank = [r for r, ok in zip(per_rank, same, strict=True) if ok]
 
+    if spec.per_iteration:
+        counts = {r["rank"]: len(r.get("iterations", r.get("pace", []))) for r in per_rank}
+        if counts and min(counts.values()) != max(counts.values()):
+            short = sorted(k for k, v in counts.items() if v == min(counts.values()))
+            notes.append(f"ranks have {min(counts.values())} to {max(counts.values())} iterations (fewest on rank(s) "
+                         f"{', '.join(map(str, short[:10]))}): iterations past the shortest compare fewer ranks")
     tables = spec.reduce(per_rank, options)
     settings = tables.pop("settings", {})
     files = ids.rename(columns={})[["rank", "file", "rank_source", "host", "local_rank", "gpu", "pid"]].copy()
