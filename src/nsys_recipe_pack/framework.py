@@ -1,6 +1,6 @@
 """The thin bridge between NVIDIA's recipe framework and the pack: used only by `recipes/*/*.py`.
 
-Nothing here imports `nsys_recipe`; the recipe modules pass in their Recipe object and context.
+Only `recipe_class` imports `nsys_recipe`, and only when NVIDIA's framework loads a recipe; the analyses never do.
 """
 
 from __future__ import annotations
