@@ -62,6 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
     for spec in analyses.RECIPES.values():
         spec.add_arguments(add)
 
+    diff = sub.add_parser("diff", help="compare two runs; exit 1 when a tracked metric regresses")
+    diff.add_argument("base", help="the base run: a report, an export, or a folder of them")
+    diff.add_argument("new", help="the new run, the same way")
+    diff.add_argument("--output", default=None, help="output folder (default ./diff-N)")
+    diff.add_argument("--force-overwrite", action="store_true")
+    diff.add_argument("--tolerance", type=float, default=5.0, metavar="PCT",
+                      help="change that counts, in percent (percentage points for shares); default 5")
+    diff.add_argument("--nsys", default=None)
+
     doctor = sub.add_parser("doctor", help="what nsys and packages the pack finds, and what is missing")
     doctor.add_argument("--nsys", default=None)
 
@@ -130,6 +139,26 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_diff(args) -> int:
+    from . import compare
+
+    out, table = compare.diff_runs(args.base, args.new, args.output, tolerance=args.tolerance,
+                                   force=args.force_overwrite, nsys_path=args.nsys)
+    gating = table[table["gates"]]
+    for verdict in ("regressed", "improved"):
+        rows = table[table["verdict"] == verdict].head(8)
+        if len(rows):
+            print(f"{verdict}:")
+            for r in rows.itertuples():
+                print(f"  {r.metric:<20} {str(r.key)[:50]:<50} {r.change_pct:+8.1f} %")
+    print(f"output: {out}")
+    if len(gating):
+        print(f"verdict: {len(gating)} tracked metric(s) regressed by more than {args.tolerance:g} %")
+        return 1
+    print(f"verdict: no tracked metric regressed by more than {args.tolerance:g} %")
+    return 0
+
+
 def cmd_doctor(args) -> int:
     ok = True
     try:
@@ -173,7 +202,7 @@ def cmd_synth(args) -> int:
     return synth.main(args)
 
 
-COMMANDS = {"list": cmd_list, "run": cmd_run, "doctor": cmd_doctor, "setup-nsys": cmd_setup, "synth": cmd_synth}
+COMMANDS = {"list": cmd_list, "run": cmd_run, "diff": cmd_diff, "doctor": cmd_doctor, "setup-nsys": cmd_setup, "synth": cmd_synth}
 
 
 def _terminated(signum, frame):

@@ -1,0 +1,71 @@
+"""Run-vs-run comparison: what got slower, what got faster, with a verdict a CI job can gate on.
+
+Times: a key regresses when it grows by more than the tolerance (percent of its base value), improves when it
+shrinks by more. Keys too small to matter (under `MIN_SHARE`, 5 %, of their metric's total in both runs) are
+compared but never gate. Shares of GPU time (compute_memory_share categories): more compute is an
+improvement, more idle, communication, copies or memset a regression, when the share moves by more than the
+tolerance in percentage points.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..gpu import gpu_ops
+from ..iterations import closed_ranges, find_iterations
+from . import share
+
+NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
+MIN_SHARE = 0.05
+GOOD_SHARES = {"compute"}
+
+
+def run_metrics(ranks) -> pd.DataFrame:
+    """Columns metric, key, value for one run (a list of RankData)."""
+    rows = []
+    ranges = pd.concat([closed_ranges(rd.nvtx) for rd in ranks], ignore_index=True)
+    if len(ranges):
+        t = (ranges["end_ns"] - ranges["start_ns"]).groupby(ranges["name"]).sum()
+        rows.append(pd.DataFrame({"metric": "nvtx_total_ns", "key": t.index, "value": t.to_numpy(np.float64)}))
+    kernels = [rd.kernels for rd in ranks if rd.kernels is not None and len(rd.kernels)]
+    if kernels:
+        k = pd.concat(kernels, ignore_index=True)
+        t = (k["end_ns"] - k["start_ns"]).groupby(k["name"]).sum()
+        rows.append(pd.DataFrame({"metric": "kernel_total_ns", "key": t.index, "value": t.to_numpy(np.float64)}))
+    parts = [share.map_rank(rd, {})["share"].assign(rank=i) for i, rd in enumerate(ranks) if len(gpu_ops(rd))]
+    if parts:
+        s = pd.concat(parts, ignore_index=True).groupby("category")["union_ns"].sum()
+        rows.append(pd.DataFrame({"metric": "share_pct", "key": s.index, "value": (100.0 * s / s.sum()).to_numpy()}))
+    durations = []
+    for rd in ranks:
+        try:
+            it = find_iterations(rd.nvtx, rd.kernels, file=rd.file)
+        except Exception:  # noqa: BLE001 - a run without iterations simply has no such metric
+            continue
+        durations.append(it.end_ns - it.start_ns)
+    if durations:
+        rows.append(pd.DataFrame({"metric": "median_iteration_ns", "key": "all ranks",
+                                  "value": [float(np.median(np.concatenate(durations)))]}))
+    if not rows:
+        return pd.DataFrame(columns=["metric", "key", "value"])
+    return pd.concat(rows, ignore_index=True)
+
+
+def compare(base: pd.DataFrame, new: pd.DataFrame, tolerance_pct: float = 5.0) -> pd.DataFrame:
+    m = base.merge(new, on=["metric", "key"], how="outer", suffixes=("_base", "_new"))
+    m = m.rename(columns={"value_base": "base", "value_new": "new"})
+    m["change_pct"] = np.where(m["base"].abs() > 0, 100.0 * (m["new"] - m["base"]) / m["base"].abs(), np.nan)
+    is_share = m["metric"] == "share_pct"
+    delta = np.where(is_share, m["new"] - m["base"], m["change_pct"])
+    worse = np.where(is_share & m["key"].isin(GOOD_SHARES), -delta, delta)
+    verdict = np.where(worse > tolerance_pct, "regressed", np.where(worse < -tolerance_pct, "improved", "unchanged"))
+    verdict = np.where(m["base"].isna(), "added", np.where(m["new"].isna(), "removed", verdict))
+    m["verdict"] = verdict
+    totals = m.groupby("metric")[["base", "new"]].transform("sum")
+    small = (m["base"].fillna(0) < MIN_SHARE * totals["base"]) & (m["new"].fillna(0) < MIN_SHARE * totals["new"])
+    m["gates"] = (m["verdict"] == "regressed") & (is_share | ~small)
+    order = {"regressed": 0, "improved": 1, "added": 2, "removed": 3, "unchanged": 4}
+    m = m.assign(_o=m["verdict"].map(order), _a=-m["change_pct"].abs().fillna(0))
+    return m.sort_values(["metric", "_o", "_a"]).drop(columns=["_o", "_a"]).reset_index(drop=True)[
+        ["metric", "key", "base", "new", "change_pct", "verdict", "gates"]]

@@ -1,0 +1,53 @@
+"""`nsys-recipe diff`: verdicts by hand, and the ai_profiler_a100 optimisation measured both ways."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import AI_SET
+
+from nsys_recipe_pack.analyses.diff import compare
+
+
+def test_compare_by_hand():
+    base = pd.DataFrame({"metric": ["kernel_total_ns"] * 4 + ["share_pct"] * 2,
+                         "key": ["a", "b", "c", "gone", "compute", "idle"],
+                         "value": [100.0, 100.0, 100.0, 50.0, 60.0, 40.0]})
+    new = pd.DataFrame({"metric": ["kernel_total_ns"] * 4 + ["share_pct"] * 2,
+                        "key": ["a", "b", "c", "fresh", "compute", "idle"],
+                        "value": [104.0, 120.0, 80.0, 10.0, 50.0, 50.0]})
+    d = compare(base, new, tolerance_pct=5).set_index(["metric", "key"])
+    assert d.loc[("kernel_total_ns", "a"), "verdict"] == "unchanged"
+    assert d.loc[("kernel_total_ns", "b"), "verdict"] == "regressed" and d.loc[("kernel_total_ns", "b"), "gates"]
+    assert d.loc[("kernel_total_ns", "b"), "change_pct"] == pytest.approx(20.0)
+    assert d.loc[("kernel_total_ns", "c"), "verdict"] == "improved"
+    assert d.loc[("kernel_total_ns", "gone"), "verdict"] == "removed"
+    assert d.loc[("kernel_total_ns", "fresh"), "verdict"] == "added"
+    # shares move in percentage points: less compute and more idle are both regressions
+    assert d.loc[("share_pct", "compute"), "verdict"] == "regressed"
+    assert d.loc[("share_pct", "idle"), "verdict"] == "regressed"
+
+
+def run_diff(base, new, out):
+    exe = Path(sys.executable).with_name("nsys-recipe")
+    return subprocess.run([str(exe), "diff", str(base), str(new), "--output", str(out)], capture_output=True, text=True)
+
+
+def test_ai_profiler_optimisation_improves_and_the_reverse_fails(tmp_path, nsys):
+    base, new = AI_SET / "baseline_nvtx.nsys-rep", AI_SET / "thirdOptimization.nsys-rep"
+    res = run_diff(base, new, tmp_path / "fwd")
+    assert res.returncode == 0, res.stdout + res.stderr
+    d = pd.read_parquet(tmp_path / "fwd" / "diff.parquet")
+    assert list(d.columns[:6]) == ["metric", "key", "base", "new", "change_pct", "verdict"]
+    nvtx = d[d["metric"] == "nvtx_total_ns"].set_index("key")
+    assert nvtx.loc["Epoch 2", "change_pct"] == pytest.approx(-35, abs=3)
+    assert nvtx.loc["Copy to device", "change_pct"] == pytest.approx(-65, abs=3)
+    assert nvtx.loc["Epoch 2", "verdict"] == "improved"
+    # the totals are the plain sums of the ranges, as `nsys stats -r nvtx_sum` reports them
+    assert nvtx.loc["Epoch 2", "base"] == 15313364812
+    res = run_diff(new, base, tmp_path / "rev")
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "regressed" in res.stdout
+    assert set(d["metric"]) == {"nvtx_total_ns", "kernel_total_ns", "share_pct", "median_iteration_ns"}
