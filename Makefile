@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 NSYS_VERSION ?= 2023.4
 DEMO_OUT ?= demo-output
 
-.PHONY: setup nsys nsys-2024 demo test lint lab clean
+.PHONY: setup nsys nsys-2024 browser demo test lint lab clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,8 +32,18 @@ lint: setup
 nsys-2024: setup
 	$(BIN)/nsys-recipe setup-nsys --version 2024.2 >/dev/null
 
-test: nsys nsys-2024 lint
+# Debian's Chromium, for the test that opens every generated HTML headless with no network.
+browser:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && apt-get install -y -qq chromium >/dev/null)
+
+test: nsys nsys-2024 browser lint
 	$(BIN)/python -m pytest -q
 
+# JupyterLab on an output folder (default: the demo's): its notebooks run against the Parquet beside them.
+LAB_DIR ?= $(DEMO_OUT)
+lab: setup
+	$(BIN)/pip install -q jupyterlab
+	$(BIN)/jupyter lab --notebook-dir=$(LAB_DIR)
+
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) build dist .pytest_cache
+	rm -rf $(VENV) $(DEMO_OUT) build dist .pytest_cache test-artifacts

@@ -62,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     for spec in analyses.RECIPES.values():
         spec.add_arguments(add)
 
+    rep = sub.add_parser("report", help="every recipe with its data over one or more runs: notebooks, HTML, index")
+    rep.add_argument("inputs", nargs="*", metavar="RUN", help="one report, export or folder of them per run")
+    rep.add_argument("--output", required=True)
+    rep.add_argument("--force-overwrite", action="store_true")
+    rep.add_argument("--nsys", default=None)
+
     diff = sub.add_parser("diff", help="compare two runs; exit 1 when a tracked metric regresses")
     diff.add_argument("base", help="the base run: a report, an export, or a folder of them")
     diff.add_argument("new", help="the new run, the same way")
@@ -139,6 +145,13 @@ def cmd_run(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from . import batch
+
+    batch.report(args.inputs, args.output, force=args.force_overwrite, nsys_path=args.nsys)
+    return 0
+
+
 def cmd_diff(args) -> int:
     from . import compare
 
@@ -202,7 +215,7 @@ def cmd_synth(args) -> int:
     return synth.main(args)
 
 
-COMMANDS = {"list": cmd_list, "run": cmd_run, "diff": cmd_diff, "doctor": cmd_doctor, "setup-nsys": cmd_setup, "synth": cmd_synth}
+COMMANDS = {"list": cmd_list, "run": cmd_run, "diff": cmd_diff, "report": cmd_report, "doctor": cmd_doctor, "setup-nsys": cmd_setup, "synth": cmd_synth}
 
 
 def _terminated(signum, frame):

@@ -13,10 +13,10 @@ def iterate(items, total: int, desc: str, stream=None):
     if stream.isatty():
         from tqdm import tqdm
 
-        yield from tqdm(items, total=total, desc=desc, unit="rank file", file=stream)
+        yield from tqdm(items, total=total, desc=desc, unit="item", file=stream)
         return
     step = max(1, total // 10)
     for i, item in enumerate(items, 1):
         yield item
         if i % step == 0 or i == total:
-            print(f"{desc}: {i}/{total} inputs done", file=stream, flush=True)
+            print(f"{desc}: {i}/{total} done", file=stream, flush=True)

@@ -1,21 +1,31 @@
 """SYNTHETIC Nsight Systems exports with known stragglers, for tests with exact answers and scale runs.
 
-Everything written here is labelled synthetic: a README and truth.json beside the exports and a
-`SYNTHETIC` row in each export's META_DATA_EXPORT. Table and column names and types come from a real
-Nsight Systems 2023.4 export (`data/nsys_2023_4_schema.json`, made by scripts/dump_export_schema.py).
+Everything written here is labelled synthetic: a README.md and truth.json beside the exports and a
+`SYNTHETIC` row in each export's META_DATA_EXPORT. Table and column names, column order and types are
+those of a real Nsight Systems 2023.4 export (`data/nsys_2023_4_schema.json` plus `EXTRA_TABLES` below,
+both recorded from a real export by scripts/dump_export_schema.py and checked by tests/test_synth.py).
 
-The model: every rank runs `step` iterations with children dataloader, forward, backward, allreduce,
-optimizer on its main thread. Forward and backward launch compute kernels; allreduce launches an NCCL
-kernel. All ranks leave the allreduce together when the slowest has arrived (plus a transfer time),
-so a slow rank shortens the others' busy time not at all and lengthens their wait.
+The model, per rank (one process, one GPU, one main thread):
+- every iteration is an NVTX push/pop range `step` with the children dataloader, forward, backward,
+  allreduce, optimizer, back to back on the main thread;
+- forward and backward launch compute kernels (`cudaLaunchKernel_v7000` on the main thread, the kernel on
+  stream 7 shortly after); the allreduce range launches one NCCL kernel on stream 13 that starts when
+  this rank arrives and ends when the slowest rank has arrived plus a fixed transfer time, the same
+  instant on the common clock for every rank; the host range ends 10 us after the kernel (it syncs on it);
+- fixed extra GPU work (copies of every kind, a memset, a CUDA graph, a synchronous `.item()` with a
+  stream sync, a kernel overlapping another stream) and nested ranges on a data-loading worker thread.
+Each rank's session starts at its own instant (a few ms apart) and its timestamps are relative to it, so
+only `TARGET_INFO_SESSION_START_TIME.utcEpochNs + start` lines the ranks up.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import sqlite3
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -28,21 +38,28 @@ from .errors import UsageError
 SCHEMA_FILE = Path(__file__).with_name("data") / "nsys_2023_4_schema.json"
 MS = 1_000_000
 US = 1_000
-BASE_UTC_NS = 1_700_000_000_000_000_000
+BASE_UTC_NS = 1_700_000_000_000_000_000  # the common clock's zero, 2023-11-14T22:13:20Z
 CHILDREN = ["dataloader", "forward", "backward", "allreduce", "optimizer"]
 NOMINAL_MS = {"dataloader": 3.0, "forward": 30.0, "backward": 50.0, "optimizer": 5.0}
+JITTER = 0.03  # each child range's duration is nominal x U(1 - JITTER, 1 + JITTER), per rank and iteration
 TRANSFER_MS = 4.0
+STEP_GAP_NS = 200 * US  # host time between one step's end and the next step's start
+FIRST_STEP_NS = 1_000 * MS  # the first step starts this long after the latest session start
+NCCL_SYNC_NS = 10 * US  # the allreduce range ends this long after its NCCL kernel
 FWD_KERNELS = ["sgemm_128x64_nn", "relu_fwd", "layer_norm_fwd", "softmax_fwd"]
 BWD_KERNELS = ["sgemm_128x64_nt", "sgemm_64x64_tn", "relu_bwd", "layer_norm_bwd", "softmax_bwd", "adam_update"]
 NCCL_SHORT = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
 NCCL_FULL = NCCL_SHORT + "(ncclDevComm*, unsigned long, ncclWork*)"
+NCCL_MANGLED = f"_Z{len(NCCL_SHORT)}{NCCL_SHORT}P11ncclDevCommmP8ncclWork"
+COMPUTE_STREAM, NCCL_STREAM, OVERLAP_STREAM = 7, 13, 9
 LAUNCH_API = "cudaLaunchKernel_v7000"
-TEXT_ID_NAMES = {"dataloader", "backward", "optimizer"}  # the others are stored as plain text
+TEXT_ID_NAMES = {"dataloader", "backward", "optimizer"}  # NVTX names stored via textId; all others in `text`
 GRAPH_KERNELS = ["graph_fused_add", "graph_scale", "graph_copy"]
 OVERLAP_KERNEL = "bucket_reduce"
 EXTRA_APIS = ["cudaMemcpyAsync_v3020", "cudaMemsetAsync_v3020", "cudaMemcpy_v3020", "cudaStreamSynchronize_v3020",
               "cudaGraphLaunch_v10000"]
 WORKER_RANGES = ["prefetch", "decode"]
+MAIN_THREAD_NAME, WORKER_THREAD_NAME = "python3", "dataloader_worker"
 # Fixed GPU work per iteration, in ns after the start of the range named (exact, never jittered), so tests
 # can state expected values by hand. (name, range, start, end, kind)
 EXTRA_OPS = [
@@ -57,12 +74,25 @@ EXTRA_OPS = [
     ("dtoh_item", "optimizer", 950 * US, 960 * US, "memcpy"),         # loss.item(): 4 bytes, synchronous
 ]
 OVERLAP_BEFORE_ARRIVAL = (3 * MS, 2 * MS)  # bucket_reduce on stream 9, inside the last backward kernel
-SYNTHETIC_LABEL = "nsys-recipe-pack synthetic export (not a real profile)"
+SYNTHETIC_LABEL = "nsys-recipe-pack synthetic export"
 CAUSES = ("dataloader", "compute")
+ACCEPTABLE_CAUSES = {"dataloader": ["dataloader"], "compute": ["forward", "backward", "gpu_compute"]}
+
+# globalTid = VM id (1 in the high 16 bits) | pid << 24 | tid, as Nsight Systems encodes it; globalPid has tid 0.
+GLOBAL_VM = 1 << 48
+PID_BASE = 4000
+NO_ID = 0xFFFFFFFF  # what CUPTI records where an id does not apply (e.g. eventId of a stream sync)
+NAME_ENUM = {"DeviceEnvironment": 610, "Hostname": 619}  # TARGET_INFO_SYSTEM_ENV.nameEnum in 2023.4
+PARQUET_ROW_GROUP = 2048  # as Nsight Systems' parquetdir export: several row groups per larger table
 
 
 @dataclass(frozen=True)
 class Straggler:
+    """Rank `rank` is slow in iterations first..last (inclusive; last = -1: to the end).
+
+    slowdown multiplies the rank's own busy time (step minus allreduce) in those iterations: with cause
+    `dataloader` the extra is a host stall inside the dataloader range; with `compute` forward and backward
+    (ranges and their kernels) stretch by the same total."""
     rank: int
     first: int
     last: int
@@ -71,29 +101,93 @@ class Straggler:
 
 
 def parse_straggler(text: str) -> Straggler:
-    """`rank=R,iterations=A-B,cause=dataloader|compute,slowdown=X`."""
+    """`rank=R,iterations=A-B,cause=dataloader|compute,slowdown=X` (iterations also `A`, `A-` or `all`)."""
+    usage = f"--straggler {text!r}: give rank=R,iterations=A-B[,cause=dataloader|compute][,slowdown=X]"
     fields = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
-        if not sep:
-            raise ValueError(f"--straggler {text!r}: expected KEY=VALUE pairs separated by commas")
+        if not sep or not key.strip():
+            raise ValueError(f"{usage} (KEY=VALUE pairs separated by commas)")
         fields[key.strip()] = value.strip()
     unknown = set(fields) - {"rank", "iterations", "cause", "slowdown"}
-    if unknown or "rank" not in fields or "iterations" not in fields:
-        raise ValueError(f"--straggler {text!r}: give rank=R,iterations=A-B[,cause=dataloader|compute][,slowdown=X]")
-    m = re.fullmatch(r"(\d+)(?:-(\d+))?", fields["iterations"])
-    if not m:
-        raise ValueError(f"--straggler {text!r}: iterations must be A-B or A")
-    first = int(m.group(1))
-    last = int(m.group(2) or first)
+    if unknown:
+        raise ValueError(f"{usage}; unknown key {', '.join(sorted(unknown))}")
+    if "rank" not in fields or "iterations" not in fields:
+        raise ValueError(usage)
+    if not fields["rank"].isdigit():
+        raise ValueError(f"--straggler {text!r}: rank must be a whole number >= 0")
+    span = fields["iterations"]
+    m = re.fullmatch(r"(\d+)(-(\d*))?", span)
+    if span == "all":
+        first, last = 0, -1
+    elif m:
+        first = int(m.group(1))
+        last = int(m.group(3)) if m.group(3) else (-1 if m.group(2) else first)
+    else:
+        raise ValueError(f"--straggler {text!r}: iterations must be A-B, A, A- or all")
+    if last != -1 and last < first:
+        raise ValueError(f"--straggler {text!r}: iterations A-B needs A <= B")
     cause = fields.get("cause", "dataloader")
     if cause not in CAUSES:
         raise ValueError(f"--straggler {text!r}: cause must be one of {', '.join(CAUSES)}")
-    slowdown = float(fields.get("slowdown", 1.5))
-    if slowdown <= 1.0 or last < first:
-        raise ValueError(f"--straggler {text!r}: need slowdown > 1 and A <= B")
+    try:
+        slowdown = float(fields.get("slowdown", 1.5))
+    except ValueError:
+        raise ValueError(f"--straggler {text!r}: slowdown must be a number > 1 (1.5 adds 50 %)") from None
+    if not slowdown > 1.0 or not np.isfinite(slowdown):
+        raise ValueError(f"--straggler {text!r}: slowdown must be a number > 1 (1.5 adds 50 %)")
     return Straggler(int(fields["rank"]), first, last, cause, slowdown)
 
+
+# ---------------------------------------------------------------------------------------------------------
+# schema
+
+def _spec(text: str) -> list[dict]:
+    """Compact column list `name:arrowtype[!]` (`!` = NOT NULL) -> schema entries; SQLite types follow arrow's."""
+    cols = []
+    for item in text.split():
+        name, arrow = item.split(":")
+        required = arrow.endswith("!")
+        arrow = arrow.rstrip("!")
+        sql = "TEXT" if arrow == "string" else "REAL" if arrow in ("float", "double") else \
+            "BLOB" if arrow == "binary" else "INTEGER"
+        cols.append({"name": name, "sqlite": sql, "arrow": arrow, "nullable": not required})
+    return cols
+
+
+_ENUM = _spec("id:int64! name:string label:string")
+# Tables written beyond data/nsys_2023_4_schema.json, recorded from the same real 2023.4 export.
+EXTRA_TABLES = {
+    "TARGET_INFO_GPU": _spec(
+        "vmId:int64! id:int64! name:string busLocation:string isDiscrete:bool l2CacheSize:int64 totalMemory:uint64 "
+        "memoryBandwidth:uint64 clockRate:int64 smCount:int64 pwGpuId:int64 uuid:string luid:uint64 chipName:string "
+        "cuDevice:int32 ctxswDevPath:string ctrlDevPath:string revision:int64 nodeMask:int64 constantMemory:int64 "
+        "maxIPC:int64 maxRegistersPerBlock:int64 maxShmemPerBlock:int64 maxShmemPerBlockOptin:int64 "
+        "maxShmemPerSm:int64 maxRegistersPerSm:int64 threadsPerWarp:int64 asyncEngines:int64 maxWarpsPerSm:int64 "
+        "maxBlocksPerSm:int64 maxThreadsPerBlock:int64 maxBlockDimX:int64 maxBlockDimY:int64 maxBlockDimZ:int64 "
+        "maxGridDimX:int64 maxGridDimY:int64 maxGridDimZ:int64 computeMajor:int64 computeMinor:int64 smMajor:int64 "
+        "smMinor:int64"),
+    "ENUM_CUDA_MEMCPY_OPER": _ENUM,
+    "ENUM_CUDA_MEM_KIND": _ENUM,
+    "ENUM_CUPTI_SYNC_TYPE": _ENUM,
+}
+# The enum values the exports use (CUPTI's enums as Nsight Systems numbers them).
+ENUMS = {
+    "ENUM_CUDA_MEMCPY_OPER": ("CUDA_MEMCPY_KIND_", [
+        ("UNKNOWN", "Unknown"), ("HTOD", "Host-to-Device"), ("DTOH", "Device-to-Host"), ("HTOA", "Host-to-Array"),
+        ("ATOH", "Array-to-Host"), ("ATOA", "Array-to-Array"), ("ATOD", "Array-to-Device"),
+        ("DTOA", "Device-to-Array"), ("DTOD", "Device-to-Device"), ("HTOH", "Host-to-Host"),
+        ("PTOP", "Peer-to-Peer"), ("UVM_HTOD", "Unified Host-to-Device"), ("UVM_DTOH", "Unified Device-to-Host"),
+        ("UVM_DTOD", "Unified Device-to-Device")]),
+    "ENUM_CUDA_MEM_KIND": ("CUDA_MEMOPR_MEMORY_KIND_", [
+        ("PAGEABLE", "Pageable"), ("PINNED", "Pinned"), ("DEVICE", "Device"), ("ARRAY", "Array"),
+        ("MANAGED", "Managed"), ("DEVICE_STATIC", "Device Static"), ("MANAGED_STATIC", "Managed Static"),
+        ("UNKNOWN", "Unknown")]),
+    "ENUM_CUPTI_SYNC_TYPE": ("CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_", [
+        ("UNKNOWN", "Unknown"), ("EVENT_SYNCHRONIZE", "Event sync"), ("STREAM_WAIT_EVENT", "Stream wait sync"),
+        ("STREAM_SYNCHRONIZE", "Stream sync"), ("CONTEXT_SYNCHRONIZE", "Context sync")]),
+}
+PRIMARY_KEYS = {"StringIds": "id", **{t: "id" for t in ENUMS}}
 
 NEWER_SCHEMA_VERSION = "3.25.0"
 # What newer exports (schema 3.16 to 3.25) add over 2023.4's, as seen in real ones: extra columns on existing
@@ -114,6 +208,7 @@ NEWER_TABLES = {
 
 def _schema(shape: str = "2023.4") -> dict:
     schema = json.loads(SCHEMA_FILE.read_text())
+    schema["tables"].update(EXTRA_TABLES)
     if shape == "newer":
         for table, cols in NEWER_COLUMNS.items():
             schema["tables"][table] = schema["tables"][table] + cols
@@ -124,49 +219,68 @@ def _schema(shape: str = "2023.4") -> dict:
     return schema
 
 
+# ---------------------------------------------------------------------------------------------------------
+# the model
+
 def _global_pid(pid: int) -> int:
-    return (1 << 48) | (pid << 24)
+    return GLOBAL_VM | (pid << 24)
 
 
-def _timeline(ranks: int, iterations: int, stragglers, rng) -> dict:
-    """Per (rank, iteration) child durations and start times on the common clock (ns since BASE)."""
-    dur = {c: NOMINAL_MS[c] * MS * rng.uniform(0.97, 1.03, size=(ranks, iterations)) for c in NOMINAL_MS}
+def _check_stragglers(stragglers, ranks: int, iterations: int) -> list[Straggler]:
+    out = []
     for s in stragglers:
-        if not 0 <= s.rank < ranks or s.first >= iterations:
-            raise UsageError(f"straggler {s}: outside {ranks} ranks x {iterations} iterations")
-        it = slice(s.first, min(s.last, iterations - 1) + 1)
+        last = iterations - 1 if s.last == -1 else s.last
+        if not 0 <= s.rank < ranks or not 0 <= s.first < iterations or not s.first <= last < iterations:
+            raise UsageError(f"straggler rank={s.rank},iterations={s.first}-{s.last}: outside {ranks} ranks x "
+                             f"{iterations} iterations (ranks 0-{ranks - 1}, iterations 0-{iterations - 1})")
+        if s.cause not in CAUSES:
+            raise UsageError(f"straggler cause {s.cause!r}: use one of {', '.join(CAUSES)}")
+        if not s.slowdown > 1.0 or not np.isfinite(s.slowdown):
+            raise UsageError(f"straggler slowdown {s.slowdown}: must be > 1 (1.5 adds 50 %)")
+        out.append(replace(s, last=last, slowdown=float(s.slowdown)))
+    return out
+
+
+def _timeline(ranks: int, iterations: int, stragglers: list[Straggler], rng) -> dict:
+    """Child durations per (rank, iteration) and start times on the common clock (ns since BASE_UTC_NS,
+    first step at 0). The allreduce releases everybody at max(arrival) + transfer, so
+    release[i] = release[i-1] + max_r(optimizer[r, i-1] + gap + pre[r, i]) + transfer: one cumulative sum."""
+    dur = {c: np.round(NOMINAL_MS[c] * MS * rng.uniform(1 - JITTER, 1 + JITTER, size=(ranks, iterations)))
+           .astype(np.int64) for c in NOMINAL_MS}
+    extra = np.zeros((ranks, iterations), np.int64)
+    for s in stragglers:  # a handful of specs, each vectorised over its iterations
+        it = slice(s.first, s.last + 1)
         busy = sum(dur[c][s.rank, it] for c in NOMINAL_MS)
-        extra = (s.slowdown - 1.0) * busy
+        add = np.round((s.slowdown - 1.0) * busy).astype(np.int64)
         if s.cause == "dataloader":
-            dur["dataloader"][s.rank, it] += extra
+            dur["dataloader"][s.rank, it] += add
         else:
-            compute = dur["forward"][s.rank, it] + dur["backward"][s.rank, it]
-            for c in ("forward", "backward"):
-                dur[c][s.rank, it] *= 1.0 + extra / compute
-    dur = {c: np.round(v).astype(np.int64) for c, v in dur.items()}
+            fw, bw = dur["forward"][s.rank, it], dur["backward"][s.rank, it]
+            add_fw = np.round(add * fw / (fw + bw)).astype(np.int64)
+            dur["forward"][s.rank, it] = fw + add_fw
+            dur["backward"][s.rank, it] = bw + add - add_fw
+        extra[s.rank, it] += add
+    transfer = int(TRANSFER_MS * MS)
+    pre = dur["dataloader"] + dur["forward"] + dur["backward"]
+    step = np.empty(iterations, np.int64)
+    step[0] = pre[:, 0].max() + transfer
+    step[1:] = (dur["optimizer"][:, :-1] + STEP_GAP_NS + pre[:, 1:]).max(axis=0) + transfer
+    release = np.cumsum(step)
     step_start = np.zeros((ranks, iterations), np.int64)
-    arrival = np.zeros((ranks, iterations), np.int64)
-    release = np.zeros(iterations, np.int64)
-    gap = 200 * US
-    t = np.full(ranks, 1_000 * MS, np.int64)  # one second after the session start
-    for i in range(iterations):  # a loop over iterations, vectorised over ranks
-        step_start[:, i] = t
-        arrival[:, i] = t + dur["dataloader"][:, i] + dur["forward"][:, i] + dur["backward"][:, i]
-        release[i] = arrival[:, i].max() + int(TRANSFER_MS * MS)
-        t = release[i] + dur["optimizer"][:, i] + gap
-    return {"dur": dur, "step_start": step_start, "arrival": arrival, "release": release}
+    step_start[:, 1:] = release[None, :-1] + dur["optimizer"][:, :-1] + STEP_GAP_NS
+    return {"dur": dur, "step_start": step_start, "arrival": step_start + pre, "release": release, "extra": extra}
 
 
-def _rank_tables(r: int, tl: dict, iterations: int, offset: int, session_utc: int, world: int,
-                 gpus_per_node: int, strings: dict) -> dict:
-    """All tables of one rank, timestamps on the rank's own clock (common clock minus offset)."""
-    pid = 4000 + r
+def _rank_tables(r: int, tl: dict, iterations: int, shift: int, world: int, gpus_per_node: int,
+                 strings: dict) -> dict:
+    """The event tables of one rank; local time = common time + shift (the rank's clock)."""
+    pid = PID_BASE + r
     gpid = _global_pid(pid)
     gtid = gpid | pid
     d = {c: v[r] for c, v in tl["dur"].items()}
-    s0 = tl["step_start"][r] - offset
-    arr = tl["arrival"][r] - offset
-    rel = tl["release"] - offset
+    s0 = tl["step_start"][r] + shift
+    arr = tl["arrival"][r] + shift
+    rel = tl["release"] + shift + NCCL_SYNC_NS  # the host range ends after the NCCL kernel
     dl_end = s0 + d["dataloader"]
     fw_end = dl_end + d["forward"]
     opt_end = rel + d["optimizer"]
@@ -183,10 +297,9 @@ def _rank_tables(r: int, tl: dict, iterations: int, offset: int, session_utc: in
         "start": starts, "end": ends, "eventType": 59,
         "text": np.where(by_id, None, names),
         "globalTid": np.uint64(gtid),
-        "textId": np.where(by_id, [strings.get(n, -1) for n in names], None),
+        "textId": pd.Series(names).map(strings).where(by_id).astype("Int64"),
         "domainId": np.uint64(0),
     })
-    nvtx["textId"] = nvtx["textId"].astype("Int64")
 
     # compute kernels, evenly spread over forward and backward, plus one NCCL kernel per iteration
     def spread(r_start, r_end, kernels):
@@ -201,7 +314,8 @@ def _rank_tables(r: int, tl: dict, iterations: int, offset: int, session_utc: in
 
     parts = [spread(*spans["forward"], FWD_KERNELS), spread(*spans["backward"], BWD_KERNELS)]
     nccl_launch = arr + 10 * US
-    parts.append((nccl_launch, nccl_launch + 20 * US, rel - 10 * US, np.full(iterations, NCCL_FULL, dtype=object)))
+    nccl_end = rel - NCCL_SYNC_NS  # = max arrival + transfer on the common clock, for every rank
+    parts.append((nccl_launch, nccl_launch + 20 * US, nccl_end, np.full(iterations, NCCL_FULL, dtype=object)))
     launch = np.concatenate([p[0] for p in parts])
     k_start = np.concatenate([p[1] for p in parts])
     k_end = np.concatenate([p[2] for p in parts])
@@ -210,51 +324,43 @@ def _rank_tables(r: int, tl: dict, iterations: int, offset: int, session_utc: in
     launch, k_start, k_end, k_name = launch[order_k], k_start[order_k], k_end[order_k], k_name[order_k]
     corr = np.arange(1, len(launch) + 1, dtype=np.int64) + 100
     is_nccl = k_name == NCCL_FULL
-    short = np.where(is_nccl, NCCL_SHORT, k_name)
+    full_ids = pd.Series(k_name).map(strings).to_numpy(np.uint64)
+    short_ids = np.where(is_nccl, strings[NCCL_SHORT], full_ids).astype(np.uint64)
+    mangled_ids = np.where(is_nccl, strings[NCCL_MANGLED], full_ids).astype(np.uint64)  # extern "C" kernels
     device = r % gpus_per_node
     kernels = pd.DataFrame({
         "start": k_start, "end": k_end, "deviceId": device, "contextId": np.uint64(1),
-        "streamId": np.where(is_nccl, 13, 7).astype(np.uint64), "correlationId": corr, "globalPid": np.uint64(gpid),
-        "demangledName": np.array([strings[n] for n in k_name], dtype=np.uint64),
-        "shortName": np.array([strings[n] for n in short], dtype=np.uint64),
-        "mangledName": None, "launchType": 0, "cacheConfig": 0, "registersPerThread": 32,
-        "gridX": 128, "gridY": 1, "gridZ": 1, "blockX": 256, "blockY": 1, "blockZ": 1,
-        "staticSharedMemory": 0, "dynamicSharedMemory": 0, "localMemoryPerThread": 0, "localMemoryTotal": 0,
-        "gridId": corr, "sharedMemoryExecuted": 0, "graphNodeId": None, "sharedMemoryLimitConfig": None,
+        "streamId": np.where(is_nccl, NCCL_STREAM, COMPUTE_STREAM).astype(np.uint64), "correlationId": corr,
+        "globalPid": np.uint64(gpid), "demangledName": full_ids, "shortName": short_ids,
+        "mangledName": mangled_ids, "launchType": 1, "cacheConfig": 0,
+        "registersPerThread": np.where(is_nccl, 96, 32), "gridX": np.where(is_nccl, 2, 128), "gridY": 1, "gridZ": 1,
+        "blockX": np.where(is_nccl, 640, 256), "blockY": 1, "blockZ": 1, "staticSharedMemory": 0,
+        "dynamicSharedMemory": 0, "localMemoryPerThread": 0, "localMemoryTotal": 0, "gridId": corr,
+        "sharedMemoryExecuted": 0, "sharedMemoryLimitConfig": 0,
     })
     runtime = pd.DataFrame({
-        "start": launch, "end": launch + 8 * US, "eventClass": 1, "globalTid": np.uint64(gtid),
-        "correlationId": corr, "nameId": np.uint64(strings[LAUNCH_API]), "returnValue": 0, "callchainId": None,
+        "start": launch, "end": launch + 8 * US, "eventClass": 0, "globalTid": np.uint64(gtid),
+        "correlationId": corr, "nameId": np.uint64(strings[LAUNCH_API]), "returnValue": 0,
     })
-    extra = _gpu_extras(spans, iterations, gtid, gpid, pid, device, int(corr[-1]) + 1, strings)
-    kernels = pd.concat([kernels, extra["kernels"]], ignore_index=True)
-    runtime = pd.concat([runtime, extra["runtime"]], ignore_index=True)
-    nvtx = pd.concat([nvtx, extra["nvtx"]], ignore_index=True)
-    env = {
-        "RANK": r, "LOCAL_RANK": r % gpus_per_node, "WORLD_SIZE": world,
-        "HOSTNAME": f"synth-node{r // gpus_per_node:03d}", "NSYS_RECIPE_PACK_SYNTHETIC": 1,
-    }
-    utc = pd.Timestamp(session_utc, unit="ns").strftime("%Y-%m-%dT%H:%M:%S")
+    extra = _gpu_extras(spans, iterations, gtid, gpid, pid, device, gpus_per_node, int(corr[-1]) + 1, strings)
     return {
-        "NVTX_EVENTS": nvtx,
-        "CUPTI_ACTIVITY_KIND_KERNEL": kernels,
-        "CUPTI_ACTIVITY_KIND_RUNTIME": runtime,
-        "CUPTI_ACTIVITY_KIND_MEMCPY": extra["memcpy"],
-        "CUPTI_ACTIVITY_KIND_MEMSET": extra["memset"],
-        "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": extra["sync"],
-        "TARGET_INFO_SESSION_START_TIME": pd.DataFrame({"utcEpochNs": [session_utc], "utcTime": [utc],
-                                                        "localTime": [utc]}),
-        "TARGET_INFO_SYSTEM_ENV": pd.DataFrame({
-            "globalVid": [np.uint64(1 << 48)], "devStateName": ["synthetic"], "name": ["DeviceEnvironment"],
-            "nameEnum": [18], "value": [";".join(f"{k}={v}" for k, v in env.items())]}),
-        "PROCESSES": pd.DataFrame({"globalPid": [np.uint64(gpid)], "pid": [pid], "name": ["python3"]}),
-        "ThreadNames": pd.DataFrame({"nameId": [np.uint64(strings["python3"])], "priority": [0],
-                                     "globalTid": [np.uint64(gtid)]}),
+        "NVTX_EVENTS": _by_start(nvtx, extra["nvtx"]),
+        "CUPTI_ACTIVITY_KIND_KERNEL": _by_start(kernels, extra["kernels"]),
+        "CUPTI_ACTIVITY_KIND_RUNTIME": _by_start(runtime, extra["runtime"]),
+        "CUPTI_ACTIVITY_KIND_MEMCPY": _by_start(extra["memcpy"]),
+        "CUPTI_ACTIVITY_KIND_MEMSET": _by_start(extra["memset"]),
+        "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": _by_start(extra["sync"]),
     }
 
 
-def _gpu_extras(spans: dict, iterations: int, gtid: int, gpid: int, pid: int, device: int, first_corr: int,
-                strings: dict) -> dict:
+def _by_start(*frames: pd.DataFrame) -> pd.DataFrame:
+    """Rows in start order, as Nsight Systems writes its event tables."""
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+    return df.sort_values("start", kind="mergesort", ignore_index=True)
+
+
+def _gpu_extras(spans: dict, iterations: int, gtid: int, gpid: int, pid: int, device: int, gpus_per_node: int,
+                first_corr: int, strings: dict) -> dict:
     """Copies of every kind (pinned and pageable), a memset, a CUDA graph, a synchronous `.item()` with its
     stream sync, a kernel overlapping another stream, and nested NVTX ranges on a second thread."""
     n = iterations
@@ -264,9 +370,8 @@ def _gpu_extras(spans: dict, iterations: int, gtid: int, gpid: int, pid: int, de
     rows_rt = []
 
     def call(api, start, end, c):
-        rows_rt.append(pd.DataFrame({"start": start, "end": end, "eventClass": 1, "globalTid": np.uint64(gtid),
-                                     "correlationId": c, "nameId": np.uint64(strings[api]), "returnValue": 0,
-                                     "callchainId": None}))
+        rows_rt.append(pd.DataFrame({"start": start, "end": end, "eventClass": 0, "globalTid": np.uint64(gtid),
+                                     "correlationId": c, "nameId": np.uint64(strings[api]), "returnValue": 0}))
 
     # host calls: async copies return at once, the pageable one blocks for the copy; .item() blocks on its copy
     call("cudaMemcpyAsync_v3020", at["htod_pinned"][0] - 20 * US, at["htod_pinned"][0] - 10 * US, corr[:, 0])
@@ -279,41 +384,45 @@ def _gpu_extras(spans: dict, iterations: int, gtid: int, gpid: int, pid: int, de
     sync_start = base["dtoh_item"] + 1_100 * US
     call("cudaStreamSynchronize_v3020", sync_start, sync_start + 200 * US, corr[:, 7])
     arrival = spans["allreduce"][0]
-    call("cudaLaunchKernel_v7000", arrival - OVERLAP_BEFORE_ARRIVAL[0] - 30 * US,
+    call(LAUNCH_API, arrival - OVERLAP_BEFORE_ARRIVAL[0] - 30 * US,
          arrival - OVERLAP_BEFORE_ARRIVAL[0] - 22 * US, corr[:, 8])
 
     def copies(names, kind, src, dst, nbytes, c, src_dev, dst_dev):
         return pd.DataFrame({"start": at[names][0], "end": at[names][1], "deviceId": device, "contextId": np.uint64(1),
-                             "streamId": np.uint64(7), "correlationId": c, "globalPid": np.uint64(gpid),
+                             "streamId": np.uint64(COMPUTE_STREAM), "correlationId": c, "globalPid": np.uint64(gpid),
                              "bytes": nbytes, "copyKind": kind, "srcKind": src, "dstKind": dst,
                              "srcDeviceId": src_dev, "dstDeviceId": dst_dev})
 
-    memcpy = pd.concat([
-        copies("htod_pinned", 1, 1, 2, 4 << 20, corr[:, 0], None, device),
-        copies("htod_pageable", 1, 0, 2, 1 << 20, corr[:, 1], None, device),
-        copies("dtod", 8, 2, 2, 8 << 20, corr[:, 3], device, device),
-        copies("peer", 10, 2, 2, 2 << 20, corr[:, 4], device, device + 1),
-        copies("dtoh_item", 2, 2, 0, 4, corr[:, 6], device, None),
+    peer = (device + 1) % gpus_per_node
+    memcpy = pd.concat([  # copyKind and src/dstKind as ENUM_CUDA_MEMCPY_OPER / ENUM_CUDA_MEM_KIND number them
+        copies("htod_pinned", 1, 1, 2, 4 << 20, corr[:, 0], None, None),
+        copies("htod_pageable", 1, 0, 2, 1 << 20, corr[:, 1], None, None),
+        copies("dtod", 8, 2, 2, 8 << 20, corr[:, 3], None, None),
+        copies("peer", 10, 2, 2, 2 << 20, corr[:, 4], device, peer),
+        copies("dtoh_item", 2, 2, 0, 4, corr[:, 6], None, None),
     ], ignore_index=True)
     memset = pd.DataFrame({"start": at["memset"][0], "end": at["memset"][1], "deviceId": device,
-                           "contextId": np.uint64(1), "streamId": np.uint64(7), "correlationId": corr[:, 2],
-                           "globalPid": np.uint64(gpid), "value": 0, "bytes": 16 << 20, "graphNodeId": None,
-                           "memKind": 2})
+                           "contextId": np.uint64(1), "streamId": np.uint64(COMPUTE_STREAM), "correlationId": corr[:, 2],
+                           "globalPid": np.uint64(gpid), "value": 0, "bytes": 16 << 20, "memKind": 2})
     graph = [pd.DataFrame({"start": at[k][0], "end": at[k][1], "shortName": np.uint64(strings[k]),
-                           "demangledName": np.uint64(strings[k]), "graphNodeId": np.uint64(i + 1),
-                           "streamId": np.uint64(7), "correlationId": corr[:, 5]})
+                           "demangledName": np.uint64(strings[k]), "mangledName": np.uint64(strings[k]),
+                           "graphNodeId": np.uint64(i + 1), "streamId": np.uint64(COMPUTE_STREAM),
+                           "correlationId": corr[:, 5]})
              for i, k in enumerate(GRAPH_KERNELS)]
     overlap = pd.DataFrame({"start": arrival - OVERLAP_BEFORE_ARRIVAL[0], "end": arrival - OVERLAP_BEFORE_ARRIVAL[1],
                             "shortName": np.uint64(strings[OVERLAP_KERNEL]),
-                            "demangledName": np.uint64(strings[OVERLAP_KERNEL]), "graphNodeId": None,
-                            "streamId": np.uint64(9), "correlationId": corr[:, 8]})
+                            "demangledName": np.uint64(strings[OVERLAP_KERNEL]),
+                            "mangledName": np.uint64(strings[OVERLAP_KERNEL]),
+                            "streamId": np.uint64(OVERLAP_STREAM), "correlationId": corr[:, 8]})
     kernels = pd.concat([*graph, overlap], ignore_index=True).assign(
-        deviceId=device, contextId=np.uint64(1), globalPid=np.uint64(gpid), launchType=0, cacheConfig=0,
+        deviceId=device, contextId=np.uint64(1), globalPid=np.uint64(gpid), launchType=1, cacheConfig=0,
         registersPerThread=32, gridX=64, gridY=1, gridZ=1, blockX=256, blockY=1, blockZ=1, staticSharedMemory=0,
-        dynamicSharedMemory=0, localMemoryPerThread=0, localMemoryTotal=0, gridId=0, sharedMemoryExecuted=0)
+        dynamicSharedMemory=0, localMemoryPerThread=0, localMemoryTotal=0, gridId=0, sharedMemoryExecuted=0,
+        sharedMemoryLimitConfig=0)
+    kernels["gridId"] = kernels["correlationId"] + 1_000_000
     sync = pd.DataFrame({"start": sync_start + 5 * US, "end": sync_start + 195 * US, "deviceId": device,
-                         "contextId": np.uint64(1), "streamId": np.uint64(7), "correlationId": corr[:, 7],
-                         "globalPid": np.uint64(gpid), "syncType": 3, "eventId": None})
+                         "contextId": np.uint64(1), "streamId": np.uint64(COMPUTE_STREAM), "correlationId": corr[:, 7],
+                         "globalPid": np.uint64(gpid), "syncType": 3, "eventId": NO_ID})
     # a data-loading worker thread with nested ranges
     worker_tid = gpid | (pid + 1)
     s0 = spans["dataloader"][0]
@@ -321,18 +430,61 @@ def _gpu_extras(spans: dict, iterations: int, gtid: int, gpid: int, pid: int, de
         "start": np.concatenate([s0 + 500 * US, s0 + 1_000 * US]),
         "end": np.concatenate([s0 + 2_500 * US, s0 + 2_000 * US]),
         "eventType": 59, "text": np.repeat(np.array(WORKER_RANGES, dtype=object), n),
-        "globalTid": np.uint64(worker_tid), "textId": None, "domainId": np.uint64(0)})
-    nvtx["textId"] = nvtx["textId"].astype("Int64")
+        "globalTid": np.uint64(worker_tid), "domainId": np.uint64(0)})
     return {"runtime": pd.concat(rows_rt, ignore_index=True), "memcpy": memcpy, "memset": memset,
             "kernels": kernels, "sync": sync, "nvtx": nvtx}
 
 
+def _rank_info_tables(r: int, session_utc: int, world: int, gpus_per_node: int, strings: dict) -> dict:
+    pid = PID_BASE + r
+    gpid = _global_pid(pid)
+    node, local = divmod(r, gpus_per_node)
+    host = f"synth-node{node:03d}"
+    env = {
+        "RANK": r, "LOCAL_RANK": local, "WORLD_SIZE": world,
+        "LOCAL_WORLD_SIZE": min(gpus_per_node, world - node * gpus_per_node), "HOSTNAME": host,
+        "MASTER_ADDR": "synth-node000", "MASTER_PORT": 29500, "NSYS_RECIPE_PACK_SYNTHETIC": 1,
+    }
+    utc = pd.Timestamp(session_utc, unit="ns").strftime("%Y-%m-%dT%H:%M:%S")
+    return {
+        "TARGET_INFO_SESSION_START_TIME": pd.DataFrame({"utcEpochNs": [np.uint64(session_utc)], "utcTime": [utc],
+                                                        "localTime": [utc]}),
+        "TARGET_INFO_SYSTEM_ENV": pd.DataFrame({
+            "globalVid": np.uint64(GLOBAL_VM), "devStateName": "Local (CLI)",
+            "name": ["DeviceEnvironment", "Hostname"],
+            "nameEnum": [NAME_ENUM["DeviceEnvironment"], NAME_ENUM["Hostname"]],
+            "value": [";".join(f"{k}={v}" for k, v in env.items()), host]}),
+        "PROCESSES": pd.DataFrame({"globalPid": [np.uint64(gpid)], "pid": [pid], "name": [MAIN_THREAD_NAME]}),
+        "ThreadNames": pd.DataFrame({"nameId": [strings[MAIN_THREAD_NAME], strings[WORKER_THREAD_NAME]],
+                                     "priority": [20, 20], "globalTid": [gpid | pid, gpid | (pid + 1)]}),
+        "TARGET_INFO_GPU": _gpus(node, gpus_per_node),
+    }
+
+
+def _gpus(node: int, gpus_per_node: int) -> pd.DataFrame:
+    """The node's GPUs; columns not modelled stay null."""
+    ids = np.arange(gpus_per_node)
+    return pd.DataFrame({
+        "vmId": GLOBAL_VM, "id": ids, "name": "SYNTHETIC GPU", "busLocation": [f"0000:{i + 1:02x}:00.0" for i in ids],
+        "isDiscrete": True, "l2CacheSize": 40 << 20, "totalMemory": 80 << 30, "smCount": 108,
+        "uuid": [f"{node:08x}-0000-4000-8000-{i:012x}" for i in ids], "chipName": "SYNTHETIC", "cuDevice": ids,
+        "threadsPerWarp": 32, "maxThreadsPerBlock": 1024, "computeMajor": 8, "computeMinor": 0,
+    })
+
+
+# ---------------------------------------------------------------------------------------------------------
+# writing
+
 def _typed(table: str, df: pd.DataFrame, schema: dict) -> pa.Table:
+    """The frame as an Arrow table with the export's exact column order, types and nullability."""
     cols = schema["tables"][table]
+    unknown = set(df.columns) - {c["name"] for c in cols}
+    if unknown:
+        raise ValueError(f"{table}: columns {sorted(unknown)} are not in the export schema")
     arrays, fields = [], []
     for c in cols:
-        typ = pa.type_for_alias(c["arrow"]) if c["arrow"] else pa.int64()
-        values = df[c["name"]] if c["name"] in df else pd.Series([None] * len(df), dtype=object)
+        typ = pa.type_for_alias(c["arrow"])
+        values = df[c["name"]] if c["name"] in df else pd.Series([None] * len(df), dtype=object, index=df.index)
         if pa.types.is_integer(typ) or pa.types.is_floating(typ):
             values = pd.to_numeric(values, errors="coerce")
             mask = values.isna().to_numpy()
@@ -340,108 +492,188 @@ def _typed(table: str, df: pd.DataFrame, schema: dict) -> pa.Table:
                            mask=mask if mask.any() else None)
         else:
             arr = pa.array(values.astype(object).where(values.notna(), None).tolist(), type=typ)
+        if arr.null_count and not c["nullable"]:
+            raise ValueError(f"{table}.{c['name']}: nulls in a NOT NULL column")
         arrays.append(arr)
-        fields.append(pa.field(c["name"], typ, nullable=c["nullable"] or bool(arr.null_count)))
+        fields.append(pa.field(c["name"], typ, nullable=c["nullable"]))
     return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
 
 
-def _write_sqlite(path: Path, tables: dict, schema: dict) -> None:
-    path.unlink(missing_ok=True)
+def _ddl(table: str, schema: dict) -> str:
+    pk = PRIMARY_KEYS.get(table)
+    cols = []
+    for c in schema["tables"][table]:
+        decl = f'"{c["name"]}" {c["sqlite"]}'
+        if not c["nullable"]:
+            decl += " NOT NULL"
+        if c["name"] == pk:
+            decl += " PRIMARY KEY"
+        cols.append(decl)
+    return f'CREATE TABLE "{table}" ({", ".join(cols)})'
+
+
+def _write_sqlite(path: Path, tables: dict[str, pa.Table], schema: dict) -> None:
     con = sqlite3.connect(path)
     try:
-        for table, df in tables.items():
-            cols = schema["tables"][table]
-            decl = ", ".join(f'"{c["name"]}" {c["sqlite"]}' for c in cols)
-            con.execute(f'CREATE TABLE "{table}" ({decl})')
-            data = _typed(table, df, schema).to_pandas(integer_object_nulls=True)
-            for c in data.columns:  # sqlite stores integers up to int64: nsys ids fit
-                if data[c].dtype == np.uint64:
-                    data[c] = data[c].astype(np.int64)
-            rows = data.astype(object).where(data.notna(), None).itertuples(index=False, name=None)
-            marks = ", ".join("?" * len(cols))
-            con.executemany(f'INSERT INTO "{table}" VALUES ({marks})',
-                            ([int(v) if isinstance(v, np.integer) else v for v in row] for row in rows))
+        for table, data in tables.items():
+            con.execute(_ddl(table, schema))
+            columns = [col.to_pylist() for col in data.columns]  # Python ints, floats, str, bool, None
+            marks = ", ".join("?" * data.num_columns)
+            con.executemany(f'INSERT INTO "{table}" VALUES ({marks})', zip(*columns, strict=True))
         con.commit()
     finally:
         con.close()
 
 
-def _write_parquetdir(path: Path, tables: dict, schema: dict) -> None:
-    path.mkdir(parents=True, exist_ok=True)
-    for table, df in tables.items():
-        pq.write_table(_typed(table, df, schema), path / f"{table}.parquet")
+def _write_parquetdir(path: Path, tables: dict[str, pa.Table]) -> None:
+    path.mkdir()
+    for table, data in tables.items():
+        pq.write_table(data, path / f"{table}.parquet", version="1.0", compression="none",
+                       row_group_size=PARQUET_ROW_GROUP)
+
+
+def _strings() -> dict:
+    names = ["step", *CHILDREN, *FWD_KERNELS, *BWD_KERNELS, NCCL_SHORT, NCCL_FULL, LAUNCH_API, MAIN_THREAD_NAME,
+             *GRAPH_KERNELS, OVERLAP_KERNEL, *EXTRA_APIS, NCCL_MANGLED, WORKER_THREAD_NAME]
+    return {n: i for i, n in enumerate(dict.fromkeys(names))}
+
+
+def _shared_tables(strings: dict, schema: dict) -> dict[str, pa.Table]:
+    """The tables every rank's export holds unchanged."""
+    version = schema["schema_version"]
+    major, minor, micro = (version.split(".") + ["0", "0"])[:3]
+    meta = pd.DataFrame([
+        ("EXPORT_PRODUCT_NAME", "NVIDIA Nsight Systems"), ("EXPORT_PRODUCT_VERSION", schema["nsys_version"]),
+        ("EXPORT_PRODUCT_DATE", ".".join(schema["nsys_version"].split(".")[:2])),
+        ("EXPORT_SCHEMA_VERSION", version), ("EXPORT_SCHEMA_VERSION_MAJOR", major),
+        ("EXPORT_SCHEMA_VERSION_MINOR", minor), ("EXPORT_SCHEMA_VERSION_MICRO", micro),
+        ("EXPORT_PLATFORM", "linux-desktop"), ("EXPORT_ARCH", "x64"),
+        ("SYNTHETIC", SYNTHETIC_LABEL),
+    ], columns=["name", "value"])
+    out = {"StringIds": pd.DataFrame({"id": list(strings.values()), "value": list(strings.keys())}),
+           "META_DATA_EXPORT": meta}
+    for table, (prefix, rows) in ENUMS.items():
+        out[table] = pd.DataFrame({"id": range(len(rows)), "name": [prefix + n for n, _ in rows],
+                                   "label": [label for _, label in rows]})
+    return {t: _typed(t, df, schema) for t, df in out.items()}
+
+
+def _fresh_dir(out: Path, overwrite: bool) -> Path:
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise UsageError(f"{out}: already exists and is not empty; choose another --output or pass "
+                         "--force-overwrite")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    return tmp
 
 
 def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str = "parquetdir",
-                    stragglers=(), seed: int = 0, gpus_per_node: int = 8, schema: str = "2023.4") -> Path:
-    """Write one SYNTHETIC export per rank plus truth.json and README.md; return the folder."""
+                    stragglers=(), seed: int = 0, gpus_per_node: int = 8, schema: str = "2023.4",
+                    overwrite: bool = False) -> Path:
+    """Write one SYNTHETIC export per rank (`rank{R}.sqlite` or `rank{R}_pqtdir/`) plus truth.json and
+    README.md into output_dir; return it. The folder appears complete or not at all."""
     if fmt not in ("sqlite", "parquetdir"):
         raise UsageError(f"--format {fmt}: use sqlite or parquetdir")
-    if ranks < 1 or iterations < 1:
-        raise UsageError("--ranks and --iterations must be at least 1")
-    out = Path(output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if ranks < 1 or iterations < 1 or gpus_per_node < 1:
+        raise UsageError("--ranks, --iterations and --gpus-per-node must be at least 1")
     shape = schema
     schema = _schema(shape)
-    rng = np.random.default_rng(seed)
-    stragglers = list(stragglers)
-    tl = _timeline(ranks, iterations, stragglers, rng)
-    offsets = np.round(rng.uniform(0, 5 * MS, size=ranks)).astype(np.int64) + np.arange(ranks) * 1_700 * US
-    names = ["step", *CHILDREN, *FWD_KERNELS, *BWD_KERNELS, NCCL_SHORT, NCCL_FULL, LAUNCH_API, "python3",
-             *GRAPH_KERNELS, OVERLAP_KERNEL, *EXTRA_APIS]
-    strings = {n: i for i, n in enumerate(dict.fromkeys(names))}
-    string_table = pd.DataFrame({"id": list(strings.values()), "value": list(strings.keys())})
-    meta = pd.DataFrame({"name": ["EXPORT_PRODUCT_NAME", "EXPORT_PRODUCT_VERSION", "EXPORT_SCHEMA_VERSION",
-                                  "SYNTHETIC"],
-                         "value": ["NVIDIA Nsight Systems", schema["nsys_version"], schema["schema_version"],
-                                   SYNTHETIC_LABEL]})
-    for r in range(ranks):
-        # A rank whose session started later has smaller local timestamps for the same instant.
-        tables = _rank_tables(r, tl, iterations, int(offsets[r]), BASE_UTC_NS + int(offsets[r]), ranks,
-                              gpus_per_node, strings)
-        tables["StringIds"] = string_table
-        tables["META_DATA_EXPORT"] = meta
-        if shape == "newer":
-            tables["TARGET_INFO_CUDA_DEVICE"] = pd.DataFrame({"cudaId": [r % gpus_per_node], "pid": [4000 + r],
-                                                              "uuid": [f"GPU-synthetic-{r}"], "name": ["Synthetic GPU"]})
-        if fmt == "sqlite":
-            _write_sqlite(out / f"rank{r}.sqlite", tables, schema)
-        else:
-            _write_parquetdir(out / f"rank{r}_pqtdir", tables, schema)
-
-    cells = []
-    for s in stragglers:
-        causes = ["dataloader"] if s.cause == "dataloader" else ["forward", "backward", "gpu_compute"]
-        for i in range(s.first, min(s.last, iterations - 1) + 1):
-            cells.append({"rank": s.rank, "iteration": i, "cause": s.cause, "acceptable_causes": causes})
-    truth = {
-        "synthetic": True,
-        "generator": "nsys-recipe-pack synth",
-        "ranks": ranks, "iterations": iterations, "format": fmt, "seed": seed, "schema": shape,
-        "iteration_delimiter": "step",
-        "stragglers": [asdict(s) for s in stragglers],
-        "cells": cells,
-        "session_offsets_ns": offsets.tolist(),
-    }
-    (out / "truth.json").write_text(json.dumps(truth, indent=1))
-    (out / "README.md").write_text(
-        "# SYNTHETIC exports\n\nWritten by nsys-recipe-pack's generator (`nsys-recipe synth`), not by a "
-        "profiler: these are not real profiles. They have Nsight Systems 2023.4's export schema, "
-        f"{ranks} ranks x {iterations} iterations, and the stragglers listed in `truth.json`.\n")
+    stragglers = _check_stragglers(stragglers, ranks, iterations)
+    out = Path(output_dir)
+    tmp = _fresh_dir(out, overwrite)
+    try:
+        truth = _write_all(tmp, ranks, iterations, fmt, stragglers, seed, gpus_per_node, shape, schema)
+        (tmp / "truth.json").write_text(json.dumps(truth, indent=1))
+        (tmp / "README.md").write_text(_readme(truth))
+        if out.exists():
+            shutil.rmtree(out) if out.is_dir() else out.unlink()
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return out
 
+
+def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: list[Straggler], seed: int,
+               gpus_per_node: int, shape: str, schema: dict) -> dict:
+    rng = np.random.default_rng(seed)
+    tl = _timeline(ranks, iterations, stragglers, rng)
+    # Session starts a few ms apart; a rank whose session started later has smaller local timestamps.
+    offsets = np.round(rng.uniform(0, 5 * MS, size=ranks)).astype(np.int64) + np.arange(ranks) * 1_700 * US
+    first_step = int(offsets.max()) + FIRST_STEP_NS  # on the common clock: every rank's local times are >= 1 s
+    strings = _strings()
+    shared = _shared_tables(strings, schema)
+    for r in range(ranks):
+        shift = first_step - int(offsets[r])
+        frames = _rank_tables(r, tl, iterations, shift, ranks, gpus_per_node, strings)
+        frames.update(_rank_info_tables(r, BASE_UTC_NS + int(offsets[r]), ranks, gpus_per_node, strings))
+        if shape == "newer":
+            frames["TARGET_INFO_CUDA_DEVICE"] = pd.DataFrame({
+                "cudaId": [r % gpus_per_node], "pid": [PID_BASE + r], "uuid": [f"GPU-synthetic-{r}"],
+                "name": ["SYNTHETIC GPU"]})
+        tables = {**shared, **{t: _typed(t, df, schema) for t, df in frames.items()}}
+        if fmt == "sqlite":
+            _write_sqlite(tmp / f"rank{r}.sqlite", tables, schema)
+        else:
+            _write_parquetdir(tmp / f"rank{r}_pqtdir", tables)
+
+    cells = [{"rank": s.rank, "iteration": i, "cause": s.cause, "acceptable_causes": ACCEPTABLE_CAUSES[s.cause],
+              "extra_ns": int(tl["extra"][s.rank, i])}
+             for s in stragglers for i in range(s.first, s.last + 1)]
+    earliest = int(offsets.min())
+    return {
+        "synthetic": True,
+        "note": "SYNTHETIC data written by nsys-recipe-pack's generator; not a real profile",
+        "generator": "nsys-recipe-pack synth",
+        "ranks": ranks, "iterations": iterations, "format": fmt, "seed": seed, "schema": shape,
+        "gpus_per_node": gpus_per_node,
+        "iteration_delimiter": "step", "children": CHILDREN,
+        "nvtx_text_id_names": sorted(TEXT_ID_NAMES),
+        "nominal_ms": NOMINAL_MS, "jitter": JITTER, "transfer_ns": int(TRANSFER_MS * MS),
+        "nccl_kernel": NCCL_SHORT,
+        "stragglers": [asdict(s) for s in stragglers],
+        "cells": cells,
+        "session_start_utc_ns": [BASE_UTC_NS + int(o) for o in offsets],
+        "session_offsets_ns": offsets.tolist(),
+        # the NCCL kernel's end in each iteration, ns since the earliest rank's session start
+        "nccl_end_aligned_ns": (tl["release"] + first_step - earliest).tolist(),
+    }
+
+
+def _readme(truth: dict) -> str:
+    ext = "rank{R}.sqlite" if truth["format"] == "sqlite" else "rank{R}_pqtdir/"
+    return (
+        "# SYNTHETIC exports\n\n"
+        "Written by nsys-recipe-pack's generator (`nsys-recipe synth`), not by a profiler: these are **not real "
+        "profiles**. Each rank's export (`" + ext + "`) has Nsight Systems 2023.4's export schema and a "
+        "`SYNTHETIC` row in `META_DATA_EXPORT`.\n\n"
+        f"- {truth['ranks']} ranks x {truth['iterations']} iterations, seed {truth['seed']}, "
+        f"{truth['gpus_per_node']} GPUs per node.\n"
+        "- Iterations: NVTX range `step` with children " + ", ".join(f"`{c}`" for c in CHILDREN) + ". "
+        "The names " + ", ".join(f"`{n}`" for n in truth["nvtx_text_id_names"]) + " are stored through "
+        "`textId` (StringIds), the others in `text`.\n"
+        "- The injected stragglers and every affected (rank, iteration) cell are in `truth.json`.\n")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# command line
 
 def add_arguments(parser) -> None:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--format", choices=["sqlite", "parquetdir"], default="parquetdir")
     parser.add_argument("--straggler", action="append", default=[], metavar="SPEC",
-                        help="rank=R,iterations=A-B,cause=dataloader|compute,slowdown=X (repeatable)")
+                        help="rank=R,iterations=A-B,cause=dataloader|compute,slowdown=X (repeatable; "
+                             "iterations=all for a rank slow throughout)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--schema", choices=["2023.4", "newer"], default="2023.4",
                         help="the export shape: Nsight Systems 2023.4's, or a newer one with extra columns and tables")
     parser.add_argument("--output", required=True)
+    parser.add_argument("--force-overwrite", action="store_true", help="replace an existing --output folder")
 
 
 def main(args) -> int:
@@ -450,6 +682,8 @@ def main(args) -> int:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     out = write_synthetic(args.output, args.ranks, args.iterations, args.format, stragglers, args.seed,
-                          args.gpus_per_node, args.schema)
-    print(f"wrote SYNTHETIC exports ({args.ranks} ranks x {args.iterations} iterations, {args.format}) to {out}")
+                          args.gpus_per_node, getattr(args, "schema", "2023.4"),
+                          overwrite=getattr(args, "force_overwrite", False))
+    print(f"wrote SYNTHETIC exports ({args.ranks} ranks x {args.iterations} iterations, {args.format}) to {out} "
+          f"(injected cells in {out / 'truth.json'})")
     return 0

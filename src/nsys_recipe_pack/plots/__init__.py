@@ -25,3 +25,13 @@ def note(text: str) -> None:
     from IPython.display import Markdown, display
 
     display(Markdown(text))
+
+
+WEBGL_ABOVE = 20000
+
+
+def scatter_class(points: int):
+    """SVG scatter for ordinary sizes (renders everywhere, headless included); WebGL only for big ones."""
+    import plotly.graph_objects as go
+
+    return go.Scattergl if points > WEBGL_ABOVE else go.Scatter

@@ -5,22 +5,25 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from . import scatter_class
+
 MAX_LINES = 16
 
 
 def progress(pace: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
+    trace = scatter_class(len(pace))
     ranks = sorted(pace["rank"].unique())
     if len(ranks) <= MAX_LINES:
         for r in ranks:
             p = pace[pace["rank"] == r]
-            fig.add_trace(go.Scattergl(x=p["iteration"], y=p["duration_ns"] / 1e6, mode="lines", name=f"rank {r}",
+            fig.add_trace(trace(x=p["iteration"], y=p["duration_ns"] / 1e6, mode="lines", name=f"rank {r}",
                                        hovertemplate=f"rank {r}<br>iteration %{{x}}<br>%{{y:.3f}} ms<extra></extra>"))
         title = "Duration of each iteration, per rank"
     else:
         q = pace.groupby("iteration")["duration_ns"].quantile([0.05, 0.5, 0.95]).unstack() / 1e6
         for col, name in [(0.95, "95th percentile"), (0.5, "median"), (0.05, "5th percentile")]:
-            fig.add_trace(go.Scattergl(x=q.index, y=q[col], mode="lines", name=name,
+            fig.add_trace(trace(x=q.index, y=q[col], mode="lines", name=name,
                                        hovertemplate=f"{name}<br>iteration %{{x}}<br>%{{y:.3f}} ms<extra></extra>"))
         title = f"Duration of each iteration across {len(ranks)} ranks (percentiles over ranks)"
     fig.update_layout(title=title, xaxis_title="iteration", yaxis_title="duration (ms)")
@@ -36,7 +39,7 @@ def consistency(pace: pd.DataFrame) -> go.Figure:
         title = "Spread of iteration durations per rank"
     else:
         s = pace.groupby("rank")["duration_ns"].median() / 1e6
-        fig.add_trace(go.Scattergl(x=s.index, y=s, mode="markers", name="median",
+        fig.add_trace(scatter_class(len(s))(x=s.index, y=s, mode="markers", name="median",
                                    hovertemplate="rank %{x}<br>median %{y:.3f} ms<extra></extra>"))
         title = f"Median iteration duration per rank ({len(ranks)} ranks)"
     fig.update_layout(title=title, xaxis_title="rank", yaxis_title="duration (ms)", showlegend=False)
@@ -44,13 +47,14 @@ def consistency(pace: pd.DataFrame) -> go.Figure:
 
 
 def lag(pace: pd.DataFrame) -> go.Figure:
+    trace = scatter_class(2 * pace["iteration"].nunique())
     worst = pace.sort_values("lag_ns").groupby("iteration").tail(1).set_index("iteration").sort_index()
     med = pace.groupby("iteration")["lag_ns"].median()
     fig = go.Figure()
-    fig.add_trace(go.Scattergl(x=worst.index, y=worst["lag_ns"] / 1e6, mode="lines", name="latest rank",
+    fig.add_trace(trace(x=worst.index, y=worst["lag_ns"] / 1e6, mode="lines", name="latest rank",
                                customdata=worst["rank"],
                                hovertemplate="iteration %{x}<br>%{y:.3f} ms behind<br>rank %{customdata}<extra></extra>"))
-    fig.add_trace(go.Scattergl(x=med.index, y=med / 1e6, mode="lines", name="median rank",
+    fig.add_trace(trace(x=med.index, y=med / 1e6, mode="lines", name="median rank",
                                hovertemplate="iteration %{x}<br>median %{y:.3f} ms<extra></extra>"))
     fig.update_layout(title="Start of each iteration after the earliest rank (aligned clocks)",
                       xaxis_title="iteration", yaxis_title="lag (ms)")

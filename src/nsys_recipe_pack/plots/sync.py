@@ -5,6 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from . import scatter_class
+
 MAX_POINTS = 20000
 
 
@@ -37,7 +39,7 @@ def timeline(calls: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     t0 = c["start_ns"].min() if len(c) else 0
     for kind, g in c.groupby("kind"):
-        fig.add_trace(go.Scattergl(
+        fig.add_trace(scatter_class(len(c))(
             x=(g["start_ns"] - t0) / 1e9, y=g["duration_ns"] / 1e3, mode="markers", name=kind,
             customdata=g[["rank", "api", "nvtx_range"]].astype(str).to_numpy(),
             hovertemplate=("%{customdata[1]}<br>rank %{customdata[0]}, in %{customdata[2]}<br>at %{x:.3f} s"

@@ -1,0 +1,127 @@
+"""`nsys-recipe report`: every recipe that has its data, over several runs, with notebooks, HTML and an index."""
+
+from __future__ import annotations
+
+import html
+import shutil
+from datetime import datetime
+from pathlib import Path
+
+import pandas as pd
+
+from . import analyses, loader, progress, runner
+from .errors import MissingToolError, PackError, UsageError
+from .notebook import execute_notebook, notebook_to_html
+from .resources import notebook_path
+
+
+def _ms(ns) -> str:
+    return f"{ns / 1e6:,.1f} ms"
+
+
+def headline(recipe: str, out: Path) -> str:
+    """One line with the number that matters most for this recipe's output."""
+    if recipe == "straggler_heatmap":
+        r = pd.read_parquet(out / "ranks.parquet")
+        flagged = r[r["straggler_iterations"] > 0]
+        if flagged.empty:
+            return f"no straggler in {len(r)} ranks"
+        top = flagged.iloc[0]
+        return (f"{int(flagged['straggler_iterations'].sum())} straggler cells; worst rank {int(top['rank'])}: "
+                f"{int(top['straggler_iterations'])} iterations, cause {top['top_cause']}")
+    if recipe == "kernel_pace":
+        s = pd.read_parquet(out / "stats.parquet").set_index("rank").loc[-1]
+        return f"median iteration {_ms(s['median_ns'])}, p95 {_ms(s['p95_ns'])}, cv {s['cv']:.2f}"
+    if recipe == "nvtx_gpu_proj":
+        s = pd.read_parquet(out / "summary.parquet")
+        t = s.groupby("name")["gpu_busy_total_ns"].sum().sort_values(ascending=False)
+        t = t[t > 0]
+        return f"most GPU time: {t.index[0]!s} ({_ms(t.iloc[0])})" if len(t) else "no GPU work inside NVTX ranges"
+    if recipe == "sync_summary":
+        s = pd.read_parquet(out / "summary.parquet")
+        f = pd.read_parquet(out / "findings.parquet")
+        return f"{int(s['count'].sum())} blocking calls, {_ms(s['total_ns'].sum())}; {len(f)} finding(s)"
+    if recipe == "compute_memory_share":
+        s = pd.read_parquet(out / "share.parquet").groupby("category")["union_ns"].sum()
+        pct = 100 * s / s.sum()
+        copies = pct[pct.index.str.startswith("memcpy")].sum()
+        return (f"compute {pct.get('compute', 0):.1f} %, communication {pct.get('communication', 0):.1f} %, "
+                f"copies {copies:.1f} %, idle {pct.get('idle', 0):.1f} %")
+    return ""
+
+
+def _run_name(spec: str, taken: set) -> str:
+    p = Path(spec)
+    name = p.name if p.is_dir() else loader._stem(p)
+    base, i = name or "run", 2
+    while name in taken:
+        name, i = f"{base}-{i}", i + 1
+    taken.add(name)
+    return name
+
+
+def report(inputs: list[str], output: str, force: bool = False, nsys_path: str | None = None,
+           log=print) -> Path:
+    if not inputs:
+        raise UsageError("no runs given; pass one report, export or folder per run")
+    out = Path(output)
+    runner.check_output(out, force)
+    for spec in inputs:
+        loader.expand_inputs([spec])  # every run must name real inputs before anything is done
+    staged = runner.staging_dir(out)
+    started = datetime.now()
+    try:
+        taken: set = set()
+        runs = [(spec, _run_name(spec, taken)) for spec in inputs]
+        jobs = [(spec, name, recipe) for spec, name in runs for recipe in analyses.RECIPES]
+        results: list[dict] = []
+        for spec, name, recipe in progress.iterate(jobs, total=len(jobs), desc="report"):
+            target = staged / name / recipe
+            row = {"run": name, "input": spec, "recipe": recipe}
+            try:
+                runner.run(recipe, [spec], str(target), report=True, nsys_path=nsys_path, options={},
+                           log=lambda m: None)
+                row.update(status="done", headline=headline(recipe, target))
+            except MissingToolError:
+                raise
+            except PackError as exc:
+                shutil.rmtree(target, ignore_errors=True)
+                row.update(status="not available", headline=str(exc))
+            results.append(row)
+        index = pd.DataFrame(results)
+        for _, name in runs:
+            run_dir = staged / name
+            run_dir.mkdir(parents=True, exist_ok=True)
+            index[index["run"] == name].to_parquet(run_dir / "recipes.parquet", index=False)
+            execute_notebook(notebook_path("overview"), run_dir, run_dir / "overview.ipynb")
+            notebook_to_html(run_dir / "overview.ipynb", run_dir / "overview.html")
+        index.to_parquet(staged / "index.parquet", index=False)
+        (staged / "index.html").write_text(_index_html(index, runs, started))
+        runner.publish(staged, out, force)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    log(f"report: {out / 'index.html'}")
+    return out
+
+
+def _index_html(index: pd.DataFrame, runs: list, started: datetime) -> str:
+    e = html.escape
+    parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>nsys-recipe-pack report</title>",
+             "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse}"
+             "td,th{border:1px solid #ccc;padding:6px 10px;vertical-align:top;text-align:left}"
+             ".na{color:#888}</style></head><body>",
+             f"<h1>nsys-recipe-pack report</h1><p>{len(runs)} run(s), made {e(started.strftime('%Y-%m-%d %H:%M'))}.</p>"]
+    for spec, name in runs:
+        parts.append(f"<h2>{e(name)}</h2><p>input: <code>{e(spec)}</code> — "
+                     f"<a href='{e(name)}/overview.html'>overview</a></p><table><tr><th>recipe</th><th>headline</th></tr>")
+        for r in index[index["run"] == name].itertuples():
+            if r.status == "done":
+                cell = f"<a href='{e(name)}/{e(r.recipe)}/report.html'>{e(r.recipe)}</a>"
+                parts.append(f"<tr><td>{cell}</td><td>{e(r.headline)}</td></tr>")
+            else:
+                parts.append(f"<tr class='na'><td>{e(r.recipe)}</td><td>not available: {e(r.headline)}</td></tr>")
+        parts.append("</table>")
+    parts.append("</body></html>")
+    return "".join(parts)
+

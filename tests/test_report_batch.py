@@ -1,0 +1,69 @@
+"""`nsys-recipe report` over two runs, and every HTML it makes opened in headless Chromium with no network."""
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from conftest import CPU_SET, MEMCPY_SET
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>"]  # no network at all
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory, nsys):
+    out = tmp_path_factory.mktemp("rep") / "report"
+    exe = Path(sys.executable).with_name("nsys-recipe")
+    res = subprocess.run([str(exe), "report", str(CPU_SET), str(MEMCPY_SET / "jacobi_report.qdrep"), "--output",
+                          str(out)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    return out
+
+
+def test_index_runs_recipes_and_reasons(report_dir):
+    index = pd.read_parquet(report_dir / "index.parquet")
+    assert set(index["run"]) == {"cpu_ddp", "jacobi_report"} and len(index) == 10
+    cpu = index[index["run"] == "cpu_ddp"].set_index("recipe")
+    assert cpu.loc["straggler_heatmap", "status"] == "done"
+    assert "worst rank 2" in cpu.loc["straggler_heatmap", "headline"]
+    assert cpu.loc["compute_memory_share", "status"] == "not available"
+    assert "-t cuda" in cpu.loc["compute_memory_share", "headline"]
+    gpu = index[index["run"] == "jacobi_report"]
+    assert (gpu["status"] == "done").all()
+    html = (report_dir / "index.html").read_text()
+    for r in index[index["status"] == "done"].itertuples():
+        assert f"{r.run}/{r.recipe}/report.html" in html
+        assert (report_dir / r.run / r.recipe / "report.html").exists()
+    for run in ("cpu_ddp", "jacobi_report"):
+        assert (report_dir / run / "overview.html").exists()
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="make test installs Debian's chromium; it is not on PATH here")
+def test_every_html_renders_its_figures_without_console_errors(report_dir, tmp_path):
+    pages = sorted(report_dir.rglob("*.html"))
+    shots = Path(__file__).resolve().parent.parent / "test-artifacts" / "screenshots"
+    shots.mkdir(parents=True, exist_ok=True)
+    assert len(pages) >= 10
+    for page in pages:
+        expected = len(re.findall(r'class="plotly-graph-div"', page.read_text()))
+        profile = tmp_path / f"profile-{page.parent.name}"
+        res = subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+                              "--virtual-time-budget=15000", "--dump-dom", page.as_uri()],
+                             capture_output=True, text=True, timeout=120)
+        assert res.returncode == 0, res.stderr[-1000:]
+        rendered = len(re.findall(r'class="main-svg"', res.stdout))
+        # each plotly figure draws at least one svg.main-svg (usually two layers)
+        assert rendered >= expected, (page, expected, rendered)
+        console = [ln for ln in res.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
+        assert not console, (page, console)  # headless Chromium logs every console message, errors included
+        name = "_".join(page.relative_to(report_dir).with_suffix(".png").parts)
+        subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", "--window-size=1280,2400",
+                        "--virtual-time-budget=15000", f"--screenshot={shots / name}", page.as_uri()],
+                       capture_output=True, timeout=120)
+        assert (shots / name).exists()
