@@ -51,3 +51,6 @@ def test_ai_profiler_optimisation_improves_and_the_reverse_fails(tmp_path, nsys)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "regressed" in res.stdout
     assert set(d["metric"]) == {"nvtx_total_ns", "kernel_total_ns", "share_pct", "median_iteration_ns"}
+    html = (tmp_path / "fwd" / "report.html").read_text()
+    assert html.count('class="plotly-graph-div"') == 3 and "No tracked metric regressed" in html
+    assert "tracked metric(s) regressed" in (tmp_path / "rev" / "report.html").read_text()

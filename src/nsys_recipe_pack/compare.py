@@ -8,6 +8,7 @@ from pathlib import Path
 
 from . import loader, runner
 from .analyses import diff
+from .notebook import render_report
 
 
 def _load_run(spec: str, nsys_path: str | None) -> list:
@@ -30,6 +31,7 @@ def diff_runs(base: str, new: str, output: str | None, tolerance: float = 5.0, f
             "recipe": "diff", "base": base, "new": new, "tolerance_pct": tolerance,
             "verdicts": table["verdict"].value_counts().to_dict(), "gating": int(table["gates"].sum()),
         }, indent=1))
+        render_report("diff", staged)
         runner.publish(staged, out, force)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
