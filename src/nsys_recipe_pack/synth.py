@@ -2,8 +2,9 @@
 
 Everything written here is labelled synthetic: a README.md and truth.json beside the exports and a
 `SYNTHETIC` row in each export's META_DATA_EXPORT. Table and column names, column order and types are
-those of a real Nsight Systems 2023.4 export (`data/nsys_2023_4_schema.json` plus `EXTRA_TABLES` below,
-both recorded from a real export by scripts/dump_export_schema.py and checked by tests/test_synth.py).
+those of a real Nsight Systems 2023.4 export: `data/nsys_2023_4_schema.json` (made by
+scripts/dump_export_schema.py) plus `EXTRA_TABLES` below; tests/test_synth.py checks every table written
+against the record of a real export in tests/data/nsys_2023_4_schema.json.
 
 The model, per rank (one process, one GPU, one main thread):
 - every iteration is an NVTX push/pop range `step` with the children dataloader, forward, backward,
@@ -156,7 +157,7 @@ def _spec(text: str) -> list[dict]:
 
 
 _ENUM = _spec("id:int64! name:string label:string")
-# Tables written beyond data/nsys_2023_4_schema.json, recorded from the same real 2023.4 export.
+# Tables written beyond data/nsys_2023_4_schema.json, as the same real 2023.4 export has them.
 EXTRA_TABLES = {
     "TARGET_INFO_GPU": _spec(
         "vmId:int64! id:int64! name:string busLocation:string isDiscrete:bool l2CacheSize:int64 totalMemory:uint64 "
@@ -271,8 +272,7 @@ def _timeline(ranks: int, iterations: int, stragglers: list[Straggler], rng) -> 
     return {"dur": dur, "step_start": step_start, "arrival": step_start + pre, "release": release, "extra": extra}
 
 
-def _rank_tables(r: int, tl: dict, iterations: int, shift: int, world: int, gpus_per_node: int,
-                 strings: dict) -> dict:
+def _rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: int, strings: dict) -> dict:
     """The event tables of one rank; local time = common time + shift (the rank's clock)."""
     pid = PID_BASE + r
     gpid = _global_pid(pid)
@@ -608,7 +608,7 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
     shared = _shared_tables(strings, schema)
     for r in range(ranks):
         shift = first_step - int(offsets[r])
-        frames = _rank_tables(r, tl, iterations, shift, ranks, gpus_per_node, strings)
+        frames = _rank_tables(r, tl, iterations, shift, gpus_per_node, strings)
         frames.update(_rank_info_tables(r, BASE_UTC_NS + int(offsets[r]), ranks, gpus_per_node, strings))
         if shape == "newer":
             frames["TARGET_INFO_CUDA_DEVICE"] = pd.DataFrame({
