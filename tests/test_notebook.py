@@ -90,3 +90,18 @@ def test_nvtx_gpu_proj_report(tmp_path, nsys):
                      engine="pack", mode="none")
     html = check_html(render_report("nvtx_gpu_proj", out), figures=3)
     assert "Epoch" in html
+
+
+def test_rank_figures_bin_beyond_256_ranks():
+    from nsys_recipe_pack.plots import share as share_plots
+    from nsys_recipe_pack.plots import sync as sync_plots
+
+    ranks = np.arange(1000)
+    share = pd.DataFrame({"rank": np.repeat(ranks, 2), "category": np.tile(["compute", "idle"], 1000),
+                          "union_ns": np.tile([3, 1], 1000)})
+    fig = share_plots.stacked(share)
+    assert len(fig.data[0].x) == 256 and "1000 ranks in 256 bins" in fig.layout.title.text
+    assert np.allclose(fig.data[0].y, 75.0)
+    summary = pd.DataFrame({"rank": ranks, "kind": "stream", "total_ns": ranks * 1_000_000})
+    fig = sync_plots.by_kind(summary)
+    assert len(fig.data[0].x) == 256 and max(fig.data[0].y) == 999.0

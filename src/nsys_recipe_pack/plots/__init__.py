@@ -35,3 +35,16 @@ def scatter_class(points: int):
     import plotly.graph_objects as go
 
     return go.Scattergl if points > WEBGL_ABOVE else go.Scatter
+
+
+MAX_BARS = 256
+
+
+def rank_bins(ranks, max_bins: int = MAX_BARS) -> tuple[dict, bool]:
+    """Map each rank to a label; above `max_bins` ranks, to a bin label "lo–hi" (figures stay readable)."""
+    import numpy as np
+
+    ranks = np.sort(np.unique(np.asarray(ranks)))
+    if len(ranks) <= max_bins:
+        return {r: str(r) for r in ranks}, False
+    return {r: f"{b[0]}–{b[-1]}" for b in np.array_split(ranks, max_bins) for r in b}, True

@@ -6,6 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..gpu import PRIORITY
+from . import rank_bins
 
 ORDER = [*PRIORITY, "idle"]
 COLORS = {"compute": "#4C78A8", "communication": "#F58518", "memcpy_htod": "#54A24B", "memcpy_dtoh": "#88D27A",
@@ -20,11 +21,17 @@ def _per_rank(share: pd.DataFrame) -> pd.DataFrame:
 
 def stacked(share: pd.DataFrame) -> go.Figure:
     t = _per_rank(share)
+    labels, binned = rank_bins(t.index)
+    if binned:  # mean share per bin of ranks
+        t = t.groupby(t.index.map(labels), sort=False).mean()
     fig = go.Figure()
     for cat in [c for c in ORDER if c in t.columns]:
         fig.add_trace(go.Bar(x=t.index.astype(str), y=t[cat], name=cat, marker_color=COLORS[cat],
                              hovertemplate=f"rank %{{x}}<br>{cat}: %{{y:.1f}} %<extra></extra>"))
-    fig.update_layout(barmode="stack", title="Share of GPU wall time per rank (exclusive, all devices of the rank)",
+    title = "Share of GPU wall time per rank (exclusive, all devices of the rank)"
+    if binned:
+        title += f"<br><sup>{len(labels)} ranks in {len(t)} bins: each bar is the mean of its bin</sup>"
+    fig.update_layout(barmode="stack", title=title,
                       xaxis_title="rank", yaxis_title="% of the active window", xaxis_type="category")
     return fig
 

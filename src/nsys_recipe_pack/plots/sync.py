@@ -5,16 +5,22 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from . import scatter_class
+from . import rank_bins, scatter_class
 
 MAX_POINTS = 20000
 
 
 def by_kind(summary: pd.DataFrame) -> go.Figure:
     t = summary.groupby(["rank", "kind"])["total_ns"].sum().unstack(fill_value=0) / 1e6
+    labels, binned = rank_bins(t.index)
+    if binned:  # worst rank of each bin
+        t = t.groupby(t.index.map(labels), sort=False).max()
     fig = go.Figure([go.Bar(x=t.index.astype(str), y=t[k], name=k,
                             hovertemplate=f"rank %{{x}}<br>{k}: %{{y:.2f}} ms<extra></extra>") for k in t.columns])
-    fig.update_layout(barmode="stack", title="Time the host spent blocked, by kind of call", xaxis_title="rank",
+    title = "Time the host spent blocked, by kind of call"
+    if binned:
+        title += f"<br><sup>{len(labels)} ranks in {len(t)} bins: each bar is the largest value in its bin</sup>"
+    fig.update_layout(barmode="stack", title=title, xaxis_title="rank",
                       yaxis_title="blocked time (ms)", xaxis_type="category")
     return fig
 
