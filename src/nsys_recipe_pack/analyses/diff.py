@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..gpu import gpu_ops
+from ..errors import MissingTraceError
 from ..iterations import closed_ranges, find_iterations
 from . import share
 
@@ -33,7 +33,12 @@ def run_metrics(ranks) -> pd.DataFrame:
         k = pd.concat(kernels, ignore_index=True)
         t = (k["end_ns"] - k["start_ns"]).groupby(k["name"]).sum()
         rows.append(pd.DataFrame({"metric": "kernel_total_ns", "key": t.index, "value": t.to_numpy(np.float64)}))
-    parts = [share.map_rank(rd, {})["share"].assign(rank=i) for i, rd in enumerate(ranks) if len(gpu_ops(rd))]
+    parts = []
+    for i, rd in enumerate(ranks):
+        try:
+            parts.append(share.map_rank(rd, {})["share"].assign(rank=i))
+        except MissingTraceError:  # a rank without GPU work has no shares
+            continue
     if parts:
         s = pd.concat(parts, ignore_index=True).groupby("category")["union_ns"].sum()
         rows.append(pd.DataFrame({"metric": "share_pct", "key": s.index, "value": (100.0 * s / s.sum()).to_numpy()}))
