@@ -1,0 +1,59 @@
+"""The Python API for notebooks: run a recipe as the command line does, or read a finished output folder."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from . import analyses, runner
+
+
+@dataclass
+class RecipeOutput:
+    output_dir: Path
+    tables: dict = field(default_factory=dict)  # one DataFrame per Parquet file, by file stem
+    analysis: dict = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}: {len(v)} rows" for k, v in self.tables.items())
+        return f"RecipeOutput({str(self.output_dir)!r}; {shapes})"
+
+
+def load_output(output_dir) -> RecipeOutput:
+    out = Path(output_dir)
+    if not out.is_dir():
+        raise FileNotFoundError(f"{out}: no such output folder")
+    tables = {p.stem: pd.read_parquet(p) for p in sorted(out.glob("*.parquet"))}
+    analysis_file = out / "analysis.json"
+    analysis = json.loads(analysis_file.read_text()) if analysis_file.exists() else {}
+    return RecipeOutput(out, tables, analysis)
+
+
+def run_recipe(name: str, inputs, output=None, *, force_overwrite: bool = False, mode: str = "concurrent",
+               engine: str = "auto", report: bool = False, nsys: str | None = None, jobs: int | None = None,
+               skip_bad: bool = False, **options) -> RecipeOutput:
+    """`nsys-recipe run --name NAME INPUT...` from Python; recipe options as keywords (iteration="step")."""
+    analyses.get(name)
+    allowed = set(analyses.OPTION_NAMES[name])
+    unknown = set(options) - allowed
+    if unknown:
+        raise TypeError(f"{name} takes no option {', '.join(sorted(unknown))}; it takes {', '.join(sorted(allowed)) or 'none'}")
+    defaults = argparse.ArgumentParser()
+    analyses.get(name).add_arguments(defaults.add_argument)
+    opts = {**vars(defaults.parse_args([])), **options}
+    opts["skip_bad"] = skip_bad
+    argv = []
+    for k, v in opts.items():
+        if v is None or k == "skip_bad":
+            continue
+        argv += ["--" + k.replace("_", "-"), ",".join(v) if isinstance(v, list) else str(v)]
+    if skip_bad:
+        argv.append("--skip-bad")
+    inputs = [str(inputs)] if isinstance(inputs, (str, Path)) else [str(i) for i in inputs]
+    out = runner.run(name, inputs, str(output) if output else None, force=force_overwrite, mode=mode, engine=engine,
+                     report=report, nsys_path=nsys, jobs=jobs, options=opts, argv_options=argv, log=lambda m: None)
+    return load_output(out)
