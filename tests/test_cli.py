@@ -141,3 +141,27 @@ def test_gpu_recipes_same_tables_from_both_engines_and_nsys_recipe(nsys, tmp_pat
         assert res.returncode == 0, res.stderr[-2000:]
         for t in tables:
             pdt.assert_frame_equal(pd.read_parquet(pack / f"{t}.parquet"), pd.read_parquet(plain / f"{t}.parquet"))
+
+
+def test_builtin_and_pack_recipes_in_one_run(nsys, tmp_path):
+    mpi = tmp_path / "mpi"  # the built-ins write exports beside the reports
+    shutil.copytree(MPI_SET, mpi)
+    listed = cli("list")
+    assert "[nsys built-in]" in listed.stdout and "cuda_api_sum" in listed.stdout
+    out = tmp_path / "three"
+    res = cli("run", "--name", "cuda_api_sum,nvtx_sum,straggler_heatmap", "--iteration-kernel", "jacobi_kernel",
+              "--output", str(out), str(mpi))
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["cuda_api_sum", "nvtx_sum", "straggler_heatmap"]
+    # NVIDIA's nvtx_sum and the pack's loader agree on the instances of each range
+    from nsys_recipe_pack import loader
+    from nsys_recipe_pack.iterations import closed_ranges
+
+    stats = pd.read_parquet(out / "nvtx_sum" / "all_stats.parquet")  # index: the range text
+    mine = sum(int((closed_ranges(rd.nvtx)["name"] == "MPI").sum())
+               for f in sorted(mpi.glob("*.qdrep")) for rd in loader.load_file(f, {"nvtx"}))
+    assert int(stats.loc["MPI", "Count"]) == mine == 5 * 1000
+    assert (out / "cuda_api_sum" / "cuda_api_sum.nsys-analysis").exists()
+    assert (out / "straggler_heatmap" / "iterations.parquet").exists()
+    res = cli("run", "--name", "cuda_api_sum", "--output", str(tmp_path / "x"), str(tmp_path / "mpi" / "report1_pqtdir"))
+    assert res.returncode == 2 and "reads .nsys-rep/.qdrep reports only" in one_line_error(res)

@@ -94,10 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _builtins(nsys_path: str | None = None) -> dict:
+    found = nsys_tool.find_nsys(nsys_path, required=False)
+    return nsys_tool.builtin_recipes(str(found.path)) if found and found.recipe_python_path() else {}
+
+
 def cmd_list(args) -> int:
-    width = max(len(n) for n in analyses.RECIPES)
+    builtins = _builtins()
+    width = max(len(n) for n in [*analyses.RECIPES, *builtins])
     for name, spec in sorted(analyses.RECIPES.items()):
         print(f"{name:<{width}}  {spec.description}")
+    if builtins:
+        print("\nNsight Systems' built-in recipes (run through `nsys recipe`):")
+        for name, title in sorted(builtins.items()):
+            if name not in analyses.RECIPES:
+                print(f"{name:<{width}}  [nsys built-in] {title}")
     return 0
 
 
@@ -119,8 +130,11 @@ def cmd_run(args) -> int:
 
     inputs = list(args.inputs) + list(args.more_inputs)
     names = args.name
-    for n in names:
-        analyses.get(n)
+    unknown = [n for n in names if n not in analyses.RECIPES]
+    builtins = _builtins(args.nsys) if unknown else {}
+    for n in unknown:
+        if n not in builtins:
+            analyses.get(n)  # the one-line "unknown recipe" error
     if len(set(names)) != len(names):
         raise UsageError(f"--name lists a recipe twice: {','.join(names)}")
     if args.mode == "dask-futures" and args.dask_scheduler:
@@ -132,6 +146,13 @@ def cmd_run(args) -> int:
     outs = []
     for name in names:
         output = (base / name) if len(names) > 1 else base
+        if name not in analyses.RECIPES:
+            nsys = nsys_tool.find_nsys(args.nsys)
+            out = runner.run_builtin(name, inputs, str(output) if output else None, force=args.force_overwrite,
+                                     mode=args.mode, nsys=nsys)
+            outs.append((name, out))
+            print(f"output: {out}")
+            continue
         options, argv = _recipe_options(args, name)
         options["_dask_scheduler"] = args.dask_scheduler
         options["skip_bad"] = args.skip_bad

@@ -290,3 +290,11 @@ def recipe_env(nsys: Nsys, extra_path: Path | None = None) -> dict:
     if extra_path is not None:
         env["NSYS_RECIPE_PATH"] = str(extra_path)
     return env
+
+
+@functools.lru_cache(maxsize=8)
+def builtin_recipes(nsys_path: str) -> dict:
+    """Nsight Systems' own recipes, as `nsys recipe --help` lists them: name -> title."""
+    res = subprocess.run([nsys_path, "recipe", "--help"], capture_output=True, text=True, timeout=120)
+    found = re.findall(r"^\s+([A-Za-z0-9_]+) -- (.+)$", res.stdout + res.stderr, flags=re.MULTILINE)
+    return dict(found)

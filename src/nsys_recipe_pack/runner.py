@@ -332,3 +332,32 @@ def _nsys_version_or_none(files: list[Path], nsys_path: str | None) -> str | Non
         found = nsys_tool.find_nsys(nsys_path, required=False)
         return found.version if found else None
     return None
+
+
+def run_builtin(name: str, inputs: list[str], output: str | None, *, force: bool = False, mode: str = "concurrent",
+                nsys: nsys_tool.Nsys, log=None) -> Path:
+    """One of Nsight Systems' built-in recipes, passed through to `nsys recipe NAME`, written atomically."""
+    log = log or (lambda msg: print(msg, file=sys.stderr))
+    files = loader.expand_inputs(inputs)
+    not_reports = [str(f) for f in files if loader.input_kind(f) != "report"]
+    if not_reports:
+        raise UsageError(f"{not_reports[0]}: the built-in recipe {name} reads .nsys-rep/.qdrep reports only")
+    out = Path(output) if output else default_output(name)
+    check_output(out, force)
+    staged = staging_dir(out)
+    shutil.rmtree(staged)
+    log(f"running Nsight Systems' built-in {name} ({nsys.version}) on {len(files)} report(s)")
+    try:
+        res = subprocess.run([str(nsys.path), "recipe", name, "--mode", mode, "--output", str(staged), "--input",
+                              *[str(f) for f in files]], env=nsys_tool.recipe_env(nsys), capture_output=True,
+                             text=True)
+        if res.returncode != 0 or not staged.exists():
+            tail = [ln for ln in (res.stderr + res.stdout).strip().splitlines() if ln.strip()][-1:] or ["no output"]
+            raise BadInputError(f"`nsys recipe {name}` produced no output (exit {res.returncode}): {tail[0].strip()}")
+        for f in staged.glob(".*.nsys-analysis"):
+            os.replace(f, staged / f"{out.name}.nsys-analysis")
+        publish(staged, out, force)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return out
