@@ -12,12 +12,12 @@ from nsys_recipe_pack import nsys_tool, runner
 NSYS_CACHE = nsys_tool.cache_root() / "nsys"  # read at collection, before the tests' own cache is set
 
 RUNS = [
-    ("straggler_heatmap", MPI_SET, {"iteration_kernel": "jacobi_kernel"}, ["--iteration-kernel", "jacobi_kernel"]),
-    ("straggler_heatmap", CPU_SET, {}, []),
-    ("kernel_pace", MPI_SET, {"kernel": "jacobi_kernel"}, ["--kernel", "jacobi_kernel"]),
-    ("nvtx_gpu_proj", MPI_SET, {}, []),
-    ("sync_summary", MPI_SET, {}, []),
-    ("compute_memory_share", MPI_SET, {}, []),
+    ("straggler_heatmap", MPI_SET, {"iteration_kernel": "jacobi_kernel"}),
+    ("straggler_heatmap", CPU_SET, {}),
+    ("kernel_pace", MPI_SET, {"kernel": "jacobi_kernel"}),
+    ("nvtx_gpu_proj", MPI_SET, {}),
+    ("sync_summary", MPI_SET, {}),
+    ("compute_memory_share", MPI_SET, {}),
 ]
 
 
@@ -32,14 +32,14 @@ def versions():
     return found
 
 
-@pytest.mark.parametrize("recipe,data,options,argv", RUNS, ids=[f"{r[0]}-{r[1].name}" for r in RUNS])
-def test_identical_tables_under_both_versions(tmp_path, versions, recipe, data, options, argv):
+@pytest.mark.parametrize("recipe,data,options", RUNS, ids=[f"{r[0]}-{r[1].name}" for r in RUNS])
+def test_identical_tables_under_both_versions(tmp_path, versions, recipe, data, options):
     copy = tmp_path / "in"
     shutil.copytree(data, copy)
     outs = {}
     for v, nsys_path in versions.items():
         outs[v] = runner.run(recipe, [str(copy)], str(tmp_path / f"out-{v}"), engine="nsys", nsys_path=nsys_path,
-                             options=options, argv_options=argv, log=lambda m: None)
+                             options=options, log=lambda m: None)
     tables = sorted(p.name for p in outs["2023.4"].glob("*.parquet"))
     assert tables == sorted(p.name for p in outs["2024.2"].glob("*.parquet"))
     for t in tables:

@@ -46,14 +46,7 @@ def run_recipe(name: str, inputs, output=None, *, force_overwrite: bool = False,
     analyses.get(name).add_arguments(defaults.add_argument)
     opts = {**vars(defaults.parse_args([])), **options}
     opts["skip_bad"] = skip_bad
-    argv = []
-    for k, v in opts.items():
-        if v is None or k == "skip_bad":
-            continue
-        argv += ["--" + k.replace("_", "-"), ",".join(v) if isinstance(v, list) else str(v)]
-    if skip_bad:
-        argv.append("--skip-bad")
     inputs = [str(inputs)] if isinstance(inputs, (str, Path)) else [str(i) for i in inputs]
     out = runner.run(name, inputs, str(output) if output else None, force=force_overwrite, mode=mode, engine=engine,
-                     report=report, nsys_path=nsys, jobs=jobs, options=opts, argv_options=argv, log=lambda m: None)
+                     report=report, nsys_path=nsys, jobs=jobs, options=opts, log=lambda m: None)
     return load_output(out)

@@ -112,17 +112,8 @@ def cmd_list(args) -> int:
     return 0
 
 
-def _recipe_options(args, name: str) -> tuple[dict, list[str]]:
-    """Options as a dict for the pack's runner and as argv for `nsys recipe`."""
-    options, argv = {}, []
-    for key in analyses.OPTION_NAMES[name]:
-        value = getattr(args, key, None)
-        options[key] = value
-        if value is None:
-            continue
-        flag = "--" + key.replace("_", "-")
-        argv += [flag, ",".join(value) if isinstance(value, list) else str(value)]
-    return options, argv
+def _recipe_options(args, name: str) -> dict:
+    return {key: getattr(args, key, None) for key in analyses.OPTION_NAMES[name]}
 
 
 def cmd_run(args) -> int:
@@ -153,14 +144,12 @@ def cmd_run(args) -> int:
             outs.append((name, out))
             print(f"output: {out}")
             continue
-        options, argv = _recipe_options(args, name)
+        options = _recipe_options(args, name)
         options["_dask_scheduler"] = args.dask_scheduler
         options["skip_bad"] = args.skip_bad
-        if args.skip_bad:
-            argv.append("--skip-bad")
         out = runner.run(name, inputs, str(output) if output else None, force=args.force_overwrite,
                          mode=args.mode, engine=args.engine, report=args.report, nsys_path=args.nsys,
-                         jobs=args.jobs, options=options, argv_options=argv)
+                         jobs=args.jobs, options=options)
         outs.append((name, out))
         summary.print_summary(name, out)
     return 0

@@ -259,6 +259,24 @@ def _run_dask(args: list[tuple], options: dict) -> list[list[dict]]:
         return client.gather(futures)
 
 
+def _name_analysis_file(staged: Path, out: Path) -> None:
+    """`nsys recipe` names its .nsys-analysis file after the (hidden) staging folder; name it after the output."""
+    for f in staged.glob(".*.nsys-analysis"):
+        os.replace(f, staged / f"{out.name}.nsys-analysis")
+
+
+def framework_argv(recipe: str, options: dict) -> list[str]:
+    """The recipe's options as `nsys recipe` arguments (the same flags `nsys-recipe run` takes)."""
+    argv = []
+    for key in analyses.OPTION_NAMES[recipe]:
+        value = options.get(key)
+        if value is not None:
+            argv += ["--" + key.replace("_", "-"), ",".join(value) if isinstance(value, list) else str(value)]
+    if options.get("skip_bad"):
+        argv.append("--skip-bad")
+    return argv
+
+
 def run_framework_engine(recipe: str, files: list[Path], argv_options: list[str], mode: str,
                          nsys: nsys_tool.Nsys, staged: Path) -> None:
     """Run through `nsys recipe` with the pack's recipes on NSYS_RECIPE_PATH into `staged`."""
@@ -277,8 +295,7 @@ def run_framework_engine(recipe: str, files: list[Path], argv_options: list[str]
 
 def run(recipe: str, inputs: list[str], output: str | None = None, *, force: bool = False,
         mode: str = "concurrent", engine: str = "auto", report: bool = False, nsys_path: str | None = None,
-        jobs: int | None = None, options: dict | None = None, argv_options: list[str] | None = None,
-        log=None) -> Path:
+        jobs: int | None = None, options: dict | None = None, log=None) -> Path:
     """Run one pack recipe end to end and return its output folder."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     analyses.get(recipe)
@@ -304,9 +321,8 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
         if nsys is not None:
             log(f"running {recipe} through `nsys recipe` ({nsys.version}) on {len(files)} report(s)")
             shutil.rmtree(staged)
-            run_framework_engine(recipe, files, list(argv_options or []), mode, nsys, staged)
-            for f in staged.glob(".*.nsys-analysis"):  # the framework names it after the staging folder
-                os.replace(f, staged / f"{out.name}.nsys-analysis")
+            run_framework_engine(recipe, files, framework_argv(recipe, options), mode, nsys, staged)
+            _name_analysis_file(staged, out)
         else:
             log(f"running {recipe} with the pack's runner on {len(files)} input(s)")
             mapped = run_pack_engine(recipe, files, options, mode, jobs, nsys_path)
@@ -354,8 +370,7 @@ def run_builtin(name: str, inputs: list[str], output: str | None, *, force: bool
         if res.returncode != 0 or not staged.exists():
             tail = [ln for ln in (res.stderr + res.stdout).strip().splitlines() if ln.strip()][-1:] or ["no output"]
             raise BadInputError(f"`nsys recipe {name}` produced no output (exit {res.returncode}): {tail[0].strip()}")
-        for f in staged.glob(".*.nsys-analysis"):
-            os.replace(f, staged / f"{out.name}.nsys-analysis")
+        _name_analysis_file(staged, out)
         publish(staged, out, force)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
