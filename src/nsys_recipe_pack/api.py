@@ -35,7 +35,7 @@ def load_output(output_dir) -> RecipeOutput:
 
 def run_recipe(name: str, inputs, output=None, *, force_overwrite: bool = False, mode: str = "concurrent",
                engine: str = "auto", report: bool = False, nsys: str | None = None, jobs: int | None = None,
-               skip_bad: bool = False, **options) -> RecipeOutput:
+               skip_bad: bool = False, dask_scheduler: str | None = None, **options) -> RecipeOutput:
     """`nsys-recipe run --name NAME INPUT...` from Python; recipe options as keywords (iteration="step")."""
     analyses.get(name)
     allowed = set(analyses.OPTION_NAMES[name])
@@ -46,6 +46,7 @@ def run_recipe(name: str, inputs, output=None, *, force_overwrite: bool = False,
     analyses.get(name).add_arguments(defaults.add_argument)
     opts = {**vars(defaults.parse_args([])), **options}
     opts["skip_bad"] = skip_bad
+    opts["_dask_scheduler"] = dask_scheduler
     inputs = [str(inputs)] if isinstance(inputs, (str, Path)) else [str(i) for i in inputs]
     out = runner.run(name, inputs, str(output) if output else None, force=force_overwrite, mode=mode, engine=engine,
                      report=report, nsys_path=nsys, jobs=jobs, options=opts, log=lambda m: None)

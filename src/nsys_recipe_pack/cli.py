@@ -84,6 +84,15 @@ def build_parser() -> argparse.ArgumentParser:
     setup.add_argument("--version", default=nsys_tool.DEFAULT_VERSION, choices=sorted(nsys_tool.RELEASES))
     setup.add_argument("--with-host", action="store_true", help="also the host side, needed to make reports")
 
+    worker = sub.add_parser("dask-worker", help="a Dask worker that can run the pack's and NVIDIA's recipes")
+    worker.add_argument("address", metavar="ADDRESS", help="the scheduler, e.g. tcp://node0:8786")
+    worker.add_argument("--nworkers", type=int, default=1, help="worker processes (default 1)")
+    worker.add_argument("--nthreads", type=int, default=1,
+                        help="threads per worker process (default 1: the map step is CPU-bound Python)")
+    worker.add_argument("--nsys", default=None, help="the nsys whose nsys_recipe package the worker imports")
+    worker.add_argument("dask_args", nargs=argparse.REMAINDER, metavar="-- DASK_WORKER_OPTION",
+                        help="further options for `dask worker`, after --")
+
     synth = sub.add_parser("synth", help="write SYNTHETIC exports with known stragglers (for tests, scale runs)")
     try:
         from . import synth as synth_mod
@@ -128,8 +137,8 @@ def cmd_run(args) -> int:
             analyses.get(n)  # the one-line "unknown recipe" error
     if len(set(names)) != len(names):
         raise UsageError(f"--name lists a recipe twice: {','.join(names)}")
-    if args.mode == "dask-futures" and args.dask_scheduler:
-        os.environ.setdefault("DASK_SCHEDULER_ADDRESS", args.dask_scheduler)
+    if args.dask_scheduler and args.mode != "dask-futures":
+        raise UsageError("--dask-scheduler goes with --mode dask-futures")
     base = Path(args.output) if args.output else None
     if len(names) > 1:
         base = base or runner.default_output("nsys-recipe")
@@ -140,7 +149,7 @@ def cmd_run(args) -> int:
         if name not in analyses.RECIPES:
             nsys = nsys_tool.find_nsys(args.nsys)
             out = runner.run_builtin(name, inputs, str(output) if output else None, force=args.force_overwrite,
-                                     mode=args.mode, nsys=nsys)
+                                     mode=args.mode, nsys=nsys, dask_scheduler=args.dask_scheduler)
             outs.append((name, out))
             print(f"output: {out}")
             continue
@@ -219,13 +228,37 @@ def cmd_setup(args) -> int:
     return 0
 
 
+def cmd_dask_worker(args) -> int:
+    """Start `dask worker` with nsys_recipe and the pack's recipes importable, as `nsys recipe` tasks need."""
+    from .runner import _import_distributed
+
+    _import_distributed()
+    paths = [str(resources.recipes_dir())]
+    nsys = nsys_tool.find_nsys(args.nsys, required=False)
+    if nsys is not None and nsys.recipe_python_path() is not None:
+        paths.insert(0, str(nsys.recipe_python_path()))
+    else:
+        print("nsys-recipe: note: no nsys with a recipe framework found; this worker runs the pack's runner only "
+              "(--engine pack)", file=sys.stderr)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
+    if nsys is not None:
+        env.setdefault("NSYS", str(nsys.path))
+    extra = [a for a in args.dask_args if a != "--"]
+    argv = [sys.executable, "-m", "distributed.cli.dask_worker", args.address, "--nworkers", str(args.nworkers),
+            "--nthreads", str(args.nthreads), *extra]
+    print("nsys-recipe: starting " + " ".join(argv[1:]), file=sys.stderr, flush=True)
+    os.execve(sys.executable, argv, env)
+
+
 def cmd_synth(args) -> int:
     from . import synth
 
     return synth.main(args)
 
 
-COMMANDS = {"list": cmd_list, "run": cmd_run, "diff": cmd_diff, "report": cmd_report, "doctor": cmd_doctor, "setup-nsys": cmd_setup, "synth": cmd_synth}
+COMMANDS = {"list": cmd_list, "run": cmd_run, "diff": cmd_diff, "report": cmd_report, "doctor": cmd_doctor, "setup-nsys": cmd_setup, "synth": cmd_synth,
+            "dask-worker": cmd_dask_worker}
 
 
 def _terminated(signum, frame):

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.feather as feather
 import pyarrow.parquet as pq
 
 from . import nsys_tool
@@ -313,7 +315,7 @@ def _locked(lock_path: Path):
 
 
 def table_names(needs: set[str]) -> list[str]:
-    names = list(ALWAYS)
+    names = [*ALWAYS, *TABLES["nvtx"]]  # NVTX always: its "rank N" ranges are one of the sources of the rank
     for need in sorted(needs):
         names.extend(TABLES.get(need, {}))
     if "mpi" in needs:
@@ -496,47 +498,64 @@ def _first_int(env: dict, keys: list[str]) -> tuple[int, str] | None:
 def load_file(path: Path, needs: set[str], nsys_path: str | None = None) -> list[RankData]:
     """Read one input and split it into ranks (one per process that did GPU work, or NVTX work)."""
     src = open_source(path, needs, nsys_path)
-    try:
-        if not (src.has("StringIds") or src.has("NVTX_EVENTS") or src.has("TARGET_INFO_SESSION_START_TIME")
-                or src.kind == "parquetdir" and src.origin != src.path):
-            raise BadInputError(f"{path}: not an Nsight Systems export (no StringIds, NVTX_EVENTS or "
-                                "TARGET_INFO_* tables); export the report with `nsys export`")
-        strings = _strings(src) if src.has("StringIds") else pd.Series(dtype=object)
-        env = _env(src)
-        session = _session_start(src)
-        synthetic = src.has("META_DATA_EXPORT") and "SYNTHETIC" in set(src.read("META_DATA_EXPORT", ["name"])["name"])
-        frames: dict[str, pd.DataFrame] = {}
-        nvtx_all = _read_nvtx(src, strings)
-        if "nvtx" in needs:
-            frames["nvtx"] = nvtx_all
-        for need, attr in [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")]:
-            if need in needs:
-                (table, cols), = TABLES[need].items()
-                frames[attr] = _read_gpu(src, table, cols, strings)
-        if "runtime" in needs:
-            frames["runtime"] = _read_runtime(src, strings)
-        if "mpi" in needs:
-            frames["mpi"] = _read_mpi(src, strings)
-        has_cuda = any(src.has(t) for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
-                                            "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_RUNTIME"))
-    finally:
+    cache = _loaded_dir(src, needs)
+    loaded = _read_loaded(cache) if cache is not None else None
+    if loaded is None:
+        try:
+            loaded = _read_frames(src, needs, path)
+        finally:
+            src.close()
+        if cache is not None:
+            _write_loaded(cache, *loaded)
+    else:
         src.close()
+    return _split_ranks(path, *loaded)
 
+
+def _read_frames(src: ExportSource, needs: set[str], path: Path) -> tuple[dict, dict]:
+    """The normalised frames a recipe needs, and what identifies the file's ranks."""
+    if not (src.has("StringIds") or src.has("NVTX_EVENTS") or src.has("TARGET_INFO_SESSION_START_TIME")
+            or src.kind == "parquetdir" and src.origin != src.path):
+        raise BadInputError(f"{path}: not an Nsight Systems export (no StringIds, NVTX_EVENTS or "
+                            "TARGET_INFO_* tables); export the report with `nsys export`")
+    strings = _strings(src) if src.has("StringIds") else pd.Series(dtype=object)
+    env = _env(src)
+    synthetic = src.has("META_DATA_EXPORT") and "SYNTHETIC" in set(src.read("META_DATA_EXPORT", ["name"])["name"])
+    frames: dict[str, pd.DataFrame] = {}
+    nvtx_all = _read_nvtx(src, strings)
+    if "nvtx" in needs:
+        frames["nvtx"] = nvtx_all
+    for need, attr in [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")]:
+        if need in needs:
+            (table, cols), = TABLES[need].items()
+            frames[attr] = _read_gpu(src, table, cols, strings)
+    if "runtime" in needs:
+        frames["runtime"] = _read_runtime(src, strings)
+    if "mpi" in needs:
+        frames["mpi"] = _read_mpi(src, strings)
+    has_cuda = any(src.has(t) for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                                        "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_RUNTIME"))
     gpu_pids: set[int] = set()
     if has_cuda:
-        gpu_tables = [src_tbl for src_tbl in (("kernel", "CUPTI_ACTIVITY_KIND_KERNEL"),
-                                               ("memcpy", "CUPTI_ACTIVITY_KIND_MEMCPY"))]
-        for need, _ in gpu_tables:
-            attr = "kernels" if need == "kernel" else need
+        for attr in ("kernels", "memcpy"):
             if attr in frames:
                 gpu_pids.update(int(p) for p in np.unique(frames[attr]["pid"]))
         if not gpu_pids and "runtime" in frames:
             gpu_pids.update(int(p) for p in np.unique(frames["runtime"]["pid"]))
     nvtx_ranges = nvtx_all[nvtx_all["event_type"].isin([59, 60])]
     pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(nvtx_ranges["pid"]))
-    if not pids:
-        pids = [None]
+    nvtx_rank = {}
+    for pid in pids or [None]:
+        names = nvtx_all["name"] if pid is None else nvtx_all.loc[nvtx_all["pid"] == pid, "name"]
+        hits = names[names.str.contains("rank", case=False, regex=False)].str.extract(NVTX_RANK_RE)[0].dropna()
+        nvtx_rank[str(pid)] = int(hits.iloc[0]) if len(hits) and hits.nunique() == 1 else None
+    meta = {"env": env, "session_start_ns": _session_start(src), "synthetic": bool(synthetic),
+            "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": nvtx_rank}
+    return frames, meta
 
+
+def _split_ranks(path: Path, frames: dict, meta: dict) -> list[RankData]:
+    pids, env = meta["pids"], meta["env"]
     file_rank = None
     m = FILE_RANK_RE.search(_stem(path))
     if m:
@@ -550,15 +569,13 @@ def load_file(path: Path, needs: set[str], nsys_path: str | None = None) -> list
         cands: dict = {}
         if env_rank is not None and len(pids) == 1:
             cands["env"] = env_rank
-        names = nvtx_all["name"] if pid is None else nvtx_all.loc[nvtx_all["pid"] == pid, "name"]
-        hits = names[names.str.contains("rank", case=False, regex=False)].str.extract(NVTX_RANK_RE)[0].dropna()
-        if len(hits) and hits.nunique() == 1:
-            cands["nvtx"] = (int(hits.iloc[0]), "NVTX")
+        if meta["nvtx_rank"].get(str(pid)) is not None:
+            cands["nvtx"] = (meta["nvtx_rank"][str(pid)], "NVTX")
         if file_rank is not None and len(pids) == 1:
             cands["filename"] = (file_rank, "file name")
-        rd = RankData(file=str(path), pid=pid, session_start_ns=session, env=env, rank_candidates=cands,
-                      host=host, local_rank=local[0] if local and len(pids) == 1 else None, has_cuda=has_cuda,
-                      synthetic=synthetic)
+        rd = RankData(file=str(path), pid=pid, session_start_ns=meta["session_start_ns"], env=env,
+                      rank_candidates=cands, host=host, local_rank=local[0] if local and len(pids) == 1 else None,
+                      has_cuda=meta["has_cuda"], synthetic=meta["synthetic"])
         for attr, df in frames.items():
             if pid is not None and len(pids) > 1 and "pid" in df:
                 df = df[df["pid"] == pid].reset_index(drop=True)
@@ -567,3 +584,48 @@ def load_file(path: Path, needs: set[str], nsys_path: str | None = None) -> list
             rd.unclosed_ranges = int((rd.nvtx["event_type"].isin([59, 60]) & rd.nvtx["end_ns"].isna()).sum())
         ranks.append(rd)
     return ranks
+
+
+# ---------------------------------------------------------------------------------------------------
+# the loaded frames of a cached report export, kept beside it as Arrow files: a warm run reads them
+# memory-mapped instead of decoding the export's Parquet and string ids again
+
+LOADED_FORMAT = 1  # bump when _read_frames changes what it returns
+
+
+def _loaded_dir(src: ExportSource, needs: set[str]) -> Path | None:
+    if src.kind != "parquetdir" or src.origin == src.path:
+        return None  # only report exports in the pack's cache; user exports are read as they are
+    return src.path / f"loaded-v{LOADED_FORMAT}-{'-'.join(sorted(needs))}"
+
+
+def _read_loaded(cache: Path) -> tuple[dict, dict] | None:
+    try:
+        meta = json.loads((cache / "meta.json").read_text())
+        frames = {}
+        for attr, object_cols in meta.pop("frames").items():
+            table = feather.read_table(cache / f"{attr}.arrow", memory_map=True)
+            df = table.drop_columns(object_cols).to_pandas()
+            for col in object_cols:  # object columns stay object (pandas 3 would make them `str`)
+                df[col] = table.column(col).to_numpy(zero_copy_only=False)
+            frames[attr] = df[table.column_names]
+        return frames, meta
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _write_loaded(cache: Path, frames: dict, meta: dict) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix=".loaded-", dir=cache.parent))
+    try:
+        doc = {**meta, "frames": {}}
+        for attr, df in frames.items():
+            feather.write_feather(pa.Table.from_pandas(df, preserve_index=False), tmp / f"{attr}.arrow",
+                                  compression="uncompressed")
+            doc["frames"][attr] = [c for c in df.columns if df[c].dtype == object]
+        (tmp / "meta.json").write_text(json.dumps(doc))
+        try:
+            os.rename(tmp, cache)
+        except OSError:  # another process wrote it first: theirs is the same
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -37,7 +37,7 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
     spec = analyses.get(recipe)
     out = []
     try:
-        for rd in loader.load_file(Path(path), set(spec.needs), nsys_path):
+        for rd in loader.load_file(Path(path), set(spec.needs_given(options)), nsys_path):
             try:
                 res = spec.map_rank(rd, options)
             except MissingTraceError as exc:  # nothing to say about this rank; fatal only if true of all
@@ -237,7 +237,7 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
     if mode == "none" or len(files) == 1:
         return [map_file(*a) for a in progress.iterate(args, total=len(args), desc=recipe)]
     if mode == "dask-futures":
-        return _run_dask(args, options)
+        return _run_dask(args, options, jobs)
     workers = max(1, min(jobs or os.cpu_count() or 1, len(files)))
     results: list = [None] * len(args)
     with ProcessPoolExecutor(max_workers=workers) as pool:
@@ -247,16 +247,48 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
     return results
 
 
-def _run_dask(args: list[tuple], options: dict) -> list[list[dict]]:
+def _run_dask(args: list[tuple], options: dict, jobs: int | None) -> list[list[dict]]:
+    """Map on a Dask cluster: the one at --dask-scheduler, else a local one with `jobs` worker processes."""
+    distributed = _import_distributed()
+    address = options.get("_dask_scheduler")
+    if address:
+        try:
+            client = distributed.Client(address, timeout="20s")
+        except OSError as exc:
+            raise MissingToolError(f"cannot reach the Dask scheduler at {address} ({exc}); start one with "
+                                   "`dask scheduler` and workers with `nsys-recipe dask-worker ADDRESS`") from None
+    else:
+        client = distributed.Client(processes=True, n_workers=max(1, min(jobs or os.cpu_count() or 1, len(args))),
+                                    threads_per_worker=1, dashboard_address=None)
+    results: list = [None] * len(args)
+    with client:
+        futures = client.map(map_file, *zip(*args, strict=True), pure=False)
+        index = {f.key: i for i, f in enumerate(futures)}
+        done = distributed.as_completed(futures)
+        for fut in progress.iterate(done, total=len(futures), desc="dask"):
+            results[index[fut.key]] = fut.result()
+            fut.release()
+    return results
+
+
+def _import_distributed():
     try:
-        from distributed import Client
+        import distributed
     except ImportError:
         raise MissingToolError("--mode dask-futures needs dask and distributed: "
                                "pip install 'dask[distributed]'") from None
+    return distributed
+
+
+def dask_env(env: dict, options: dict) -> dict:
+    """Point `nsys recipe --mode dask-futures` at a scheduler through Dask's own configuration.
+
+    nsys 2023.4 turns every NSYS_DASK_* value into True, so the address cannot go that way.
+    """
     address = options.get("_dask_scheduler")
-    with Client(address) if address else Client(processes=True, n_workers=os.cpu_count() or 1) as client:
-        futures = [client.submit(map_file, *a, pure=False) for a in args]
-        return client.gather(futures)
+    if address:
+        env = {**env, "DASK_SCHEDULER_ADDRESS": address}
+    return env
 
 
 def _name_analysis_file(staged: Path, out: Path) -> None:
@@ -278,9 +310,9 @@ def framework_argv(recipe: str, options: dict) -> list[str]:
 
 
 def run_framework_engine(recipe: str, files: list[Path], argv_options: list[str], mode: str,
-                         nsys: nsys_tool.Nsys, staged: Path) -> None:
+                         nsys: nsys_tool.Nsys, staged: Path, dask_scheduler: str | None = None) -> None:
     """Run through `nsys recipe` with the pack's recipes on NSYS_RECIPE_PATH into `staged`."""
-    env = nsys_tool.recipe_env(nsys, resources.recipes_dir())
+    env = dask_env(nsys_tool.recipe_env(nsys, resources.recipes_dir()), {"_dask_scheduler": dask_scheduler})
     cmd = [str(nsys.path), "recipe", recipe, "--mode", mode, "--output", str(staged),
            "--input", *[str(f) for f in files], *argv_options]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -321,7 +353,8 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
         if nsys is not None:
             log(f"running {recipe} through `nsys recipe` ({nsys.version}) on {len(files)} report(s)")
             shutil.rmtree(staged)
-            run_framework_engine(recipe, files, framework_argv(recipe, options), mode, nsys, staged)
+            run_framework_engine(recipe, files, framework_argv(recipe, options), mode, nsys, staged,
+                                 options.get("_dask_scheduler") if mode == "dask-futures" else None)
             _name_analysis_file(staged, out)
         else:
             log(f"running {recipe} with the pack's runner on {len(files)} input(s)")
@@ -351,7 +384,7 @@ def _nsys_version_or_none(files: list[Path], nsys_path: str | None) -> str | Non
 
 
 def run_builtin(name: str, inputs: list[str], output: str | None, *, force: bool = False, mode: str = "concurrent",
-                nsys: nsys_tool.Nsys, log=None) -> Path:
+                nsys: nsys_tool.Nsys, dask_scheduler: str | None = None, log=None) -> Path:
     """One of Nsight Systems' built-in recipes, passed through to `nsys recipe NAME`, written atomically."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     files = loader.expand_inputs(inputs)
@@ -365,7 +398,9 @@ def run_builtin(name: str, inputs: list[str], output: str | None, *, force: bool
     log(f"running Nsight Systems' built-in {name} ({nsys.version}) on {len(files)} report(s)")
     try:
         res = subprocess.run([str(nsys.path), "recipe", name, "--mode", mode, "--output", str(staged), "--input",
-                              *[str(f) for f in files]], env=nsys_tool.recipe_env(nsys), capture_output=True,
+                              *[str(f) for f in files]],
+                             env=dask_env(nsys_tool.recipe_env(nsys), {"_dask_scheduler": dask_scheduler}),
+                             capture_output=True,
                              text=True)
         if res.returncode != 0 or not staged.exists():
             tail = [ln for ln in (res.stderr + res.stdout).strip().splitlines() if ln.strip()][-1:] or ["no output"]

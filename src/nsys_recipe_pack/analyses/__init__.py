@@ -18,6 +18,10 @@ class RecipeSpec:
     reduce: Callable
     add_arguments: Callable  # add_arguments(add, framework) with add(*flags, **argparse kwargs)
     per_iteration: bool  # whether ranks must agree on one iteration delimiter
+    needs_for: Callable | None = None  # needs_for(options): fewer needs for some options (read less)
+
+    def needs_given(self, options: dict) -> frozenset:
+        return frozenset(self.needs_for(options)) if self.needs_for else self.needs
 
 
 def _comma_list(text: str) -> list[str]:
@@ -74,6 +78,7 @@ RECIPES = {
         reduce=pace.reduce,
         add_arguments=_pace_args,
         per_iteration=True,
+        needs_for=pace.needs_for,
     ),
     "compute_memory_share": RecipeSpec(
         name="compute_memory_share",

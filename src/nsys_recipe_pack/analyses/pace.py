@@ -19,6 +19,11 @@ from ..iterations import closest_names, find_iterations
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
 
 
+def needs_for(options: dict) -> set:
+    """Launches of one named kernel need nothing but the kernel table."""
+    return {"kernel"} if options.get("kernel") else NEEDS
+
+
 def map_rank(rd, options: dict) -> dict:
     kernel = options.get("kernel")
     if kernel:

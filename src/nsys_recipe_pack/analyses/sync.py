@@ -33,16 +33,24 @@ SUGGESTIONS = {
 }
 
 
+SYNC_API_KINDS = [(r"^(cudaDeviceSynchronize|cudaThreadSynchronize|cuCtxSynchronize)", "device"),
+                  (r"^(cudaStreamSynchronize|cuStreamSynchronize)", "stream"),
+                  (r"^(cudaEventSynchronize|cuEventSynchronize)", "event"),
+                  (r"^(cudaStreamWaitEvent|cuStreamWaitEvent)", "stream_wait")]
+
+
 def _classify(rt: pd.DataFrame, mem: pd.DataFrame, mset: pd.DataFrame) -> pd.Series:
-    name = rt["name"].fillna("")
-    kind = pd.Series(None, index=rt.index, dtype=object)
-    kind[name.str.match(r"^(cudaDeviceSynchronize|cudaThreadSynchronize|cuCtxSynchronize)")] = "device"
-    kind[name.str.match(r"^(cudaStreamSynchronize|cuStreamSynchronize)")] = "stream"
-    kind[name.str.match(r"^(cudaEventSynchronize|cuEventSynchronize)")] = "event"
-    kind[name.str.match(r"^(cudaStreamWaitEvent|cuStreamWaitEvent)")] = "stream_wait"
+    # string tests on the few distinct API names, then spread to every call by its name's code
+    codes, uniques = pd.factorize(rt["name"].fillna(""))
+    names = pd.Series(uniques, dtype=object)
+    kinds = pd.Series(None, index=names.index, dtype=object)
+    for pattern, label in SYNC_API_KINDS:
+        kinds[names.str.match(pattern)] = label
+    kind = pd.Series(kinds.to_numpy(object)[codes], index=rt.index, dtype=object)
+    is_memcpy = pd.Series(names.str.startswith("cudaMemcpy").to_numpy(bool)[codes], index=rt.index)
+    is_async = pd.Series(names.str.contains("async", case=False).to_numpy(bool)[codes], index=rt.index)
+    is_memset = pd.Series(names.str.startswith("cudaMemset").to_numpy(bool)[codes], index=rt.index)
     key = ["pid", "correlation_id"]
-    is_memcpy = name.str.startswith("cudaMemcpy")
-    is_async = name.str.contains("async", case=False)
     if len(mem):
         m = mem.assign(
             small_htod=(mem["bytes"].fillna(0) <= SMALL_HTOD_BYTES) & (mem["copy_kind"] == 1),
@@ -59,7 +67,7 @@ def _classify(rt: pd.DataFrame, mem: pd.DataFrame, mset: pd.DataFrame) -> pd.Ser
         s = mset.assign(host=mset["mem_kind"].isin(HOST_MEMSET_KINDS) if "mem_kind" in mset else False)
         s = s.groupby(key, as_index=False)["host"].any()
         j = rt[key].merge(s, on=key, how="left").set_index(rt.index)
-        kind[name.str.startswith("cudaMemset") & ~is_async & j["host"].fillna(False).astype(bool)] = "memset_sync"
+        kind[is_memset & ~is_async & j["host"].fillna(False).astype(bool)] = "memset_sync"
     return kind
 
 

@@ -1,0 +1,330 @@
+"""Benchmarks: the pack's recipes against Nsight Systems' nearest built-ins, scale runs, Dask.
+
+Everything runs on this machine in one go and writes bench/RESULTS.md (the table, the machine, the nsys
+version, the commands). Real rank sets are the shipped MPI Jacobi reports replicated under rank names
+(hard links, so every rank is a separate report to both tools); synthetic sets come from
+`nsys-recipe synth` and are labelled as such. Wall time is the whole command; peak memory is the
+largest sum of resident memory over the command's process tree, sampled every 50 ms.
+
+    make bench                      # everything (about half an hour on 2 cores)
+    .venv/bin/python bench/bench.py --sizes 8,64 --no-scale --no-dask   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+from nsys_recipe_pack import nsys_tool  # noqa: E402
+
+REAL_SOURCE = ROOT / "sample_reports" / "gpubootcamp_mpi_jacobi_v100"
+BIN = Path(sys.executable).parent
+PACK = str(BIN / "nsys-recipe")
+
+# pack recipe (and its options) -> the nearest built-in counterpart (and its options)
+PAIRS = [
+    ("kernel_pace", ["--kernel", "jacobi_kernel"], "cuda_gpu_kern_pace", ["--name", "jacobi_kernel"]),
+    ("nvtx_gpu_proj", [], "nvtx_gpu_proj_trace", []),
+    ("sync_summary", [], "cuda_api_sync", []),
+    # the reports' repeating NVTX range (one per solver iteration's halo exchange) delimits iterations for both
+    ("straggler_heatmap", ["--iteration", "MPI"], "nvtx_pace", ["--name", "MPI"]),
+    ("compute_memory_share", [], "nsys stats", ["--report", "cuda_gpu_kern_sum", "--report", "cuda_gpu_mem_time_sum"]),
+]
+
+
+def measure(cmd: list[str], env: dict, log: Path) -> dict:
+    """Wall seconds and peak resident memory (MB) of the whole process tree."""
+    started = time.perf_counter()
+    with log.open("a") as fh:
+        fh.write(f"\n$ {shlex.join(cmd)}\n")
+        fh.flush()
+        proc = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
+        root = psutil.Process(proc.pid)
+        peak = 0
+        while proc.poll() is None:
+            try:
+                procs = [root, *root.children(recursive=True)]
+                rss = 0
+                for p in procs:
+                    try:
+                        rss += p.memory_info().rss
+                    except psutil.Error:
+                        pass
+                peak = max(peak, rss)
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+    wall = time.perf_counter() - started
+    return {"wall_s": round(wall, 2), "peak_mb": round(peak / 2**20), "ok": proc.returncode == 0,
+            "cmd": shlex.join(cmd)}
+
+
+def real_set(work: Path, n: int) -> Path:
+    """n ranks: the shipped MPI reports, hard-linked under rank names (each its own report to both tools)."""
+    d = work / f"real-{n}"
+    sources = sorted(REAL_SOURCE.glob("*.qdrep"))
+    if not d.exists():
+        d.mkdir(parents=True)
+        for i in range(n):
+            os.link(sources[i % len(sources)], d / f"rank{i:04d}.qdrep")
+    return d
+
+
+def synth_set(work: Path, env: dict, n: int, iterations: int, log: Path) -> Path:
+    d = work / f"synth-{n}x{iterations}"
+    if not (d / "truth.json").exists():
+        cmd = [PACK, "synth", "--ranks", str(n), "--iterations", str(iterations), "--format", "parquetdir",
+               "--straggler", f"rank={n // 3},iterations={iterations // 4}-{iterations // 4 + 9},cause=dataloader,"
+               "slowdown=3", "--straggler", f"rank={(7 * n) // 8},iterations={iterations // 2}-{iterations // 2 + 9},"
+               "cause=compute,slowdown=2", "--output", str(d), "--force-overwrite"]
+        res = measure(cmd, env, log)
+        if not res["ok"]:
+            sys.exit(f"synth failed; see {log}")
+    return d
+
+
+def clear_builtin_exports(d: Path) -> None:
+    for p in d.iterdir():
+        if p.name.endswith("_pqtdir"):
+            shutil.rmtree(p)
+        elif p.suffix == ".sqlite":
+            p.unlink()
+
+
+def pack_cmd(recipe: str, args: list[str], inputs: Path, out: Path, extra: list[str] = ()) -> list[str]:
+    return [PACK, "run", "--name", recipe, "--engine", "pack", *args, "--output", str(out), "--force-overwrite",
+            *extra, str(inputs)]
+
+
+def builtin_cmd(nsys: str, name: str, args: list[str], inputs: Path, out: Path, jobs: int) -> list[str]:
+    if name == "nsys stats":  # one report per call: run them `jobs` at a time, as a user's script would
+        return [sys.executable, str(ROOT / "bench" / "stats_all.py"), "--nsys", nsys, "--jobs", str(jobs),
+                str(inputs), *args]
+    return [nsys, "recipe", name, "--input", str(inputs), "--output", str(out), "--force-overwrite", *args]
+
+
+def compare(work: Path, env: dict, nsys: str, sizes: list[int], jobs: int, log: Path) -> list[dict]:
+    rows = []
+    for n in sizes:
+        inputs = real_set(work, n)
+        for recipe, args, builtin, bargs in PAIRS:
+            cache = work / f"cache-{n}-{recipe}"
+            shutil.rmtree(cache, ignore_errors=True)
+            penv = {**env, "XDG_CACHE_HOME": str(cache)}
+            out = work / "out" / f"{recipe}-{n}"
+            for state in ("cold", "warm"):
+                r = measure(pack_cmd(recipe, args, inputs, out), penv, log)
+                rows.append({"ranks": n, "tool": "pack", "recipe": recipe, "state": state, **r})
+                print(f"{n:>5} {recipe:<22} pack    {state}: {r['wall_s']:7.2f} s {r['peak_mb']:6} MB", flush=True)
+            clear_builtin_exports(inputs)
+            for state in ("cold", "warm"):
+                r = measure(builtin_cmd(nsys, builtin, bargs, inputs, work / "out" / f"{builtin}-{n}", jobs), env, log)
+                rows.append({"ranks": n, "tool": "built-in", "recipe": builtin, "pair": recipe, "state": state, **r})
+                print(f"{n:>5} {builtin:<22} nsys    {state}: {r['wall_s']:7.2f} s {r['peak_mb']:6} MB", flush=True)
+            clear_builtin_exports(inputs)
+            shutil.rmtree(cache, ignore_errors=True)
+    return rows
+
+
+def synthetic_rows(work: Path, env: dict, sizes: list[int], log: Path) -> list[dict]:
+    """The pack on synthetic exports (no export step: nothing to be cold about)."""
+    rows = []
+    for n in sizes:
+        d = synth_set(work, env, n, 50, log)
+        for recipe in ("straggler_heatmap", "kernel_pace", "nvtx_gpu_proj", "sync_summary", "compute_memory_share"):
+            r = measure(pack_cmd(recipe, [], d, work / "out" / f"synth-{recipe}-{n}"), env, log)
+            rows.append({"ranks": n, "recipe": recipe, **r})
+            print(f"{n:>5} {recipe:<22} synthetic: {r['wall_s']:7.2f} s {r['peak_mb']:6} MB", flush=True)
+    return rows
+
+
+def found_stragglers(out: Path, truth: Path) -> str:
+    t = json.loads(truth.read_text())
+    s = pd.read_parquet(out / "stragglers.parquet")
+    got = set(zip(s["rank"], s["iteration"], strict=True))
+    want = {(c["rank"], c["iteration"]) for c in t["cells"]}
+    return f"{len(got & want)}/{len(want)} injected cells found, {len(got - want)} other"
+
+
+def scale(work: Path, env: dict, sizes: list[int], log: Path) -> list[dict]:
+    rows = []
+    for n in sizes:
+        d = synth_set(work, env, n, 200, log)
+        for recipe in ("straggler_heatmap", "kernel_pace"):
+            if recipe == "kernel_pace" and n != max(sizes):
+                continue
+            out = work / "out" / f"scale-{recipe}-{n}"
+            r = measure(pack_cmd(recipe, [], d, out), env, log)
+            r["found"] = found_stragglers(out, d / "truth.json") if recipe == "straggler_heatmap" and r["ok"] else ""
+            rows.append({"ranks": n, "iterations": 200, "recipe": recipe, **r})
+            print(f"{n:>5} x200 {recipe:<22}: {r['wall_s']:7.2f} s {r['peak_mb']:6} MB {r['found']}", flush=True)
+    return rows
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def dask_rows(work: Path, env: dict, n: int, log: Path) -> list[dict]:
+    """The same run through a real scheduler with 1 and with 2 `nsys-recipe dask-worker` processes."""
+    import distributed
+
+    d = synth_set(work, env, n, 200, log)
+    rows = []
+    for workers in (1, 2):
+        port = _free_port()
+        address = f"tcp://127.0.0.1:{port}"
+        with log.open("a") as fh:
+            procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+                                       "--port", str(port), "--no-dashboard"], env=env, stdout=fh,
+                                      stderr=subprocess.STDOUT, start_new_session=True)]
+            procs += [subprocess.Popen([PACK, "dask-worker", address, "--", "--no-dashboard"], env=env, stdout=fh,
+                                       stderr=subprocess.STDOUT, start_new_session=True) for _ in range(workers)]
+        try:
+            deadline = time.time() + 120
+            while True:
+                try:
+                    with distributed.Client(address, timeout="5s") as c:
+                        c.wait_for_workers(workers, timeout=60)
+                        break
+                except (OSError, TimeoutError):
+                    if time.time() > deadline:
+                        raise
+                    time.sleep(0.5)
+            out = work / "out" / f"dask-{workers}"
+            r = measure(pack_cmd("straggler_heatmap", [], d, out, ["--mode", "dask-futures", "--dask-scheduler",
+                                                                   address]), env, log)
+            rows.append({"ranks": n, "iterations": 200, "workers": workers, **r})
+            print(f"{n:>5} x200 dask, {workers} worker(s): {r['wall_s']:7.2f} s", flush=True)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, 15)
+            for p in procs:
+                p.wait(timeout=60)
+    for jobs in (1, 2):
+        r = measure(pack_cmd("straggler_heatmap", [], d, work / "out" / f"local-{jobs}", ["--jobs", str(jobs)]),
+                    env, log)
+        rows.append({"ranks": n, "iterations": 200, "workers": f"local --jobs {jobs}", **r})
+        print(f"{n:>5} x200 local --jobs {jobs}: {r['wall_s']:7.2f} s", flush=True)
+    return rows
+
+
+def write_results(path: Path, meta: dict, cmp_rows, syn_rows, scale_rows, dask) -> None:
+    lines = ["# Benchmark results", "",
+             f"Written by `{meta['command']}` on {meta['date']}. Rerun with `make bench`.", "",
+             "## Machine", "",
+             f"- {meta['cpu']}, {meta['cores']} cores, {meta['memory_gb']} GB; {meta['os']}",
+             f"- Python {meta['python']}; Nsight Systems {meta['nsys_version']} ({meta['nsys']})",
+             f"- pandas {pd.__version__}; the pack's runner with {meta['jobs']} workers; NVIDIA's recipes with "
+             "their default `--mode concurrent`", "",
+             "Wall time is the whole command, peak memory the largest sum of resident memory over its process "
+             "tree. Cold: no exports exist yet (the pack's cache is empty; the built-ins' `_pqtdir`/`.sqlite` "
+             "beside the reports are deleted), so the time includes `nsys export`. Warm: the same command "
+             "again, exports in place.", ""]
+    if cmp_rows:
+        df = pd.DataFrame(cmp_rows)
+        lines += ["## The pack against the nearest built-in (real reports, replicated)", "",
+                  f"Inputs: the {len(list(REAL_SOURCE.glob('*.qdrep')))} MPI Jacobi reports in "
+                  f"`{REAL_SOURCE.relative_to(ROOT)}` hard-linked as `rank0000.qdrep` ... (real profiles).", "",
+                  "| ranks | pack recipe | built-in | state | pack s | built-in s | speed-up | pack MB | built-in MB |",
+                  "|---:|---|---|---|---:|---:|---:|---:|---:|"]
+        for (n, recipe, state), g in df.groupby(["ranks", "recipe", "state"], sort=False):
+            if (g["tool"] != "pack").any():
+                continue
+            b = df[(df["ranks"] == n) & (df["tool"] == "built-in") & (df["pair"] == recipe) & (df["state"] == state)]
+            if b.empty:
+                continue
+            p, b = g.iloc[0], b.iloc[0]
+            flag = "" if p["ok"] and b["ok"] else " (failed: see log)"
+            lines.append(f"| {n} | {recipe} | {b['recipe']} | {state} | {p['wall_s']:.2f} | {b['wall_s']:.2f} | "
+                         f"{b['wall_s'] / max(p['wall_s'], 1e-9):.2f}x{flag} | {p['peak_mb']} | {b['peak_mb']} |")
+        lines.append("")
+    if syn_rows:
+        lines += ["## The pack on SYNTHETIC exports (50 iterations per rank)", "",
+                  "| ranks | recipe | s | peak MB |", "|---:|---|---:|---:|"]
+        lines += [f"| {r['ranks']} | {r['recipe']} | {r['wall_s']:.2f} | {r['peak_mb']} |" for r in syn_rows]
+        lines.append("")
+    if scale_rows:
+        lines += ["## Scale: SYNTHETIC ranks x 200 iterations", "",
+                  "| ranks | recipe | s | peak MB | injected stragglers |", "|---:|---|---:|---:|---|"]
+        lines += [f"| {r['ranks']} | {r['recipe']} | {r['wall_s']:.2f} | {r['peak_mb']} | {r.get('found', '')} |"
+                  for r in scale_rows]
+        lines.append("")
+    if dask:
+        lines += ["## Dask: straggler_heatmap over SYNTHETIC 256 ranks x 200 iterations", "",
+                  "A `dask scheduler` and N `nsys-recipe dask-worker` processes on 127.0.0.1 "
+                  "(`--mode dask-futures --dask-scheduler ADDRESS`), and the local runner for reference.", "",
+                  "| workers | s | client-side peak MB |", "|---|---:|---:|"]
+        lines += [f"| {r['workers']} | {r['wall_s']:.2f} | {r['peak_mb']} |" for r in dask]
+        lines.append("")
+    lines += ["## Commands", "", "Every command run, in order, is in `bench/results/commands.log` with its output; "
+              "the raw numbers are in `bench/results/*.json`.", ""]
+    path.write_text("\n".join(lines))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", default="8,64,256,512")
+    p.add_argument("--scale-sizes", default="64,256,512,1024")
+    p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "nsys-recipe-bench"))
+    p.add_argument("--no-compare", action="store_true")
+    p.add_argument("--no-synthetic", action="store_true")
+    p.add_argument("--no-scale", action="store_true")
+    p.add_argument("--no-dask", action="store_true")
+    p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
+    args = p.parse_args()
+
+    nsys = nsys_tool.find_nsys(required=True)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    raw = ROOT / "bench" / "results"
+    raw.mkdir(exist_ok=True)
+    log = raw / "commands.log"
+    log.write_text("")
+    jobs = os.cpu_count() or 1
+    env = {**os.environ, "NSYS": str(nsys.path), "PATH": str(BIN) + os.pathsep + os.environ.get("PATH", ""),
+           "XDG_CACHE_HOME": str(work / "cache-shared")}
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    scale_sizes = [int(s) for s in args.scale_sizes.split(",") if s]
+    cmp_rows = [] if args.no_compare else compare(work, env, str(nsys.path), sizes, jobs, log)
+    syn_rows = [] if args.no_synthetic else synthetic_rows(work, env, sizes, log)
+    scale_rows = [] if args.no_scale else scale(work, env, scale_sizes, log)
+    dask = [] if args.no_dask else dask_rows(work, env, 256, log)
+    for name, rows in [("compare", cmp_rows), ("synthetic", syn_rows), ("scale", scale_rows), ("dask", dask)]:
+        if rows:
+            (raw / f"{name}.json").write_text(json.dumps(rows, indent=1))
+    mem = psutil.virtual_memory().total / 2**30
+    meta = {"command": "python bench/bench.py " + shlex.join(sys.argv[1:]),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "memory_gb": round(mem),
+            "os": platform.platform(), "python": platform.python_version(), "nsys_version": nsys.version,
+            "nsys": "Debian non-free package, fetched by `nsys-recipe setup-nsys`", "jobs": jobs}
+    try:
+        meta["cpu"] = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                           if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    write_results(Path(args.results), meta, cmp_rows, syn_rows, scale_rows, dask)
+    print(f"wrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()
