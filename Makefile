@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 NSYS_VERSION ?= 2023.4
 DEMO_OUT ?= demo-output
 
-.PHONY: setup nsys nsys-2024 browser demo test lint lab clean
+.PHONY: setup nsys nsys-2024 browser demo test lint lab clean bench
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -38,6 +38,10 @@ browser:
 
 test: nsys nsys-2024 browser lint
 	$(BIN)/python -m pytest -q
+
+# The pack against Nsight Systems' built-in recipes, scale and Dask runs: writes bench/RESULTS.md (not a test).
+bench: nsys
+	$(BIN)/python bench/bench.py $(BENCH_ARGS)
 
 # JupyterLab on an output folder (default: the demo's): its notebooks run against the Parquet beside them.
 LAB_DIR ?= $(DEMO_OUT)
