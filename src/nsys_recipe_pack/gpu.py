@@ -20,6 +20,24 @@ PRIORITY = ["compute", "communication", "memcpy_htod", "memcpy_dtoh", "memcpy_dt
             "memcpy_other", "memset"]
 
 
+def call_key(df: pd.DataFrame) -> np.ndarray:
+    """(process, correlation id) as one integer, to join GPU work with the call that launched it.
+
+    pid < 2**24 and correlation ids < 2**32; a missing correlation id becomes -1 on both sides.
+    """
+    corr = pd.to_numeric(df["correlation_id"]).fillna(-1).to_numpy(np.int64)
+    return df["pid"].to_numpy(np.int64) * (1 << 33) + corr
+
+
+def gpu_intervals(rd) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end of every kernel, copy and memset, for when only the GPU's busy time matters."""
+    frames = [f for f in (rd.kernels, rd.memcpy, rd.memset) if f is not None and len(f)]
+    if not frames:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return (np.concatenate([f["start_ns"].to_numpy(np.int64) for f in frames]),
+            np.concatenate([f["end_ns"].to_numpy(np.int64) for f in frames]))
+
+
 def gpu_ops(rd) -> pd.DataFrame:
     """Columns: start_ns, end_ns, device, stream, correlation_id, pid, category, name, bytes, pageable."""
     frames = []

@@ -39,18 +39,26 @@ def split_into_windows(
 
 
 def union_length(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pd.Series:
-    """Total length of the union of intervals within each group (index = group value)."""
+    """Total length of the union of intervals within each group (index = group value, sorted)."""
     if len(starts) == 0:
         return pd.Series(dtype="int64")
-    df = pd.DataFrame({"g": group, "s": np.asarray(starts, np.int64), "e": np.asarray(ends, np.int64)})
-    df = df.sort_values(["g", "s"], kind="mergesort")
-    reach = df.groupby("g", sort=False)["e"].cummax()
-    prev_reach = reach.groupby(df["g"], sort=False).shift(1)
-    new_segment = prev_reach.isna() | (df["s"] > prev_reach)
-    seg_id = new_segment.cumsum()
-    segs = pd.DataFrame({"g": df["g"], "seg": seg_id, "s": df["s"], "e": df["e"]})
-    agg = segs.groupby(["g", "seg"], sort=False).agg(s=("s", "min"), e=("e", "max"))
-    return (agg["e"] - agg["s"]).groupby(level=0).sum().astype("int64")
+    groups, g = np.unique(np.asarray(group), return_inverse=True)
+    s = np.asarray(starts, np.int64)
+    e = np.asarray(ends, np.int64)
+    order = np.lexsort((s, g))
+    g, s, e = g[order], s[order], e[order]
+    # a running maximum of the ends that restarts with each group: on dense ranks of the ends, shifted
+    # by group so that every group's ranks lie above all earlier groups' ranks
+    values, rank = np.unique(e, return_inverse=True)
+    shift = g.astype(np.int64) * (len(values) + 1)
+    reach = values[np.maximum.accumulate(rank + shift) - shift]
+    new = np.ones(len(s), bool)
+    new[1:] = (g[1:] != g[:-1]) | (s[1:] > reach[:-1])
+    firsts = np.flatnonzero(new)
+    seg_len = reach[np.r_[firsts[1:] - 1, len(s) - 1]] - s[firsts]
+    seg_group = g[firsts]
+    group_first = np.flatnonzero(np.r_[True, seg_group[1:] != seg_group[:-1]])
+    return pd.Series(np.add.reduceat(seg_len, group_first), index=groups[seg_group[group_first]])
 
 
 def union_segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -48,8 +48,9 @@ TABLES = {
     "sync": {"CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": ["start", "end", "deviceId", "streamId", "correlationId",
                                                       "globalPid", "syncType"]},
 }
-ALWAYS = ["StringIds", "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV", "META_DATA_EXPORT",
-          "EXPORT_META_DATA", "PROCESSES"]
+# exported from every report: names, the clock, and the environment the rank is read from (a report made
+# by nsys is never synthetic, so the generator's META_DATA_EXPORT label is not needed from it)
+ALWAYS = ["StringIds", "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV"]
 MPI_PREFIX = "MPI_"
 
 RANK_ENV_KEYS = ["RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK"]
@@ -590,7 +591,7 @@ def _split_ranks(path: Path, frames: dict, meta: dict) -> list[RankData]:
 # the loaded frames of a cached report export, kept beside it as Arrow files: a warm run reads them
 # memory-mapped instead of decoding the export's Parquet and string ids again
 
-LOADED_FORMAT = 1  # bump when _read_frames changes what it returns
+LOADED_FORMAT = 2  # bump when _read_frames or the layout below changes
 
 
 def _loaded_dir(src: ExportSource, needs: set[str]) -> Path | None:
@@ -603,15 +604,35 @@ def _read_loaded(cache: Path) -> tuple[dict, dict] | None:
     try:
         meta = json.loads((cache / "meta.json").read_text())
         frames = {}
-        for attr, object_cols in meta.pop("frames").items():
+        for attr, dtypes in meta.pop("frames").items():
             table = feather.read_table(cache / f"{attr}.arrow", memory_map=True)
-            df = table.drop_columns(object_cols).to_pandas()
-            for col in object_cols:  # object columns stay object (pandas 3 would make them `str`)
-                df[col] = table.column(col).to_numpy(zero_copy_only=False)
-            frames[attr] = df[table.column_names]
+            frames[attr] = pd.DataFrame({c: _column_from_arrow(table.column(c), t) for c, t in dtypes.items()},
+                                        copy=False)
         return frames, meta
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _column_from_arrow(col: pa.ChunkedArray, dtype: str):
+    """A column back to exactly the pandas dtype it was written from, without pandas' generic conversion."""
+    col = col.combine_chunks()
+    if dtype in ("object", "str"):  # dictionary-encoded: index the few distinct strings, no new string per row
+        words = np.append(col.dictionary.to_numpy(zero_copy_only=False), None)
+        codes = col.indices.fill_null(-1).to_numpy()
+        return words[codes] if dtype == "object" else pd.array(words[codes], dtype="str")
+    if dtype == "Int64":
+        values = col.fill_null(0).to_numpy()
+        return pd.arrays.IntegerArray(values.astype(np.int64, copy=False), col.is_null().to_numpy(zero_copy_only=False))
+    return col.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+
+
+def _column_to_arrow(series: pd.Series) -> tuple[pa.Array, str]:
+    dtype = str(series.dtype)
+    if dtype in ("object", "str"):
+        return pa.array(series.to_numpy(object), type=pa.string(), from_pandas=True).dictionary_encode(), dtype
+    if dtype in ("int64", "Int64", "bool", "float64", "int32", "uint64"):
+        return pa.array(series, from_pandas=True), dtype
+    raise TypeError(f"no cached layout for dtype {dtype}")
 
 
 def _write_loaded(cache: Path, frames: dict, meta: dict) -> None:
@@ -619,13 +640,16 @@ def _write_loaded(cache: Path, frames: dict, meta: dict) -> None:
     try:
         doc = {**meta, "frames": {}}
         for attr, df in frames.items():
-            feather.write_feather(pa.Table.from_pandas(df, preserve_index=False), tmp / f"{attr}.arrow",
-                                  compression="uncompressed")
-            doc["frames"][attr] = [c for c in df.columns if df[c].dtype == object]
+            cols = {c: _column_to_arrow(df[c]) for c in df.columns}
+            table = pa.table({c: arr for c, (arr, _) in cols.items()})
+            feather.write_feather(table, tmp / f"{attr}.arrow", compression="uncompressed")
+            doc["frames"][attr] = {c: t for c, (_, t) in cols.items()}
         (tmp / "meta.json").write_text(json.dumps(doc))
         try:
             os.rename(tmp, cache)
         except OSError:  # another process wrote it first: theirs is the same
             pass
+    except TypeError:  # a column the layout does not cover: read from the export every time instead
+        pass
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -16,19 +16,23 @@ def stack_levels(ranges: pd.DataFrame) -> pd.Series:
     n = len(ranges)
     if n == 0:
         return pd.Series(dtype="int64")
-    ev = pd.DataFrame({
-        "tid": np.concatenate([ranges["tid"].to_numpy(), ranges["tid"].to_numpy()]),
-        "t": np.concatenate([ranges["start_ns"].to_numpy(), ranges["end_ns"].to_numpy()]),
-        # at equal times an end comes before a start; a longer range starts before a shorter one
-        "order": np.concatenate([np.ones(n, np.int64), np.zeros(n, np.int64)]),
-        "neg_len": np.concatenate([-(ranges["end_ns"] - ranges["start_ns"]).to_numpy(), np.zeros(n, np.int64)]),
-        "delta": np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64)]),
-        "row": np.concatenate([np.arange(n), np.full(n, -1)]),
-    }).sort_values(["tid", "t", "order", "neg_len"], kind="mergesort")
-    depth = ev.groupby("tid", sort=False)["delta"].cumsum()
-    starts = ev["row"].to_numpy() >= 0
+    tid = ranges["tid"].to_numpy(np.int64)
+    start, end = ranges["start_ns"].to_numpy(np.int64), ranges["end_ns"].to_numpy(np.int64)
+    ev_tid = np.concatenate([tid, tid])
+    ev_t = np.concatenate([start, end])
+    # at equal times an end comes before a start; a longer range starts before a shorter one
+    ev_order = np.concatenate([np.ones(n, np.int64), np.zeros(n, np.int64)])
+    ev_neg_len = np.concatenate([start - end, np.zeros(n, np.int64)])
+    ev_delta = np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64)])
+    ev_row = np.concatenate([np.arange(n), np.full(n, -1)])
+    o = np.lexsort((ev_neg_len, ev_order, ev_t, ev_tid))
+    # every range adds +1 and -1 on its own thread, so one running sum over the thread-sorted events
+    # equals a running sum per thread
+    depth = np.cumsum(ev_delta[o])
+    row = ev_row[o]
+    starts = row >= 0
     level = np.empty(n, np.int64)
-    level[ev["row"].to_numpy()[starts]] = depth.to_numpy()[starts] - 1
+    level[row[starts]] = depth[starts] - 1
     return pd.Series(level, index=ranges.index)
 
 
@@ -40,26 +44,24 @@ def innermost(ranges: pd.DataFrame, tid: np.ndarray, start: np.ndarray, end: np.
     r = ranges.reset_index(drop=True)
     lvl = stack_levels(r).to_numpy()
     n = len(r)
-    ev = pd.DataFrame({
-        "tid": np.concatenate([r["tid"].to_numpy(), r["tid"].to_numpy(), np.asarray(tid, np.int64)]),
-        "t": np.concatenate([r["start_ns"].to_numpy(), r["end_ns"].to_numpy(), np.asarray(start, np.int64)]),
-        "order": np.concatenate([np.zeros(n, np.int64), np.zeros(n, np.int64) - 1, np.ones(m, np.int64)]),
-        "delta": np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64), np.zeros(m, np.int64)]),
-        "q": np.concatenate([np.full(2 * n, -1), np.arange(m)]),
-    }).sort_values(["tid", "t", "order"], kind="mergesort")
-    depth = ev.groupby("tid", sort=False)["delta"].cumsum().to_numpy()
-    is_q = ev["q"].to_numpy() >= 0
+    tid = np.asarray(tid, np.int64)
+    r_tid = r["tid"].to_numpy(np.int64)
+    ev_tid = np.concatenate([r_tid, r_tid, tid])
+    ev_t = np.concatenate([r["start_ns"].to_numpy(np.int64), r["end_ns"].to_numpy(np.int64), np.asarray(start, np.int64)])
+    ev_order = np.concatenate([np.zeros(n, np.int64), np.zeros(n, np.int64) - 1, np.ones(m, np.int64)])
+    ev_delta = np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64), np.zeros(m, np.int64)])
+    ev_q = np.concatenate([np.full(2 * n, -1), np.arange(m)])
+    o = np.lexsort((ev_order, ev_t, ev_tid))
+    depth = np.cumsum(ev_delta[o])  # per thread, as in stack_levels
+    q_sorted = ev_q[o]
+    is_q = q_sorted >= 0
     q_depth = np.empty(m, np.int64)
-    q_depth[ev["q"].to_numpy()[is_q]] = depth[is_q]
-    queries = pd.DataFrame({"q": np.arange(m), "tid": np.asarray(tid, np.int64), "t": np.asarray(start, np.int64),
-                            "level": q_depth - 1}).sort_values("t", kind="mergesort")
-    cands = pd.DataFrame({"pos": np.arange(n), "tid": r["tid"].to_numpy(np.int64), "t": r["start_ns"].to_numpy(np.int64),
-                          "level": lvl}).sort_values("t", kind="mergesort")
-    hit = pd.merge_asof(queries, cands, on="t", by=["tid", "level"], direction="backward")
+    q_depth[q_sorted[is_q]] = depth[is_q]
+    pos = _asof_backward(tid, q_depth - 1, np.asarray(start, np.int64),
+                         r["tid"].to_numpy(np.int64), lvl, r["start_ns"].to_numpy(np.int64))
     out = np.full(m, -1, np.int64)
-    ok = hit["pos"].notna().to_numpy()
-    pos = hit["pos"].to_numpy()[ok].astype(np.int64)
-    q = hit["q"].to_numpy()[ok]
+    q = np.flatnonzero(pos >= 0)
+    pos = pos[q]
     contains = r["end_ns"].to_numpy()[pos] >= np.asarray(end, np.int64)[q]
     out[q[contains]] = pos[contains]
     return out
@@ -70,12 +72,28 @@ def parents(ranges: pd.DataFrame, levels: np.ndarray) -> np.ndarray:
     n = len(ranges)
     if n == 0:
         return np.zeros(0, np.int64)
-    q = pd.DataFrame({"q": np.arange(n), "tid": ranges["tid"].to_numpy(np.int64),
-                      "t": ranges["start_ns"].to_numpy(np.int64), "level": levels - 1}).sort_values("t", kind="mergesort")
-    c = pd.DataFrame({"pos": np.arange(n), "tid": ranges["tid"].to_numpy(np.int64),
-                      "t": ranges["start_ns"].to_numpy(np.int64), "level": levels}).sort_values("t", kind="mergesort")
-    hit = pd.merge_asof(q, c, on="t", by=["tid", "level"], direction="backward")
-    out = np.full(n, -1, np.int64)
-    ok = hit["pos"].notna().to_numpy()
-    out[hit["q"].to_numpy()[ok]] = hit["pos"].to_numpy()[ok].astype(np.int64)
+    tid, t = ranges["tid"].to_numpy(np.int64), ranges["start_ns"].to_numpy(np.int64)
+    return _asof_backward(tid, np.asarray(levels) - 1, t, tid, np.asarray(levels), t)
+
+
+def _asof_backward(q_tid, q_level, q_t, c_tid, c_level, c_t) -> np.ndarray:
+    """For each query, the candidate on the same thread and level with the latest start <= the query's time
+    (the last such candidate in input order on a tie), or -1: an as-of join on sorted integer keys."""
+    nq = len(q_t)
+    if nq == 0 or len(c_t) == 0:
+        return np.full(nq, -1, np.int64)
+    _, tid_code = np.unique(np.concatenate([q_tid, c_tid]), return_inverse=True)
+    levels = np.concatenate([q_level, c_level]).astype(np.int64) + 1  # queries may ask for level -1
+    group = tid_code.astype(np.int64) * (int(levels.max()) + 1) + levels
+    _, t_rank = np.unique(np.concatenate([q_t, c_t]), return_inverse=True)
+    span = int(t_rank.max()) + 1
+    key = group * span + t_rank  # group-major, then time: one sortable integer
+    q_key, c_key = key[:nq], key[nq:]
+    order = np.argsort(c_key, kind="stable")
+    at = np.searchsorted(c_key[order], q_key, side="right") - 1
+    out = np.full(nq, -1, np.int64)
+    ok = at >= 0
+    hit = order[at[ok]]
+    same = group[nq:][hit] == group[:nq][ok]
+    out[np.flatnonzero(ok)[same]] = hit[same]
     return out

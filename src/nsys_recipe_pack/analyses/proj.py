@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..gpu import gpu_ops
+from ..gpu import call_key as _call_key
 from ..intervals import union_length
 from ..iterations import closed_ranges
 from ..nvtx import innermost, parents, stack_levels
@@ -27,11 +27,10 @@ def map_rank(rd, options: dict) -> dict:
     n = len(r)
     levels = stack_levels(r).to_numpy() if n else np.zeros(0, np.int64)
     parent = parents(r, levels)
-    ops = gpu_ops(rd)
+    op_start, op_end, op_key = _gpu_ops(rd)
     rt = rd.runtime if rd.runtime is not None else pd.DataFrame(columns=["pid", "correlation_id", "tid",
                                                                           "start_ns", "end_ns"])
-    launched = ops.merge(rt[["pid", "correlation_id", "tid", "start_ns", "end_ns"]].rename(
-        columns={"start_ns": "call_start", "end_ns": "call_end"}), on=["pid", "correlation_id"], how="inner")
+    launched = _launches(op_start, op_end, op_key, rt)
     pos = innermost(r, launched["tid"].to_numpy(np.int64), launched["call_start"].to_numpy(np.int64),
                     launched["call_end"].to_numpy(np.int64))
     # every (op, enclosing range) pair: walk up the parent chain, one vectorised step per nesting level
@@ -60,18 +59,47 @@ def map_rank(rd, options: dict) -> dict:
         oi, ri = np.concatenate(op_idx), np.concatenate(rng_idx)
         s = launched["start_ns"].to_numpy(np.int64)[oi]
         e = launched["end_ns"].to_numpy(np.int64)[oi]
-        agg = pd.DataFrame({"r": ri, "s": s, "e": e}).groupby("r").agg(s=("s", "min"), e=("e", "max"), n=("s", "size"))
-        idx = agg.index.to_numpy()
-        gpu_start[idx] = agg["s"].to_numpy()
-        gpu_end[idx] = agg["e"].to_numpy()
-        count[idx] = agg["n"].to_numpy()
+        order = np.argsort(ri, kind="stable")
+        ri_sorted = ri[order]
+        firsts = np.flatnonzero(np.r_[True, ri_sorted[1:] != ri_sorted[:-1]])
+        idx = ri_sorted[firsts]
+        gpu_start[idx] = np.minimum.reduceat(s[order], firsts)
+        gpu_end[idx] = np.maximum.reduceat(e[order], firsts)
+        count[idx] = np.diff(np.r_[firsts, len(ri_sorted)])
         u = union_length(ri, s, e)
         busy[u.index.to_numpy()] = u.to_numpy()
     ranges["gpu_start_ns"] = gpu_start
     ranges["gpu_end_ns"] = gpu_end
     ranges["gpu_busy_ns"] = busy
     ranges["gpu_ops"] = count
-    return {"ranges": ranges, "unlinked_ops": int(len(ops) - len(launched))}
+    return {"ranges": ranges, "unlinked_ops": int(len(op_start) - len(launched))}
+
+
+def _gpu_ops(rd) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Start, end and (process, correlation id) key of every kernel, copy and memset."""
+    frames = [f for f in (rd.kernels, rd.memcpy, rd.memset) if f is not None and len(f)]
+    if not frames:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return (np.concatenate([f["start_ns"].to_numpy(np.int64) for f in frames]),
+            np.concatenate([f["end_ns"].to_numpy(np.int64) for f in frames]),
+            np.concatenate([_call_key(f) for f in frames]))
+
+
+def _launches(op_start, op_end, op_key, rt: pd.DataFrame) -> pd.DataFrame:
+    """Each GPU op with the thread and times of the runtime call that launched it (ops without one dropped)."""
+    rt_key = _call_key(rt) if len(rt) else np.zeros(0, np.int64)
+    index = pd.Index(rt_key)
+    if index.is_unique:
+        at = index.get_indexer(op_key)
+        ok = at >= 0
+        at = at[ok]
+        return pd.DataFrame({"start_ns": op_start[ok], "end_ns": op_end[ok],
+                             "tid": rt["tid"].to_numpy(np.int64)[at], "call_start": rt["start_ns"].to_numpy(np.int64)[at],
+                             "call_end": rt["end_ns"].to_numpy(np.int64)[at]})
+    ops = pd.DataFrame({"start_ns": op_start, "end_ns": op_end, "key": op_key})
+    calls = pd.DataFrame({"key": rt_key, "tid": rt["tid"].to_numpy(np.int64), "call_start": rt["start_ns"].to_numpy(np.int64),
+                          "call_end": rt["end_ns"].to_numpy(np.int64)})
+    return ops.merge(calls, on="key", how="inner")[["start_ns", "end_ns", "tid", "call_start", "call_end"]]
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
