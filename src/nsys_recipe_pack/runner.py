@@ -239,12 +239,25 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
     if mode == "dask-futures":
         return _run_dask(args, options, jobs)
     workers = max(1, min(jobs or os.cpu_count() or 1, len(files)))
+    # a few files per task: far fewer round trips to the workers than one task per file, and still
+    # several tasks per worker so that a slow file does not leave the other workers idle
+    per_task = max(1, min(16, len(args) // (4 * workers)))
+    chunks = [args[i:i + per_task] for i in range(0, len(args), per_task)]
     results: list = [None] * len(args)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(map_file, *a): i for i, a in enumerate(args)}
-        for fut in progress.iterate(as_completed(futures), total=len(futures), desc=recipe):
-            results[futures[fut]] = fut.result()
+        futures = {pool.submit(_map_files, chunk): i * per_task for i, chunk in enumerate(chunks)}
+        bar = progress.Counter(total=len(args), desc=recipe)
+        for fut in as_completed(futures):
+            first = futures[fut]
+            done = fut.result()
+            results[first:first + len(done)] = done
+            bar.advance(len(done))
+        bar.close()
     return results
+
+
+def _map_files(chunk: list[tuple]) -> list[list[dict]]:
+    return [map_file(*a) for a in chunk]
 
 
 def _run_dask(args: list[tuple], options: dict, jobs: int | None) -> list[list[dict]]:

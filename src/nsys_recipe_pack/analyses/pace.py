@@ -58,7 +58,7 @@ def map_rank(rd, options: dict) -> dict:
     })
     if len(pace):
         pace.loc[0, "delta_ns"] = pd.NA
-    return {"pace": pace, "delimiter": delimiter}
+    return {"pace": pace, "delimiter": delimiter, "stats": _stats(pace, -1)}
 
 
 def _stats(df: pd.DataFrame, rank: int) -> dict:
@@ -79,6 +79,8 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     pace["lag_ns"] = pace["start_aligned_ns"] - pace.groupby("iteration")["start_aligned_ns"].transform("min")
     pace = pace[["rank", "iteration", "kernel", "start_ns", "end_ns", "start_aligned_ns", "duration_ns", "delta_ns",
                  "lag_ns"]].sort_values(["rank", "iteration"], kind="mergesort").reset_index(drop=True)
-    stats = [_stats(g, int(r)) for r, g in pace.groupby("rank")] + [_stats(pace, -1)]
+    # per-rank statistics come from the map step (computed where the rank's rows are); -1 is all ranks
+    stats = sorted(({**r["stats"], "rank": int(r["rank"])} for r in per_rank), key=lambda d: d["rank"])
+    stats.append(_stats(pace, -1))
     stats = pd.DataFrame(stats).astype({"rank": "int64", "count": "int64", "min_ns": "Int64", "max_ns": "Int64"})
     return {"pace": pace, "stats": stats}
