@@ -228,7 +228,12 @@ class ExportSource:
         if self.kind == "sqlite":
             sel = ", ".join(f'"{c}"' for c in cols) or "*"
             return pd.read_sql_query(f'SELECT {sel} FROM "{table}"', self._con)
-        return pq.read_table(self.path / f"{table}.parquet", columns=cols).to_pandas()
+        tbl = pq.read_table(self.path / f"{table}.parquet", columns=cols)
+        # strings as plain Python objects (as from SQLite): the conversion to pandas' Arrow-backed `str`
+        # costs more than everything else in reading a table
+        return pd.DataFrame({name: col.to_numpy(zero_copy_only=False)
+                             if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) else col.to_pandas()
+                             for name, col in zip(tbl.column_names, tbl.columns, strict=True)})
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -354,8 +359,17 @@ def _strings(src: ExportSource) -> pd.Series:
 
 def _lookup(strings: pd.Series, ids: pd.Series) -> pd.Series:
     ids = pd.to_numeric(ids, errors="coerce")
-    out = pd.Series(strings.reindex(ids.fillna(-1).astype("int64").to_numpy()).to_numpy(), index=ids.index)
-    return out.astype(object)
+    idx = ids.fillna(-1).astype("int64").to_numpy()
+    keys = strings.index.to_numpy()
+    if len(keys) and keys.min() >= 0 and keys.max() < 4 * len(keys) + 1024:  # ids are (nearly) dense: an array
+        table = np.full(int(keys.max()) + 1, None, dtype=object)
+        table[keys] = strings.to_numpy(object)
+        ok = (idx >= 0) & (idx < len(table))
+        values = np.full(len(idx), None, dtype=object)
+        values[ok] = table[idx[ok]]
+    else:
+        values = strings.reindex(idx).to_numpy(object)
+    return pd.Series(values, index=ids.index, dtype=object)
 
 
 def _env(src: ExportSource) -> dict:
