@@ -11,7 +11,7 @@ DEMO_OUT ?= demo-output
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q -U pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,samples]'
 	touch $@
 
 setup: $(STAMP)

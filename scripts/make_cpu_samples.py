@@ -1,14 +1,14 @@
 """Make the pack's own real CPU-only multi-rank sample reports (sample_reports/cpu_ddp/).
 
-Runs scripts/cpu_ddp_train.py as WORLD_SIZE ranks on 127.0.0.1, each under its own `nsys profile`
-(NVTX trace only, so the files stay small), each in a clean environment (`env -i` with only what the
-job needs, because a report records the profiled process's environment). One rank is made slow on
-purpose; truth.json beside the reports says which, when and why.
+Runs scripts/cpu_ddp_train.py as WORLD_SIZE ranks on 127.0.0.1 with torchrun, through
+`nsys-recipe profile` (one `nsys profile` per rank, NVTX trace only so the files stay small, reports
+named by torchrun's RANK), in a clean environment (`env -i` with only what the job needs, because a
+report records the profiled process's environment). One rank is made slow on purpose; truth.json
+beside the reports says which, when and why.
 
-    python3.11 -m venv /tmp/samples-venv
-    /tmp/samples-venv/bin/pip install torch==2.13.0 nvtx==0.2.11
+    make setup                                   # the venv has torch 2.13.0 (CPU) and nvtx 0.2.11
     .venv/bin/nsys-recipe setup-nsys --version 2023.4 --with-host
-    .venv/bin/python scripts/make_cpu_samples.py --python /tmp/samples-venv/bin/python
+    .venv/bin/python scripts/make_cpu_samples.py
 """
 
 from __future__ import annotations
@@ -70,27 +70,21 @@ def main() -> None:
     home = Path(tempfile.mkdtemp(prefix="cpu-ddp-home-"))
     script = home / "cpu_ddp_train.py"
     shutil.copy(HERE / "cpu_ddp_train.py", script)
-    train = [args.python, str(script), "--steps", str(args.steps), "--slow-rank", str(args.slow_rank),
-             "--slow-iterations", args.slow_iterations, "--slow-ms", str(args.slow_ms)]
-    procs = []
+    torchrun = Path(args.python).with_name("torchrun")
+    job = [str(torchrun), "--nproc-per-node", str(args.ranks), "--master-addr", "127.0.0.1", "--master-port",
+           str(port), str(script), "--steps", str(args.steps), "--slow-rank", str(args.slow_rank),
+           "--slow-iterations", args.slow_iterations, "--slow-ms", str(args.slow_ms)]
+    # `nsys-recipe profile` runs nsys once per rank inside torchrun, naming each report by its RANK; the
+    # whole job runs in a clean environment, because every report records its process's environment
+    clean_env = ["PATH=/usr/bin:/bin", f"HOME={home}", "LANG=C.UTF-8", "HOSTNAME=node0"]
+    cmd = ["env", "-i", *clean_env, sys.executable, "-m", "nsys_recipe_pack.cli", "profile", "--output", str(out),
+           "--trace", "nvtx", "--nsys", str(nsys.path), "--force-overwrite", "--", *job]
+    print(" ".join(cmd), file=sys.stderr)
     started = time.time()
-    for rank in range(args.ranks):
-        env = {
-            "PATH": "/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8", "RANK": str(rank),
-            "LOCAL_RANK": str(rank), "WORLD_SIZE": str(args.ranks), "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port), "HOSTNAME": "node0",
-        }
-        cmd = [str(nsys.path), "profile", "-t", "nvtx", "-s", "none", "--cpuctxsw=none",
-               "--force-overwrite", "true", "-o", str(out / f"rank{rank}"), *train]
-        print(f"rank {rank}: {' '.join(cmd)}", file=sys.stderr)
-        procs.append(subprocess.Popen(["env", "-i", *(f"{k}={v}" for k, v in env.items()), *cmd], cwd=home,
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-    failed = False
-    for rank, proc in enumerate(procs):
-        text, _ = proc.communicate()
-        if proc.returncode != 0 or not (out / f"rank{rank}.nsys-rep").exists():
-            failed = True
-            print(f"rank {rank} failed (exit {proc.returncode}):\n{text[-3000:]}", file=sys.stderr)
+    res = subprocess.run(cmd, cwd=home, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    failed = res.returncode != 0 or any(not (out / f"rank{r}.nsys-rep").exists() for r in range(args.ranks))
+    if failed:
+        print(f"profiling failed (exit {res.returncode}):\n{res.stdout[-3000:]}", file=sys.stderr)
     shutil.rmtree(home, ignore_errors=True)
     for leftover in list(out.glob("*.qdstrm")) + list(out.glob("*.sqlite")):
         leftover.unlink()

@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 
 from . import analyses, nsys_tool, resources
-from .errors import EXIT_MISSING_TOOL, EXIT_USAGE, PackError, UsageError
+from .errors import EXIT_MISSING_TOOL, EXIT_USAGE, MissingToolError, PackError, UsageError
 
 MODES = ["none", "concurrent", "dask-futures"]
 
@@ -83,6 +83,23 @@ def build_parser() -> argparse.ArgumentParser:
     setup = sub.add_parser("setup-nsys", help="fetch Nsight Systems from Debian's non-free archive")
     setup.add_argument("--version", default=nsys_tool.DEFAULT_VERSION, choices=sorted(nsys_tool.RELEASES))
     setup.add_argument("--with-host", action="store_true", help="also the host side, needed to make reports")
+
+    prof = sub.add_parser("profile", help="profile every rank of a job into one report per rank: "
+                                          "nsys-recipe profile --output DIR -- LAUNCHER ...")
+    prof.add_argument("--output", required=True, help="folder for the reports (rank<N>.nsys-rep)")
+    prof.add_argument("--trace", default=None, metavar="LIST",
+                      help="nsys -t list (default cuda,nvtx,osrt; CUDA memory usage too where nsys supports it)")
+    prof.add_argument("--iterations", default=None, metavar="A-B",
+                      help="record only steps A to B (cudaProfilerApi capture range; drives Megatron-LM's "
+                           "--profile-step-start/--profile-step-end)")
+    prof.add_argument("--rank-var", default=None, metavar="VAR",
+                      help="environment variable holding the rank (default: RANK for torchrun, SLURM_PROCID for "
+                           "srun, OMPI_COMM_WORLD_RANK or PMI_RANK for mpirun)")
+    prof.add_argument("--nsys-args", default="", metavar="ARGS",
+                      help="more `nsys profile` options, one string; they replace the pack's own where they overlap")
+    prof.add_argument("--dry-run", action="store_true", help="print the exact command and run nothing")
+    prof.add_argument("--force-overwrite", action="store_true", help="write into a non-empty --output")
+    prof.add_argument("--nsys", default=None)
 
     worker = sub.add_parser("dask-worker", help="a Dask worker that can run the pack's and NVIDIA's recipes")
     worker.add_argument("address", metavar="ADDRESS", help="the scheduler, e.g. tcp://node0:8786")
@@ -251,6 +268,38 @@ def cmd_dask_worker(args) -> int:
     os.execve(sys.executable, argv, env)
 
 
+def cmd_profile(args) -> int:
+    import shlex
+
+    from . import launch
+
+    job = getattr(args, "job", None) or []
+    if not job:
+        raise UsageError("no job to profile: put the launch command after --, e.g. "
+                         "nsys-recipe profile --output prof -- torchrun --nproc-per-node 8 train.py")
+    nsys = nsys_tool.find_nsys(args.nsys)
+    output = Path(args.output).absolute()
+    plan = launch.plan_profile(job, output, str(nsys.path), trace=args.trace,
+                               iterations=launch.parse_iterations(args.iterations), force=args.force_overwrite,
+                               rank_var=args.rank_var, nsys_args=shlex.split(args.nsys_args),
+                               cuda_memory=launch.supports_cuda_memory_usage(str(nsys.path)))
+    for note in plan.notes:
+        print(f"nsys-recipe: note: {note}", file=sys.stderr)
+    if args.dry_run:
+        print(plan.command_line)
+        return 0
+    if not (nsys.target_dir.parent / "host-linux-x64" / "QdstrmImporter").exists():
+        raise MissingToolError(f"{nsys.path}: this nsys has no host side, so it cannot make reports; "
+                               "run `nsys-recipe setup-nsys --with-host` or pass --nsys with a full install")
+    launch.check_output_dir(output, args.force_overwrite)
+    reports = launch.run_profile(plan, output, log=lambda m: print(f"nsys-recipe: {m}", file=sys.stderr, flush=True))
+    print(f"{len(reports)} report(s) in {output}:")
+    for r in reports:
+        print(f"  {r.name}")
+    print(f"next: nsys-recipe run --name straggler_heatmap {shlex.quote(str(output))}")
+    return 0
+
+
 def cmd_synth(args) -> int:
     from . import synth
 
@@ -258,7 +307,7 @@ def cmd_synth(args) -> int:
 
 
 COMMANDS = {"list": cmd_list, "run": cmd_run, "diff": cmd_diff, "report": cmd_report, "doctor": cmd_doctor, "setup-nsys": cmd_setup, "synth": cmd_synth,
-            "dask-worker": cmd_dask_worker}
+            "dask-worker": cmd_dask_worker, "profile": cmd_profile}
 
 
 def _terminated(signum, frame):
@@ -269,7 +318,14 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _terminated)
     try:
+        argv = list(sys.argv[1:] if argv is None else argv)
+        job = None
+        if argv[:1] == ["profile"] and "--" in argv:  # everything after -- is the job, untouched
+            cut = argv.index("--")
+            argv, job = argv[:cut], argv[cut + 1:]
         args = build_parser().parse_args(argv)
+        if job is not None:
+            args.job = job
         return COMMANDS[args.command](args)
     except PackError as exc:
         print(f"nsys-recipe: error: {exc}", file=sys.stderr)
