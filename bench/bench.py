@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import shlex
 import shutil
 import socket
@@ -118,26 +119,33 @@ def builtin_cmd(nsys: str, name: str, args: list[str], inputs: Path, out: Path, 
     return [nsys, "recipe", name, "--input", str(inputs), "--output", str(out), "--force-overwrite", *args]
 
 
-def compare(work: Path, env: dict, nsys: str, sizes: list[int], jobs: int, log: Path) -> list[dict]:
+def compare(work: Path, env: dict, nsys: str, sizes: list[int], jobs: int, log: Path, repeat: int = 1,
+            only: set | None = None) -> list[dict]:
+    """Each pair cold then warm, `repeat` times (a fresh cache and no built-in exports before each cold run)."""
     rows = []
     for n in sizes:
         inputs = real_set(work, n)
         for recipe, args, builtin, bargs in PAIRS:
-            cache = work / f"cache-{n}-{recipe}"
-            shutil.rmtree(cache, ignore_errors=True)
-            penv = {**env, "XDG_CACHE_HOME": str(cache)}
-            out = work / "out" / f"{recipe}-{n}"
-            for state in ("cold", "warm"):
-                r = measure(pack_cmd(recipe, args, inputs, out), penv, log)
-                rows.append({"ranks": n, "tool": "pack", "recipe": recipe, "state": state, **r})
-                print(f"{n:>5} {recipe:<22} pack    {state}: {r['wall_s']:7.2f} s {r['peak_mb']:6} MB", flush=True)
-            clear_builtin_exports(inputs)
-            for state in ("cold", "warm"):
-                r = measure(builtin_cmd(nsys, builtin, bargs, inputs, work / "out" / f"{builtin}-{n}", jobs), env, log)
-                rows.append({"ranks": n, "tool": "built-in", "recipe": builtin, "pair": recipe, "state": state, **r})
-                print(f"{n:>5} {builtin:<22} nsys    {state}: {r['wall_s']:7.2f} s {r['peak_mb']:6} MB", flush=True)
-            clear_builtin_exports(inputs)
-            shutil.rmtree(cache, ignore_errors=True)
+            if only and recipe not in only:
+                continue
+            for rep in range(repeat):
+                cache = work / f"cache-{n}-{recipe}"
+                shutil.rmtree(cache, ignore_errors=True)
+                penv = {**env, "XDG_CACHE_HOME": str(cache)}
+                out = work / "out" / f"{recipe}-{n}"
+                for state in ("cold", "warm"):
+                    r = measure(pack_cmd(recipe, args, inputs, out), penv, log)
+                    rows.append({"ranks": n, "tool": "pack", "recipe": recipe, "state": state, "rep": rep, **r})
+                    print(f"{n:>5} {recipe:<22} pack    {state}: {r['wall_s']:7.2f} s {r['peak_mb']:6} MB", flush=True)
+                clear_builtin_exports(inputs)
+                for state in ("cold", "warm"):
+                    r = measure(builtin_cmd(nsys, builtin, bargs, inputs, work / "out" / f"{builtin}-{n}", jobs),
+                                env, log)
+                    rows.append({"ranks": n, "tool": "built-in", "recipe": builtin, "pair": recipe, "state": state,
+                                 "rep": rep, **r})
+                    print(f"{n:>5} {builtin:<22} nsys    {state}: {r['wall_s']:7.2f} s {r['peak_mb']:6} MB", flush=True)
+                clear_builtin_exports(inputs)
+                shutil.rmtree(cache, ignore_errors=True)
     return rows
 
 
@@ -241,21 +249,25 @@ def write_results(path: Path, meta: dict, cmp_rows, syn_rows, scale_rows, dask) 
              "again, exports in place.", ""]
     if cmp_rows:
         df = pd.DataFrame(cmp_rows)
+        df["pair"] = df["pair"].fillna(df["recipe"]) if "pair" in df else df["recipe"]
+        reps = int(df["rep"].max()) + 1 if "rep" in df else 1
+        med = (df.groupby(["ranks", "tool", "pair", "state"], sort=False)
+                 .agg(recipe=("recipe", "first"), wall_s=("wall_s", "median"), peak_mb=("peak_mb", "median"),
+                      ok=("ok", "all")).reset_index())
         lines += ["## The pack against the nearest built-in (real reports, replicated)", "",
                   f"Inputs: the {len(list(REAL_SOURCE.glob('*.qdrep')))} MPI Jacobi reports in "
-                  f"`{REAL_SOURCE.relative_to(ROOT)}` hard-linked as `rank0000.qdrep` ... (real profiles).", "",
+                  f"`{REAL_SOURCE.relative_to(ROOT)}` hard-linked as `rank0000.qdrep` ... (real profiles)."
+                  + (f" Each time is the median of {reps} runs." if reps > 1 else " One run each."), "",
                   "| ranks | pack recipe | built-in | state | pack s | built-in s | speed-up | pack MB | built-in MB |",
                   "|---:|---|---|---|---:|---:|---:|---:|---:|"]
-        for (n, recipe, state), g in df.groupby(["ranks", "recipe", "state"], sort=False):
-            if (g["tool"] != "pack").any():
+        for (n, pair, state), g in med.groupby(["ranks", "pair", "state"], sort=False):
+            pk, bi = g[g["tool"] == "pack"], g[g["tool"] == "built-in"]
+            if pk.empty or bi.empty:
                 continue
-            b = df[(df["ranks"] == n) & (df["tool"] == "built-in") & (df["pair"] == recipe) & (df["state"] == state)]
-            if b.empty:
-                continue
-            p, b = g.iloc[0], b.iloc[0]
+            p, b = pk.iloc[0], bi.iloc[0]
             flag = "" if p["ok"] and b["ok"] else " (failed: see log)"
-            lines.append(f"| {n} | {recipe} | {b['recipe']} | {state} | {p['wall_s']:.2f} | {b['wall_s']:.2f} | "
-                         f"{b['wall_s'] / max(p['wall_s'], 1e-9):.2f}x{flag} | {p['peak_mb']} | {b['peak_mb']} |")
+            lines.append(f"| {n} | {pair} | {b['recipe']} | {state} | {p['wall_s']:.2f} | {b['wall_s']:.2f} | "
+                         f"{b['wall_s'] / max(p['wall_s'], 1e-9):.2f}x{flag} | {p['peak_mb']:.0f} | {b['peak_mb']:.0f} |")
         lines.append("")
     if syn_rows:
         lines += ["## The pack on SYNTHETIC exports (50 iterations per rank)", "",
@@ -275,9 +287,32 @@ def write_results(path: Path, meta: dict, cmp_rows, syn_rows, scale_rows, dask) 
                   "| workers | s | client-side peak MB |", "|---|---:|---:|"]
         lines += [f"| {r['workers']} | {r['wall_s']:.2f} | {r['peak_mb']} |" for r in dask]
         lines.append("")
-    lines += ["## Commands", "", "Every command run, in order, is in `bench/results/commands.log` with its output; "
-              "the raw numbers are in `bench/results/*.json`.", ""]
+    raw = meta["raw"]
+    lines += ["## Commands", "", f"Every command run, in order, is in `{raw}/commands.log` with its output; "
+              f"the raw numbers are in `{raw}/*.json`.", ""]
     path.write_text("\n".join(lines))
+
+
+def trim_log(log: Path) -> None:
+    """Keep the commands and what they printed, without per-report progress and export chatter."""
+    noise = re.compile(r"^(\S+: \d+/\d+ done|INFO: Exporting |Processing \[|Generating SQLite|\s*$)")
+    log.write_text("".join(ln for ln in log.read_text().splitlines(keepends=True) if not noise.match(ln)))
+
+
+def machine_meta(nsys, jobs: int, raw: Path) -> dict:
+    mem = psutil.virtual_memory().total / 2**30
+    meta = {"command": "python bench/bench.py " + shlex.join(sys.argv[1:]),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "memory_gb": round(mem),
+            "os": platform.platform(), "python": platform.python_version(), "nsys_version": nsys.version,
+            "nsys": "Debian non-free package, fetched by `nsys-recipe setup-nsys`", "jobs": jobs,
+            "raw": os.path.relpath(raw, ROOT)}
+    try:
+        meta["cpu"] = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                           if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return meta
 
 
 def main() -> None:
@@ -290,13 +325,27 @@ def main() -> None:
     p.add_argument("--no-scale", action="store_true")
     p.add_argument("--no-dask", action="store_true")
     p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
+    p.add_argument("--raw", default=str(ROOT / "bench" / "results"), help="folder for the raw numbers and the log")
+    p.add_argument("--repeat", type=int, default=1, help="runs per measurement in the comparison (median)")
+    p.add_argument("--pairs", default="", help="only these pack recipes in the comparison (comma list)")
+    p.add_argument("--render-only", action="store_true", help="rewrite --results from the raw numbers in --raw")
     args = p.parse_args()
 
+    if args.render_only:
+        raw = Path(args.raw)
+        rows = {n: json.loads((raw / f"{n}.json").read_text()) if (raw / f"{n}.json").exists() else []
+                for n in ("compare", "synthetic", "scale", "dask")}
+        meta = (json.loads((raw / "meta.json").read_text()) if (raw / "meta.json").exists()
+                else machine_meta(nsys_tool.find_nsys(required=True), os.cpu_count() or 1, raw))
+        write_results(Path(args.results), meta, rows["compare"],
+                      rows["synthetic"], rows["scale"], rows["dask"])
+        print(f"wrote {args.results}")
+        return
     nsys = nsys_tool.find_nsys(required=True)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    raw = ROOT / "bench" / "results"
-    raw.mkdir(exist_ok=True)
+    raw = Path(args.raw)
+    raw.mkdir(parents=True, exist_ok=True)
     log = raw / "commands.log"
     log.write_text("")
     jobs = os.cpu_count() or 1
@@ -304,24 +353,17 @@ def main() -> None:
            "XDG_CACHE_HOME": str(work / "cache-shared")}
     sizes = [int(s) for s in args.sizes.split(",") if s]
     scale_sizes = [int(s) for s in args.scale_sizes.split(",") if s]
-    cmp_rows = [] if args.no_compare else compare(work, env, str(nsys.path), sizes, jobs, log)
+    only = {x for x in args.pairs.split(",") if x} or None
+    cmp_rows = [] if args.no_compare else compare(work, env, str(nsys.path), sizes, jobs, log, args.repeat, only)
     syn_rows = [] if args.no_synthetic else synthetic_rows(work, env, sizes, log)
     scale_rows = [] if args.no_scale else scale(work, env, scale_sizes, log)
     dask = [] if args.no_dask else dask_rows(work, env, 256, log)
     for name, rows in [("compare", cmp_rows), ("synthetic", syn_rows), ("scale", scale_rows), ("dask", dask)]:
         if rows:
             (raw / f"{name}.json").write_text(json.dumps(rows, indent=1))
-    mem = psutil.virtual_memory().total / 2**30
-    meta = {"command": "python bench/bench.py " + shlex.join(sys.argv[1:]),
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(), "memory_gb": round(mem),
-            "os": platform.platform(), "python": platform.python_version(), "nsys_version": nsys.version,
-            "nsys": "Debian non-free package, fetched by `nsys-recipe setup-nsys`", "jobs": jobs}
-    try:
-        meta["cpu"] = next(ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                           if ln.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    trim_log(log)
+    meta = machine_meta(nsys, jobs, raw)
+    (raw / "meta.json").write_text(json.dumps(meta, indent=1))
     write_results(Path(args.results), meta, cmp_rows, syn_rows, scale_rows, dask)
     print(f"wrote {args.results}")
 

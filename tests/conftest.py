@@ -1,5 +1,6 @@
 import os
 import shutil
+import socket
 from pathlib import Path
 
 import pytest
@@ -42,3 +43,10 @@ def mpi_copy(tmp_path):
     dest = tmp_path / "mpi"
     shutil.copytree(MPI_SET, dest)
     return dest
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (for schedulers and rendezvous the tests start)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -7,7 +7,6 @@ as a local run, and everything the test started must be gone afterwards.
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,16 +14,11 @@ from pathlib import Path
 
 import distributed
 import pytest
-from conftest import MPI_SET
+from conftest import MPI_SET, free_port
 from test_cli import assert_same_tables, cli
 
 ARGS = ["--iteration-kernel", "jacobi_kernel"]
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _start(argv: list[str], log: Path) -> subprocess.Popen:
@@ -45,7 +39,7 @@ def _stop(procs: list[subprocess.Popen]) -> None:
 
 @pytest.fixture()
 def cluster(tmp_path):
-    port = _free_port()
+    port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     exe = Path(sys.executable).with_name("nsys-recipe")
     scheduler = _start([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
@@ -101,7 +95,7 @@ def test_straggler_heatmap_on_a_real_dask_cluster(nsys, cluster, tmp_path):
 
 
 def test_unreachable_scheduler_is_one_line_exit_4(tmp_path):
-    port = _free_port()
+    port = free_port()
     res = cli("run", "--name", "straggler_heatmap", "--engine", "pack", "--mode", "dask-futures", "--dask-scheduler",
               f"tcp://127.0.0.1:{port}", "--output", str(tmp_path / "o"), *ARGS, str(MPI_SET))
     assert res.returncode == 4, res.stderr

@@ -1,13 +1,12 @@
 """`nsys-recipe profile`: the commands it builds for each launcher, and a real 4-rank torchrun job."""
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ROOT
+from conftest import ROOT, free_port
 
 from nsys_recipe_pack import launch
 from nsys_recipe_pack.errors import UsageError
@@ -96,18 +95,13 @@ def test_unknown_launcher_option_with_a_value_is_a_clear_error():
         plan(["torchrun", "--nproc-per-node", "2"])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_real_four_rank_torchrun_job_through_profile(nsys, tmp_path):
     """gloo on 127.0.0.1, rank 1 slowed down in steps 4-7; the ranks come from the recorded environment."""
     exe = Path(sys.executable).with_name("nsys-recipe")
     torchrun = Path(sys.executable).with_name("torchrun")
     out = tmp_path / "prof"
-    job = [str(torchrun), "--nproc-per-node", "4", "--master-addr", "127.0.0.1", "--master-port", str(_free_port()),
+    job = [str(torchrun), "--nproc-per-node", "4", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
            str(ROOT / "scripts" / "cpu_ddp_train.py"), "--steps", "12", "--slow-rank", "1", "--slow-iterations",
            "4-7", "--slow-ms", "40", "--batch", "64", "--hidden", "128"]
     dry = subprocess.run([str(exe), "profile", "--output", str(out), "--dry-run", "--", *job],
