@@ -293,15 +293,12 @@ def _import_distributed():
     return distributed
 
 
-def dask_env(env: dict, options: dict) -> dict:
+def dask_env(env: dict, address: str | None) -> dict:
     """Point `nsys recipe --mode dask-futures` at a scheduler through Dask's own configuration.
 
     nsys 2023.4 turns every NSYS_DASK_* value into True, so the address cannot go that way.
     """
-    address = options.get("_dask_scheduler")
-    if address:
-        env = {**env, "DASK_SCHEDULER_ADDRESS": address}
-    return env
+    return {**env, "DASK_SCHEDULER_ADDRESS": address} if address else env
 
 
 def _name_analysis_file(staged: Path, out: Path) -> None:
@@ -325,7 +322,7 @@ def framework_argv(recipe: str, options: dict) -> list[str]:
 def run_framework_engine(recipe: str, files: list[Path], argv_options: list[str], mode: str,
                          nsys: nsys_tool.Nsys, staged: Path, dask_scheduler: str | None = None) -> None:
     """Run through `nsys recipe` with the pack's recipes on NSYS_RECIPE_PATH into `staged`."""
-    env = dask_env(nsys_tool.recipe_env(nsys, resources.recipes_dir()), {"_dask_scheduler": dask_scheduler})
+    env = dask_env(nsys_tool.recipe_env(nsys, resources.recipes_dir()), dask_scheduler)
     cmd = [str(nsys.path), "recipe", recipe, "--mode", mode, "--output", str(staged),
            "--input", *[str(f) for f in files], *argv_options]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -412,7 +409,7 @@ def run_builtin(name: str, inputs: list[str], output: str | None, *, force: bool
     try:
         res = subprocess.run([str(nsys.path), "recipe", name, "--mode", mode, "--output", str(staged), "--input",
                               *[str(f) for f in files]],
-                             env=dask_env(nsys_tool.recipe_env(nsys), {"_dask_scheduler": dask_scheduler}),
+                             env=dask_env(nsys_tool.recipe_env(nsys), dask_scheduler),
                              capture_output=True,
                              text=True)
         if res.returncode != 0 or not staged.exists():
