@@ -12,10 +12,16 @@ import pytest
 from conftest import CPU_SET, MPI_SET
 
 
+def _as_in_a_terminal():
+    # a job started in the background by a non-interactive shell (as CI may run the tests) inherits SIGINT
+    # ignored, and Python then never raises KeyboardInterrupt; a user's Ctrl-C comes with the default action
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(args, cwd, env=None):
     exe = Path(sys.executable).with_name("nsys-recipe")
     return subprocess.Popen([str(exe), *args], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env)
+                            env=env, preexec_fn=_as_in_a_terminal)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
