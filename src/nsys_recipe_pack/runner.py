@@ -409,9 +409,7 @@ def run_builtin(name: str, inputs: list[str], output: str | None, *, force: bool
     try:
         res = subprocess.run([str(nsys.path), "recipe", name, "--mode", mode, "--output", str(staged), "--input",
                               *[str(f) for f in files]],
-                             env=dask_env(nsys_tool.recipe_env(nsys), dask_scheduler),
-                             capture_output=True,
-                             text=True)
+                             env=dask_env(nsys_tool.recipe_env(nsys), dask_scheduler), capture_output=True, text=True)
         if res.returncode != 0 or not staged.exists():
             tail = [ln for ln in (res.stderr + res.stdout).strip().splitlines() if ln.strip()][-1:] or ["no output"]
             raise BadInputError(f"`nsys recipe {name}` produced no output (exit {res.returncode}): {tail[0].strip()}")
