@@ -1,5 +1,6 @@
 """`nsys-recipe profile`: the commands it builds for each launcher, and a real 4-rank torchrun job."""
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -109,10 +110,15 @@ def test_real_four_rank_torchrun_job_through_profile(nsys, tmp_path):
     assert dry.returncode == 0, dry.stderr
     assert "--no-python" in dry.stdout and "rank%q{RANK}" in dry.stdout and not out.exists()
 
-    # NVTX only: on this CPU-only machine nsys 2023.4 with osrt tracing aborts now and then when several
-    # ranks start at once ("terminate called without an active exception"); the defaults are checked above
-    res = subprocess.run([str(exe), "profile", "--output", str(out), "--trace", "nvtx", "--", *job],
-                         capture_output=True, text=True, timeout=600)
+    # On this GPU-less machine nsys 2023.4 now and then aborts in one rank when several start at once
+    # ("terminate called without an active exception", more often with osrt traced): only that abort of
+    # nsys itself is retried, at most twice; anything else fails at once
+    for _ in range(3):
+        res = subprocess.run([str(exe), "profile", "--output", str(out), "--trace", "nvtx", "--", *job],
+                             capture_output=True, text=True, timeout=600)
+        if res.returncode == 0 or "terminate called without an active exception" not in res.stderr:
+            break
+        shutil.rmtree(out)
     assert res.returncode == 0, res.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == [f"rank{r}.nsys-rep" for r in range(4)]
 
