@@ -215,9 +215,8 @@ def cmd_doctor(args) -> int:
         print(f"nsys: {nsys.path} (version {nsys.version}, found via {nsys.source})")
         framework = nsys.recipe_python_path()
         print(f"  recipe framework: {framework / 'nsys_recipe' if framework else 'missing'}")
-        host = nsys.target_dir.parent / "host-linux-x64" / "QdstrmImporter"
-        print(f"  host side (needed to make reports): {'present' if host.exists() else 'missing'}"
-              + ("" if host.exists() else " -> nsys-recipe setup-nsys --with-host"))
+        print(f"  host side (needed to make reports): {'present' if nsys.has_host_side else 'missing'}"
+              + ("" if nsys.has_host_side else " -> nsys-recipe setup-nsys --with-host"))
     except PackError as exc:
         ok = False
         print(f"nsys: not found -> nsys-recipe setup-nsys ({exc})")
@@ -247,9 +246,9 @@ def cmd_setup(args) -> int:
 
 def cmd_dask_worker(args) -> int:
     """Start `dask worker` with nsys_recipe and the pack's recipes importable, as `nsys recipe` tasks need."""
-    from .runner import _import_distributed
+    from .runner import import_distributed
 
-    _import_distributed()
+    import_distributed()
     paths = [str(resources.recipes_dir())]
     nsys = nsys_tool.find_nsys(args.nsys, required=False)
     if nsys is not None and nsys.recipe_python_path() is not None:
@@ -288,7 +287,7 @@ def cmd_profile(args) -> int:
     if args.dry_run:
         print(plan.command_line)
         return 0
-    if not (nsys.target_dir.parent / "host-linux-x64" / "QdstrmImporter").exists():
+    if not nsys.has_host_side:
         raise MissingToolError(f"{nsys.path}: this nsys has no host side, so it cannot make reports; "
                                "run `nsys-recipe setup-nsys --with-host` or pass --nsys with a full install")
     launch.check_output_dir(output, args.force_overwrite)

@@ -514,15 +514,13 @@ def load_file(path: Path, needs: set[str], nsys_path: str | None = None) -> list
     """Read one input and split it into ranks (one per process that did GPU work, or NVTX work)."""
     src = open_source(path, needs, nsys_path)
     cache = _loaded_dir(src, needs)
-    loaded = _read_loaded(cache) if cache is not None else None
-    if loaded is None:
-        try:
+    try:
+        loaded = _read_loaded(cache) if cache is not None else None
+        if loaded is None:
             loaded = _read_frames(src, needs, path)
-        finally:
-            src.close()
-        if cache is not None:
-            _write_loaded(cache, *loaded)
-    else:
+            if cache is not None:
+                _write_loaded(cache, *loaded)
+    finally:
         src.close()
     return _split_ranks(path, *loaded)
 

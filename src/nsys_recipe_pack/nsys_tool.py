@@ -65,6 +65,11 @@ class Nsys:
     def target_dir(self) -> Path:
         return self.path.resolve().parent
 
+    @property
+    def has_host_side(self) -> bool:
+        """Whether this install can make reports (the host side turns a capture into .nsys-rep)."""
+        return (self.target_dir.parent / "host-linux-x64" / "QdstrmImporter").exists()
+
     def recipe_python_path(self) -> Path | None:
         p = self.target_dir / "python" / "packages"
         return p if (p / "nsys_recipe").is_dir() else None

@@ -262,7 +262,7 @@ def _map_files(chunk: list[tuple]) -> list[list[dict]]:
 
 def _run_dask(args: list[tuple], options: dict, jobs: int | None) -> list[list[dict]]:
     """Map on a Dask cluster: the one at --dask-scheduler, else a local one with `jobs` worker processes."""
-    distributed = _import_distributed()
+    distributed = import_distributed()
     address = options.get("_dask_scheduler")
     if address:
         try:
@@ -284,7 +284,7 @@ def _run_dask(args: list[tuple], options: dict, jobs: int | None) -> list[list[d
     return results
 
 
-def _import_distributed():
+def import_distributed():
     try:
         import distributed
     except ImportError:

@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..gpu import call_key as _call_key
+from ..gpu import gpu_frames, gpu_intervals
 from ..intervals import union_length
 from ..iterations import closed_ranges
 from ..nvtx import innermost, parents, stack_levels
@@ -27,7 +28,8 @@ def map_rank(rd, options: dict) -> dict:
     n = len(r)
     levels = stack_levels(r).to_numpy() if n else np.zeros(0, np.int64)
     parent = parents(r, levels)
-    op_start, op_end, op_key = _gpu_ops(rd)
+    op_start, op_end = gpu_intervals(rd)
+    op_key = np.concatenate([_call_key(f) for f in gpu_frames(rd)]) if len(op_start) else np.zeros(0, np.int64)
     rt = rd.runtime if rd.runtime is not None else pd.DataFrame(columns=["pid", "correlation_id", "tid",
                                                                           "start_ns", "end_ns"])
     launched = _launches(op_start, op_end, op_key, rt)
@@ -73,16 +75,6 @@ def map_rank(rd, options: dict) -> dict:
     ranges["gpu_busy_ns"] = busy
     ranges["gpu_ops"] = count
     return {"ranges": ranges, "unlinked_ops": int(len(op_start) - len(launched))}
-
-
-def _gpu_ops(rd) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Start, end and (process, correlation id) key of every kernel, copy and memset."""
-    frames = [f for f in (rd.kernels, rd.memcpy, rd.memset) if f is not None and len(f)]
-    if not frames:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return (np.concatenate([f["start_ns"].to_numpy(np.int64) for f in frames]),
-            np.concatenate([f["end_ns"].to_numpy(np.int64) for f in frames]),
-            np.concatenate([_call_key(f) for f in frames]))
 
 
 def _launches(op_start, op_end, op_key, rt: pd.DataFrame) -> pd.DataFrame:

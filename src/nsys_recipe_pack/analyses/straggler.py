@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ..gpu import gpu_intervals
 from ..intervals import split_into_windows, union_length
 from ..iterations import DEFAULT_SYNC_RE, NCCL_KERNEL_RE, closed_ranges, find_iterations, sync_points
 
@@ -56,12 +57,8 @@ def map_rank(rd, options: dict) -> dict:
     components = []  # (iteration, component, ns)
     gpu_busy = None
     if rd.has_cuda:
-        gpu = [f for f in (rd.kernels, rd.memcpy, rd.memset) if f is not None and len(f)]
-        if gpu:
-            g = pd.concat([f[["start_ns", "end_ns"]] for f in gpu], ignore_index=True)
-            gpu_busy = _windowed_union(ws, we, g["start_ns"].to_numpy(), g["end_ns"].to_numpy(), n)
-        else:
-            gpu_busy = np.zeros(n, np.int64)
+        op_start, op_end = gpu_intervals(rd)
+        gpu_busy = _windowed_union(ws, we, op_start, op_end, n) if len(op_start) else np.zeros(n, np.int64)
         if rd.kernels is not None and len(rd.kernels):
             comp = rd.kernels[~rd.kernels["name"].str.contains(NCCL_KERNEL_RE, na=False)]
             components.append(("gpu_compute", _windowed_union(ws, we, comp["start_ns"].to_numpy(),
