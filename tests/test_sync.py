@@ -72,7 +72,7 @@ def test_gpu_idle_while_blocked_by_hand():
                          "name": ["step"], "domain": [""], "tid": [7], "pid": [1]})
     rd = RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx, kernels=k, runtime=rt, has_cuda=True)
     res = sync.map_rank(rd, {})
-    call = res["calls"].iloc[0]
+    call = res["calls"].to_pandas().iloc[0]  # an Arrow table, one per rank
     assert call["kind"] == "device" and call["nvtx_range"] == "step"
     assert call["gpu_idle_ns"] == 20 * MS - (5 + 2) * MS
     out = sync.reduce([{**res, "rank": 0, "offset_ns": 0}], {})

@@ -25,6 +25,8 @@ def call_key(df: pd.DataFrame) -> np.ndarray:
 
     pid < 2**24 and correlation ids < 2**32; a missing correlation id becomes -1 on both sides.
     """
+    if not isinstance(df, pd.DataFrame):  # a loader Frame
+        return df.values("pid") * (1 << 33) + df.values("correlation_id", fill=-1)
     corr = pd.to_numeric(df["correlation_id"]).fillna(-1).to_numpy(np.int64)
     return df["pid"].to_numpy(np.int64) * (1 << 33) + corr
 
@@ -36,11 +38,11 @@ def gpu_frames(rd) -> list[pd.DataFrame]:
 
 def gpu_intervals(rd) -> tuple[np.ndarray, np.ndarray]:
     """Start and end of every kernel, copy and memset, for when only the GPU's busy time matters."""
-    frames = gpu_frames(rd)
+    frames = [f for f in (rd.frame("kernels"), rd.frame("memcpy"), rd.frame("memset")) if f is not None and len(f)]
     if not frames:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return (np.concatenate([f["start_ns"].to_numpy(np.int64) for f in frames]),
-            np.concatenate([f["end_ns"].to_numpy(np.int64) for f in frames]))
+    return (np.concatenate([f.values("start_ns") for f in frames]),
+            np.concatenate([f.values("end_ns") for f in frames]))
 
 
 def gpu_ops(rd) -> pd.DataFrame:

@@ -71,8 +71,23 @@ def union_segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np
     reach = np.maximum.accumulate(e)
     new = np.ones(len(s), dtype=bool)
     new[1:] = s[1:] > reach[:-1]
-    seg = np.cumsum(new) - 1
-    seg_start = s[new]
-    seg_end = np.zeros(len(seg_start), np.int64)
-    np.maximum.at(seg_end, seg, e)
-    return seg_start, seg_end
+    firsts = np.flatnonzero(new)
+    return s[firsts], reach[np.r_[firsts[1:] - 1, len(s) - 1]]  # a segment ends at its running maximum
+
+
+def covered_length(seg_start: np.ndarray, seg_end: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Length of [start, end) covered by disjoint sorted segments (from `union_segments`), for each query.
+
+    The covered length up to an instant is a cumulative sum and a binary search, so any number of
+    queries, overlapping or not, cost one pass.
+    """
+    if len(seg_start) == 0:
+        return np.zeros(len(starts), np.int64)
+    before = np.concatenate([[0], np.cumsum(seg_end - seg_start)])
+
+    def up_to(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(seg_start, t, side="right") - 1
+        inside = np.minimum(t - seg_start[np.maximum(i, 0)], seg_end[np.maximum(i, 0)] - seg_start[np.maximum(i, 0)])
+        return np.where(i >= 0, before[np.maximum(i, 0)] + inside, 0)
+
+    return up_to(np.asarray(ends, np.int64)) - up_to(np.asarray(starts, np.int64))

@@ -17,7 +17,6 @@ import re
 import shutil
 import sqlite3
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -69,46 +68,127 @@ TRACES = {  # what a recipe may need -> (description, the nsys profile -t value 
 }
 
 
-@dataclass
-class RankData:
-    """One rank's events, with names resolved and times exactly as exported (ns)."""
+FRAME_NAMES = ("nvtx", "kernels", "memcpy", "memset", "runtime", "sync", "mpi")
 
-    file: str
-    pid: int | None
-    session_start_ns: int  # TARGET_INFO_SESSION_START_TIME.utcEpochNs, 0 when absent
-    env: dict = field(default_factory=dict)
-    rank_candidates: dict = field(default_factory=dict)  # source -> rank
-    host: str | None = None
-    local_rank: int | None = None
-    nvtx: pd.DataFrame | None = None
-    kernels: pd.DataFrame | None = None
-    memcpy: pd.DataFrame | None = None
-    memset: pd.DataFrame | None = None
-    runtime: pd.DataFrame | None = None
-    sync: pd.DataFrame | None = None
-    mpi: pd.DataFrame | None = None
-    has_cuda: bool = False
-    synthetic: bool = False  # written by the pack's generator, not a profiler
-    unclosed_ranges: int = 0  # NVTX ranges with no end (the process stopped first): left out of every analysis
+
+class Frame:
+    """One normalised table kept as Arrow columns, strings dictionary-encoded; pandas only when asked for.
+
+    The fast analyses read numeric columns as NumPy arrays and string columns as codes into their few
+    distinct values, so a run over cached exports never makes a Python string per event.
+    """
+
+    def __init__(self, table: pa.Table, dtypes: dict[str, str]):
+        self.table = table
+        self.dtypes = dtypes  # column -> the pandas dtype the column has in to_pandas()
+
+    def __len__(self) -> int:
+        return self.table.num_rows
+
+    def __contains__(self, column: str) -> bool:
+        return column in self.dtypes
+
+    def values(self, column: str, dtype=np.int64, fill=0) -> np.ndarray:
+        """A numeric column as NumPy, nulls replaced by `fill`."""
+        col = self.table.column(column)
+        if col.null_count:
+            col = col.fill_null(fill)
+        return col.to_numpy().astype(dtype, copy=False)
+
+    def is_null(self, column: str) -> np.ndarray:
+        col = self.table.column(column)
+        if not col.null_count:
+            return np.zeros(len(self), bool)
+        return col.is_null().to_numpy(zero_copy_only=False)
+
+    def codes(self, column: str) -> tuple[np.ndarray, np.ndarray]:
+        """A string column as (codes, words): words[codes] is the column; the last word is None (code -1)."""
+        col = self.table.column(column).combine_chunks()
+        words = np.append(col.dictionary.to_numpy(zero_copy_only=False), None)
+        return col.indices.fill_null(-1).to_numpy().astype(np.int64, copy=False), words
+
+    def filter(self, mask: np.ndarray) -> Frame:
+        return Frame(self.table.filter(pa.array(mask)), self.dtypes)
+
+    def to_pandas(self) -> pd.DataFrame:
+        return pd.DataFrame({c: _column_from_arrow(self.table.column(c), t) for c, t in self.dtypes.items()},
+                            copy=False)
+
+    @classmethod
+    def from_pandas(cls, df: pd.DataFrame) -> Frame:
+        """Raises TypeError for a column whose dtype has no Arrow layout here."""
+        cols = {c: _column_to_arrow(df[c]) for c in df.columns}
+        return cls(pa.table({c: arr for c, (arr, _) in cols.items()}), {c: t for c, (_, t) in cols.items()})
+
+
+class RankData:
+    """One rank's events, with names resolved and times exactly as exported (ns).
+
+    The event tables (`nvtx`, `kernels`, `memcpy`, `memset`, `runtime`, `sync`, `mpi`) are pandas frames
+    built on first use; `frame(name)` gives the same table as a `Frame` without building one.
+    """
+
+    def __init__(self, file: str, pid: int | None, session_start_ns: int, env: dict | None = None,
+                 rank_candidates: dict | None = None, host: str | None = None, local_rank: int | None = None,
+                 has_cuda: bool = False, synthetic: bool = False, unclosed_ranges: int = 0, **tables):
+        self.file = file
+        self.pid = pid
+        self.session_start_ns = session_start_ns  # TARGET_INFO_SESSION_START_TIME.utcEpochNs, 0 when absent
+        self.env = env or {}
+        self.rank_candidates = rank_candidates or {}  # source -> rank
+        self.host = host
+        self.local_rank = local_rank
+        self.has_cuda = has_cuda
+        self.synthetic = synthetic  # written by the pack's generator, not a profiler
+        self.unclosed_ranges = unclosed_ranges  # NVTX ranges with no end: left out of every analysis
+        unknown = set(tables) - set(FRAME_NAMES)
+        if unknown:
+            raise TypeError(f"RankData takes no table {', '.join(sorted(unknown))}")
+        self._tables: dict = dict(tables)  # name -> pd.DataFrame, Frame or None
+
+    def frame(self, name: str) -> Frame | None:
+        t = self._tables.get(name)
+        if isinstance(t, pd.DataFrame):
+            t = self._tables[name] = Frame.from_pandas(t)
+        return t
+
+    def _pandas(self, name: str) -> pd.DataFrame | None:
+        t = self._tables.get(name)
+        if isinstance(t, Frame):
+            t = self._tables[name] = t.to_pandas()
+        return t
+
+    nvtx = property(lambda self: self._pandas("nvtx"))
+    kernels = property(lambda self: self._pandas("kernels"))
+    memcpy = property(lambda self: self._pandas("memcpy"))
+    memset = property(lambda self: self._pandas("memset"))
+    runtime = property(lambda self: self._pandas("runtime"))
+    sync = property(lambda self: self._pandas("sync"))
+    mpi = property(lambda self: self._pandas("mpi"))
 
     def require(self, what: str, recipe: str) -> None:
         """Raise the one-line error naming the missing trace and the `nsys profile -t` value that records it."""
         desc, flag = TRACES[what]
-        frames = {"nvtx": [self.nvtx], "kernel": [self.kernels], "runtime": [self.runtime],
-                  "gpu": [self.kernels, self.memcpy, self.memset]}[what]
+        names = {"nvtx": ["nvtx"], "kernel": ["kernels"], "runtime": ["runtime"],
+                 "gpu": ["kernels", "memcpy", "memset"]}[what]
+        frames = [self.frame(n) for n in names]
         if what == "nvtx":
-            present = self.nvtx is not None and bool(self.nvtx["event_type"].isin([59, 60]).any())
+            present = frames[0] is not None and bool(np.isin(frames[0].values("event_type"), [59, 60]).any())
         else:
             present = any(f is not None and len(f) for f in frames)
         if not present:
             raise MissingTraceError(f"{self.file}: {recipe} needs {desc} and this report has none; profile with "
-                                f"`nsys profile -t {flag}` (add {flag} to the -t list)")
+                                    f"`nsys profile -t {flag}` (add {flag} to the -t list)")
 
     @property
     def gpu(self) -> int | None:
-        if self.kernels is not None and len(self.kernels):
-            return int(self.kernels["device"].mode().iloc[0])
-        return None
+        """The device most of the rank's kernels ran on."""
+        k = self.frame("kernels")
+        if k is None or not len(k):
+            return None
+        device = k.values("device", fill=-1)
+        values, counts = np.unique(device[device >= 0], return_counts=True)
+        return int(values[np.argmax(counts)]) if len(values) else None
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -517,7 +597,8 @@ def load_file(path: Path, needs: set[str], nsys_path: str | None = None) -> list
     try:
         loaded = _read_loaded(cache) if cache is not None else None
         if loaded is None:
-            loaded = _read_frames(src, needs, path)
+            frames, meta = _read_frames(src, needs, path)
+            loaded = _to_frames(frames), meta
             if cache is not None:
                 _write_loaded(cache, *loaded)
     finally:
@@ -589,12 +670,14 @@ def _split_ranks(path: Path, frames: dict, meta: dict) -> list[RankData]:
         rd = RankData(file=str(path), pid=pid, session_start_ns=meta["session_start_ns"], env=env,
                       rank_candidates=cands, host=host, local_rank=local[0] if local and len(pids) == 1 else None,
                       has_cuda=meta["has_cuda"], synthetic=meta["synthetic"])
-        for attr, df in frames.items():
-            if pid is not None and len(pids) > 1 and "pid" in df:
-                df = df[df["pid"] == pid].reset_index(drop=True)
-            setattr(rd, attr, df)
-        if rd.nvtx is not None and len(rd.nvtx):
-            rd.unclosed_ranges = int((rd.nvtx["event_type"].isin([59, 60]) & rd.nvtx["end_ns"].isna()).sum())
+        for attr, frame in frames.items():
+            if pid is not None and len(pids) > 1 and "pid" in frame:
+                frame = frame.filter(frame.values("pid") == pid) if isinstance(frame, Frame) else \
+                    frame[frame["pid"] == pid].reset_index(drop=True)
+            rd._tables[attr] = frame
+        nvtx = rd.frame("nvtx")
+        if nvtx is not None and len(nvtx):
+            rd.unclosed_ranges = int((np.isin(nvtx.values("event_type"), [59, 60]) & nvtx.is_null("end_ns")).sum())
         ranks.append(rd)
     return ranks
 
@@ -615,14 +698,22 @@ def _loaded_dir(src: ExportSource, needs: set[str]) -> Path | None:
 def _read_loaded(cache: Path) -> tuple[dict, dict] | None:
     try:
         meta = json.loads((cache / "meta.json").read_text())
-        frames = {}
-        for attr, dtypes in meta.pop("frames").items():
-            table = feather.read_table(cache / f"{attr}.arrow", memory_map=True)
-            frames[attr] = pd.DataFrame({c: _column_from_arrow(table.column(c), t) for c, t in dtypes.items()},
-                                        copy=False)
+        frames = {attr: Frame(feather.read_table(cache / f"{attr}.arrow", memory_map=True), dtypes)
+                  for attr, dtypes in meta.pop("frames").items()}
         return frames, meta
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def _to_frames(frames: dict) -> dict:
+    """pandas frames as Frames; one with a column no Arrow layout covers stays a pandas frame."""
+    out = {}
+    for attr, df in frames.items():
+        try:
+            out[attr] = Frame.from_pandas(df)
+        except (TypeError, pa.ArrowException):
+            out[attr] = df
+    return out
 
 
 def _column_from_arrow(col: pa.ChunkedArray, dtype: str):
@@ -648,20 +739,17 @@ def _column_to_arrow(series: pd.Series) -> tuple[pa.Array, str]:
 
 
 def _write_loaded(cache: Path, frames: dict, meta: dict) -> None:
+    if not all(isinstance(f, Frame) for f in frames.values()):
+        return  # a column the layout does not cover: read from the export every time instead
     tmp = Path(tempfile.mkdtemp(prefix=".loaded-", dir=cache.parent))
     try:
-        doc = {**meta, "frames": {}}
-        for attr, df in frames.items():
-            cols = {c: _column_to_arrow(df[c]) for c in df.columns}
-            table = pa.table({c: arr for c, (arr, _) in cols.items()})
-            feather.write_feather(table, tmp / f"{attr}.arrow", compression="uncompressed")
-            doc["frames"][attr] = {c: t for c, (_, t) in cols.items()}
+        for attr, frame in frames.items():
+            feather.write_feather(frame.table, tmp / f"{attr}.arrow", compression="uncompressed")
+        doc = {**meta, "frames": {attr: frame.dtypes for attr, frame in frames.items()}}
         (tmp / "meta.json").write_text(json.dumps(doc))
         try:
             os.rename(tmp, cache)
         except OSError:  # another process wrote it first: theirs is the same
             pass
-    except TypeError:  # a column the layout does not cover: read from the export every time instead
-        pass
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

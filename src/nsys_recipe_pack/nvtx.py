@@ -13,11 +13,15 @@ import pandas as pd
 
 def stack_levels(ranges: pd.DataFrame) -> pd.Series:
     """Level of each range on its thread (0 = outermost), index aligned with `ranges`."""
-    n = len(ranges)
-    if n == 0:
+    if len(ranges) == 0:
         return pd.Series(dtype="int64")
-    tid = ranges["tid"].to_numpy(np.int64)
-    start, end = ranges["start_ns"].to_numpy(np.int64), ranges["end_ns"].to_numpy(np.int64)
+    level = _levels(ranges["tid"].to_numpy(np.int64), ranges["start_ns"].to_numpy(np.int64),
+                    ranges["end_ns"].to_numpy(np.int64))
+    return pd.Series(level, index=ranges.index)
+
+
+def _levels(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    n = len(tid)
     ev_tid = np.concatenate([tid, tid])
     ev_t = np.concatenate([start, end])
     # at equal times an end comes before a start; a longer range starts before a shorter one
@@ -33,21 +37,26 @@ def stack_levels(ranges: pd.DataFrame) -> pd.Series:
     starts = row >= 0
     level = np.empty(n, np.int64)
     level[row[starts]] = depth[starts] - 1
-    return pd.Series(level, index=ranges.index)
+    return level
 
 
 def innermost(ranges: pd.DataFrame, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Position (into `ranges`) of the innermost range on the same thread enclosing [start, end], or -1."""
+    return innermost_of(ranges["tid"].to_numpy(np.int64), ranges["start_ns"].to_numpy(np.int64),
+                        ranges["end_ns"].to_numpy(np.int64), tid, start, end)
+
+
+def innermost_of(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, tid: np.ndarray, start: np.ndarray,
+                 end: np.ndarray) -> np.ndarray:
+    """`innermost` over ranges given as arrays (thread, start, end)."""
     m = len(tid)
-    if m == 0 or len(ranges) == 0:
+    n = len(r_tid)
+    if m == 0 or n == 0:
         return np.full(m, -1, np.int64)
-    r = ranges.reset_index(drop=True)
-    lvl = stack_levels(r).to_numpy()
-    n = len(r)
+    lvl = _levels(r_tid, r_start, r_end)
     tid = np.asarray(tid, np.int64)
-    r_tid = r["tid"].to_numpy(np.int64)
     ev_tid = np.concatenate([r_tid, r_tid, tid])
-    ev_t = np.concatenate([r["start_ns"].to_numpy(np.int64), r["end_ns"].to_numpy(np.int64), np.asarray(start, np.int64)])
+    ev_t = np.concatenate([r_start, r_end, np.asarray(start, np.int64)])
     ev_order = np.concatenate([np.zeros(n, np.int64), np.zeros(n, np.int64) - 1, np.ones(m, np.int64)])
     ev_delta = np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64), np.zeros(m, np.int64)])
     ev_q = np.concatenate([np.full(2 * n, -1), np.arange(m)])
@@ -57,12 +66,11 @@ def innermost(ranges: pd.DataFrame, tid: np.ndarray, start: np.ndarray, end: np.
     is_q = q_sorted >= 0
     q_depth = np.empty(m, np.int64)
     q_depth[q_sorted[is_q]] = depth[is_q]
-    pos = _asof_backward(tid, q_depth - 1, np.asarray(start, np.int64),
-                         r["tid"].to_numpy(np.int64), lvl, r["start_ns"].to_numpy(np.int64))
+    pos = _asof_backward(tid, q_depth - 1, np.asarray(start, np.int64), r_tid, lvl, r_start)
     out = np.full(m, -1, np.int64)
     q = np.flatnonzero(pos >= 0)
     pos = pos[q]
-    contains = r["end_ns"].to_numpy()[pos] >= np.asarray(end, np.int64)[q]
+    contains = r_end[pos] >= np.asarray(end, np.int64)[q]
     out[q[contains]] = pos[contains]
     return out
 

@@ -20,6 +20,8 @@ from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from . import analyses, loader, nsys_tool, progress, resources
 from .errors import BadInputError, MissingToolError, MissingTraceError, PackError, UsageError
@@ -199,7 +201,12 @@ def write_tables(out_dir: Path, tables: dict, analysis: dict) -> dict:
     written = {}
     for name, df in tables.items():
         path = out_dir / f"{name}.parquet"
-        df.to_parquet(path, index=False)
+        if isinstance(df, pa.Table):
+            # large tables built as Arrow, strings dictionary-encoded: without the Arrow schema in the file
+            # they read back as plain strings, as pandas writes them
+            pq.write_table(df, path, store_schema=False)
+        else:
+            df.to_parquet(path, index=False)
         written[name] = path.name
     (out_dir / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
     return written

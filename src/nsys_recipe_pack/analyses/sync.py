@@ -9,16 +9,17 @@ pinned or managed memory.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from ..gpu import PAGEABLE, gpu_intervals
 from ..gpu import call_key as _call_key
-from ..intervals import split_into_windows, union_length
-from ..iterations import closed_ranges
-from ..nvtx import innermost
+from ..intervals import covered_length, union_segments
+from ..nvtx import innermost_of
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
 SMALL_HTOD_BYTES = 64000
@@ -42,131 +43,214 @@ SYNC_API_KINDS = [(r"^(cudaDeviceSynchronize|cudaThreadSynchronize|cuCtxSynchron
                   (r"^(cudaStreamWaitEvent|cuStreamWaitEvent)", "stream_wait")]
 
 
-def _flag(frame: pd.DataFrame, col: str, test) -> np.ndarray:
-    """A nullable column tested row by row; a missing column or value tests False."""
+KINDS = ["device", "stream", "event", "stream_wait", "memcpy_sync", "memcpy_pageable", "memset_sync"]
+_KIND = {k: i for i, k in enumerate(KINDS)}
+_HOST_SYNCS = [_KIND[k] for k in ("device", "stream", "event", "memcpy_sync")]
+
+
+def _column(frame, col: str, fill) -> np.ndarray:
+    """A nullable numeric column of a loader Frame with nulls (and a missing column) as `fill`."""
     if col not in frame:
-        return np.zeros(len(frame), bool)
-    values = frame[col]
-    return test(values.to_numpy(dtype=float, na_value=np.nan))
+        return np.full(len(frame), fill)
+    return frame.values(col, dtype=type(fill), fill=fill)
 
 
-def _classify(rt: pd.DataFrame, mem: pd.DataFrame, mset: pd.DataFrame) -> np.ndarray:
-    """Kind of each runtime call (object array, None when it is not a host-blocking call)."""
+def _classify(rt, mem, mset) -> np.ndarray:
+    """Kind of each runtime call as an index into KINDS, -1 when it is not a host-blocking call."""
     # string tests on the few distinct API names, then spread to every call by its name's code
-    codes, uniques = pd.factorize(rt["name"].fillna("").to_numpy(object))
-    names = [str(u) for u in uniques]
-    labels = np.array([next((label for pattern, label in SYNC_API_KINDS if re.match(pattern, n)), None)
-                       for n in names] + [None], dtype=object)
-    kind = labels[codes]
-    is_memcpy = np.array([n.startswith("cudaMemcpy") for n in names] + [False])[codes]
-    is_async = np.array(["async" in n.lower() for n in names] + [False])[codes]
-    is_memset = np.array([n.startswith("cudaMemset") for n in names] + [False])[codes]
-    key = _call_key(rt)
+    codes, words = rt.codes("name")
+    traits = np.array([_api_traits("" if w is None else str(w)) for w in words], np.int64).reshape(-1, 4)
+    kind = traits[:, 0][codes]
+    # copies and memsets block depending on the memory they touched: only those calls are joined with it
+    copy_call = np.flatnonzero((traits[:, 1] | traits[:, 3])[codes] == 1)
+    if not len(copy_call):
+        return kind
+    is_memcpy, is_async, is_memset = (traits[codes[copy_call], 1:] == 1).T
+    key = _call_key(rt)[copy_call]
     # "any copy of this call has the property" = the call's key is among the keys of copies that have it
-    if len(mem):
+    if mem is not None and len(mem):
         mkey = _call_key(mem)
-        nbytes = mem["bytes"].to_numpy(dtype=float, na_value=0.0)
-        small_htod = (nbytes <= SMALL_HTOD_BYTES) & _flag(mem, "copy_kind", lambda v: v == 1)
-        if "src_device" in mem:
-            src = mem["src_device"].to_numpy(dtype=float, na_value=np.nan)
-            dst = mem["dst_device"].to_numpy(dtype=float, na_value=np.nan)
-            same_device = ~np.isnan(src) & (src == dst)
-        else:
-            same_device = np.zeros(len(mem), bool)
-        pageable = _flag(mem, "src_kind", lambda v: v == PAGEABLE) | _flag(mem, "dst_kind", lambda v: v == PAGEABLE)
+        small_htod = (_column(mem, "bytes", 0.0) <= SMALL_HTOD_BYTES) & (_column(mem, "copy_kind", -1) == 1)
+        src, dst = _column(mem, "src_device", -1), _column(mem, "dst_device", -1)
+        same_device = (src >= 0) & (src == dst)
+        pageable = (_column(mem, "src_kind", -1) == PAGEABLE) | (_column(mem, "dst_kind", -1) == PAGEABLE)
         returns_early = np.isin(key, mkey[small_htod | same_device])
         has_copy = np.isin(key, mkey)
-        kind[is_memcpy & ~is_async & has_copy & ~returns_early] = "memcpy_sync"
-        kind[is_memcpy & is_async & np.isin(key, mkey[pageable])] = "memcpy_pageable"
-    if len(mset):
-        host = _flag(mset, "mem_kind", lambda v: np.isin(v, HOST_MEMSET_KINDS))
-        kind[is_memset & ~is_async & np.isin(key, _call_key(mset)[host])] = "memset_sync"
+        kind[copy_call[is_memcpy & ~is_async & has_copy & ~returns_early]] = _KIND["memcpy_sync"]
+        kind[copy_call[is_memcpy & is_async & np.isin(key, mkey[pageable])]] = _KIND["memcpy_pageable"]
+    if mset is not None and len(mset):
+        host = np.isin(_column(mset, "mem_kind", -1), HOST_MEMSET_KINDS)
+        kind[copy_call[is_memset & ~is_async & np.isin(key, _call_key(mset)[host])]] = _KIND["memset_sync"]
     return kind
+
+
+@functools.lru_cache(maxsize=4096)
+def _api_traits(name: str) -> tuple[int, int, int, int]:
+    """Sync kind (-1: none), and whether the API is a memcpy, is asynchronous, is a memset."""
+    kind = next((_KIND[k] for pattern, k in SYNC_API_KINDS if re.match(pattern, name)), -1)
+    return kind, int(name.startswith("cudaMemcpy")), int("async" in name.lower()), int(name.startswith("cudaMemset"))
+
+
+def _dictionary(codes: np.ndarray, words) -> pa.DictionaryArray:
+    """Codes (-1 = null) into a list of strings, as an Arrow dictionary column."""
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32), mask=codes < 0),
+                                          pa.array(list(words), pa.large_string()))
+
+
+def _innermost_ranges(rd, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, list]:
+    """Code of the innermost closed NVTX range around each call on its thread (-1: none), and the names."""
+    nv = rd.frame("nvtx")
+    if nv is None or not len(nv) or not len(tid):
+        return np.full(len(tid), -1, np.int64), []
+    r_start, r_end = nv.values("start_ns"), nv.values("end_ns")
+    closed = np.isin(nv.values("event_type"), [59, 60]) & ~nv.is_null("end_ns") & (r_end >= r_start)
+    pos = innermost_of(nv.values("tid")[closed], r_start[closed], r_end[closed], tid, start, end)
+    name_codes, words = nv.codes("name")
+    range_codes = np.where(pos >= 0, name_codes[closed][np.maximum(pos, 0)] if closed.any() else -1, -1)
+    return range_codes, list(words[:-1])
+
+
+def _gpu_busy(rd, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Union of GPU work inside each call."""
+    return covered_length(*union_segments(*gpu_intervals(rd)), start, end)
 
 
 def map_rank(rd, options: dict) -> dict:
     rd.require("runtime", "sync_summary")
-    rt = rd.runtime if rd.runtime is not None else pd.DataFrame(columns=["start_ns", "end_ns", "tid", "pid",
-                                                                          "correlation_id", "name"])
-    empty = pd.DataFrame(columns=[*map_columns()])
-    if rt.empty:
-        return {"calls": empty, "wall_ns": 0, "findings": _findings(empty, 0)}
-    mem = rd.memcpy if rd.memcpy is not None else pd.DataFrame()
-    mset = rd.memset if rd.memset is not None else pd.DataFrame()
-    kind = _classify(rt, mem, mset)
-    blocking = pd.notna(kind)
-    calls = rt[blocking].assign(kind=kind[blocking]).reset_index(drop=True)
-    ranges = closed_ranges(rd.nvtx).reset_index(drop=True)
-    pos = innermost(ranges, calls["tid"].to_numpy(np.int64), calls["start_ns"].to_numpy(np.int64),
-                    calls["end_ns"].to_numpy(np.int64))
-    names = ranges["name"].to_numpy(object) if len(ranges) else np.array([], object)
-    calls["nvtx_range"] = np.where(pos >= 0, names[np.maximum(pos, 0)] if len(names) else None, None)
+    rt = rd.frame("runtime")
+    if rt is None or not len(rt):
+        return _map_result(np.zeros(0, np.int64), [], np.zeros(0, np.int64), [], {c: np.zeros(0, np.int64) for c in
+                                                                              ("pid", "tid", "start_ns", "end_ns",
+                                                                               "gpu_idle_ns", "kind")}, 0)
+    kind = _classify(rt, rd.frame("memcpy"), rd.frame("memset"))
+    start_all, end_all = rt.values("start_ns"), rt.values("end_ns")
+    blocking = np.flatnonzero(kind >= 0)
+    sel = blocking
+    if np.any(np.diff(start_all[blocking]) < 0):  # the rank's calls in time order (usually exported so)
+        sel = blocking[np.argsort(start_all[blocking], kind="stable")]
+    cols = {"pid": rt.values("pid")[sel], "tid": rt.values("tid")[sel], "start_ns": start_all[sel],
+            "end_ns": end_all[sel], "kind": kind[sel]}
+    api_codes, api_words = rt.codes("name")
+    range_codes, range_words = _innermost_ranges(rd, cols["tid"], cols["start_ns"], cols["end_ns"])
     # GPU time left idle while the host was blocked: the call's duration minus the union of GPU work in it
-    op_start, op_end = gpu_intervals(rd)
-    busy = np.zeros(len(calls), np.int64)
-    if len(op_start) and len(calls):
-        call_start, call_end = calls["start_ns"].to_numpy(np.int64), calls["end_ns"].to_numpy(np.int64)
-        # calls of one thread never overlap, so each thread's calls are a valid set of windows
-        for idx in calls.groupby("tid").indices.values():  # a pass per thread, vectorised inside
-            o = idx[np.argsort(call_start[idx], kind="mergesort")]
-            ev, win, cs, ce = split_into_windows(op_start, op_end, call_start[o], call_end[o])
-            u = union_length(win, cs, ce)
-            busy[o[u.index.to_numpy()]] = u.to_numpy()
-    calls["duration_ns"] = calls["end_ns"] - calls["start_ns"]
-    calls["gpu_idle_ns"] = calls["duration_ns"] - busy
-    calls = calls.rename(columns={"name": "api"})[map_columns()]
-    wall = int(rt["end_ns"].max() - rt["start_ns"].min())
-    return {"calls": calls, "wall_ns": wall, "findings": _findings(calls, wall)}
+    busy = _gpu_busy(rd, cols["start_ns"], cols["end_ns"])
+    cols["gpu_idle_ns"] = cols["end_ns"] - cols["start_ns"] - busy
+    wall = int(end_all.max() - start_all.min())
+    return _map_result(api_codes[sel], list(api_words[:-1]), range_codes, range_words, cols, wall)
+
+
+def _map_result(api_codes, api_words, range_codes, range_words, cols: dict, wall_ns: int) -> dict:
+    """The rank's blocking calls as an Arrow table, its per-(kind, API) summary and its findings."""
+    duration = cols["end_ns"] - cols["start_ns"]
+    calls = pa.table({
+        "pid": cols["pid"], "tid": cols["tid"], "api": _dictionary(api_codes, api_words),
+        "kind": _dictionary(cols["kind"], KINDS), "start_ns": cols["start_ns"], "end_ns": cols["end_ns"],
+        "duration_ns": duration, "nvtx_range": _dictionary(range_codes, range_words),
+        "gpu_idle_ns": cols["gpu_idle_ns"],
+    })
+    c = {"kind": cols["kind"], "duration": duration, "idle": cols["gpu_idle_ns"], "start": cols["start_ns"],
+         "api": api_codes, "api_words": api_words, "range": range_codes, "range_words": range_words}
+    return {"calls": calls, "wall_ns": wall_ns, "summary": _summary(c), "findings": _findings(c, wall_ns)}
 
 
 def map_columns() -> list[str]:
     return ["pid", "tid", "api", "kind", "start_ns", "end_ns", "duration_ns", "nvtx_range", "gpu_idle_ns"]
 
 
+SUMMARY_COLUMNS = ["kind", "api", "count", "total_ns", "mean_ns", "max_ns"]
+
+
+def _groups(*keys: np.ndarray, within: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Order that sorts rows by the integer keys (first key most significant; then by `within` inside a
+    group), and where each group of equal keys starts in that order."""
+    order = np.lexsort(keys[::-1] if within is None else (within, *keys[::-1]))
+    k = np.stack([key[order] for key in keys])
+    first = np.flatnonzero(np.r_[True, (k[:, 1:] != k[:, :-1]).any(axis=0)]) if len(order) else np.zeros(0, int)
+    return order, first
+
+
+def _sorted_codes(words: list) -> np.ndarray:
+    """For each word, its position in sorted order (to group by the strings, not by the codes)."""
+    rank = np.empty(len(words), np.int64)
+    rank[np.argsort(np.array(words, dtype=object), kind="stable")] = np.arange(len(words))
+    return rank
+
+
+def _summary(c: dict) -> dict:
+    """count, total, mean and max duration per (kind, API), sorted by kind then API name."""
+    if not len(c["kind"]):
+        return {"kind": np.zeros(0, object), "api": np.zeros(0, object), "count": np.zeros(0, np.int64),
+                "total_ns": np.zeros(0, np.int64), "mean_ns": np.zeros(0), "max_ns": np.zeros(0, np.int64)}
+    order, first = _groups(_sorted_codes(KINDS)[c["kind"]], _sorted_codes(c["api_words"])[c["api"]])
+    d = c["duration"][order]
+    count = np.diff(np.r_[first, len(d)])
+    total = np.add.reduceat(d, first)
+    lead = order[first]
+    return {"kind": np.array(KINDS, object)[c["kind"][lead]], "api": np.array(c["api_words"], object)[c["api"][lead]],
+            "count": count, "total_ns": total, "mean_ns": total / count, "max_ns": np.maximum.reduceat(d, first)}
+
+
+def _descending(values: np.ndarray) -> np.ndarray:
+    """The order pandas' sort_values(ascending=False) gives, ties included (its reversed quicksort)."""
+    idx = np.arange(len(values))[::-1]
+    return idx[values[::-1].argsort(kind="quicksort")][::-1]
+
+
 FINDING_COLUMNS = ["severity", "finding", "suggestion", "evidence"]
 
 
-def _findings(c: pd.DataFrame, wall_ns: int) -> pd.DataFrame:
+def _findings(c: dict, wall_ns: int) -> list[tuple]:
     """One rank's findings from its blocking calls (computed in the map step, where the rank's calls are)."""
     rows = []
     w = max(int(wall_ns), 1)
-    pg = c[c["kind"] == "memcpy_pageable"]
-    if len(pg):
-        share = pg["duration_ns"].sum() / w
+    kind, dur, idle_ns = c["kind"], c["duration"], c["idle"]
+    pg = kind == _KIND["memcpy_pageable"]
+    if pg.any():
+        total = int(dur[pg].sum())
+        share = total / w
         rows.append(("high" if share > 0.01 else "medium", "pageable memcpy", SUGGESTIONS["memcpy_pageable"],
-                     f"{len(pg)} async copies touched pageable host memory and blocked the host for "
-                     f"{pg['duration_ns'].sum() / 1e6:.2f} ms ({100 * share:.2f} % of the CUDA wall time)"))
-    host_syncs = c[c["kind"].isin(["device", "stream", "event", "memcpy_sync"]) & c["nvtx_range"].notna()]
-    per_range = host_syncs.groupby("nvtx_range")["duration_ns"].agg(["size", "median", "sum"])
-    frequent = per_range[(per_range["size"] >= MANY_SYNCS) & (per_range["median"] < SHORT_SYNC_NS)]
-    for rng, r in frequent.sort_values("size", ascending=False).head(5).iterrows():  # at most 5 rows
-        rows.append(("medium", f"frequent short syncs in {rng!r}", SUGGESTIONS["short_syncs"],
-                     f"{int(r['size'])} host syncs inside {rng!r}, median {r['median'] / 1e3:.1f} us, "
-                     f"total {r['sum'] / 1e6:.2f} ms"))
-    idle = c[(c["kind"] != "stream_wait") & (c["duration_ns"] >= IDLE_SYNC_NS)
-             & (c["gpu_idle_ns"] > 0.5 * c["duration_ns"])]
-    if len(idle):
-        worst = idle.loc[idle["gpu_idle_ns"].idxmax()]
-        rows.append(("high" if idle["gpu_idle_ns"].sum() > 0.01 * w else "low",
+                     f"{int(pg.sum())} async copies touched pageable host memory and blocked the host for "
+                     f"{total / 1e6:.2f} ms ({100 * share:.2f} % of the CUDA wall time)"))
+    host = np.flatnonzero(np.isin(kind, _HOST_SYNCS) & (c["range"] >= 0))
+    if len(host):
+        names = np.array(c["range_words"], object)
+        order, first = _groups(_sorted_codes(c["range_words"])[c["range"][host]], within=dur[host])
+        d = dur[host][order]
+        size = np.diff(np.r_[first, len(d)])
+        median = (d[first + (size - 1) // 2] + d[first + size // 2]) / 2
+        total = np.add.reduceat(d, first)
+        rng = names[c["range"][host][order][first]]
+        frequent = np.flatnonzero((size >= MANY_SYNCS) & (median < SHORT_SYNC_NS))
+        for i in frequent[_descending(size[frequent])][:5]:  # at most 5 rows
+            rows.append(("medium", f"frequent short syncs in {rng[i]!r}", SUGGESTIONS["short_syncs"],
+                         f"{int(size[i])} host syncs inside {rng[i]!r}, median {median[i] / 1e3:.1f} us, "
+                         f"total {total[i] / 1e6:.2f} ms"))
+    idle = (kind != _KIND["stream_wait"]) & (dur >= IDLE_SYNC_NS) & (idle_ns > 0.5 * dur)
+    if idle.any():
+        at = np.flatnonzero(idle)
+        worst = at[np.argmax(idle_ns[at])]
+        rng = c["range_words"][c["range"][worst]] if c["range"][worst] >= 0 else None
+        rows.append(("high" if idle_ns[idle].sum() > 0.01 * w else "low",
                      "sync that leaves the GPU idle", SUGGESTIONS["idle_sync"],
-                     f"{len(idle)} syncs of at least {IDLE_SYNC_NS / 1e6:g} ms with the GPU idle for most of "
-                     f"them, {idle['gpu_idle_ns'].sum() / 1e6:.2f} ms idle in all; worst: {worst['api']} at "
-                     f"{int(worst['start_ns'])} ns in {worst['nvtx_range']!r}, "
-                     f"{worst['gpu_idle_ns'] / 1e6:.2f} of {worst['duration_ns'] / 1e6:.2f} ms idle"))
-    return pd.DataFrame(rows, columns=FINDING_COLUMNS)
+                     f"{int(idle.sum())} syncs of at least {IDLE_SYNC_NS / 1e6:g} ms with the GPU idle for most of "
+                     f"them, {idle_ns[idle].sum() / 1e6:.2f} ms idle in all; worst: {c['api_words'][c['api'][worst]]} "
+                     f"at {int(c['start'][worst])} ns in {rng!r}, "
+                     f"{idle_ns[worst] / 1e6:.2f} of {dur[worst] / 1e6:.2f} ms idle"))
+    return rows
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
-    calls = pd.concat([r["calls"].assign(rank=r["rank"]) for r in per_rank], ignore_index=True)
+    per_rank = sorted(per_rank, key=lambda r: r["rank"])
+    calls = pa.concat_tables([r["calls"].add_column(0, "rank", pa.array(np.full(r["calls"].num_rows, r["rank"],
+                                                                                   np.int64)))
+                              for r in per_rank])
     wall = pd.Series({r["rank"]: r["wall_ns"] for r in per_rank})
-    for c in ("pid", "tid", "start_ns", "end_ns", "duration_ns", "gpu_idle_ns"):
-        calls[c] = calls[c].astype("int64")
-    calls = calls[["rank", *map_columns()]].sort_values(["rank", "start_ns"], kind="mergesort").reset_index(drop=True)
-    summary = calls.groupby(["rank", "kind", "api"], as_index=False)["duration_ns"].agg(
-        count="size", total_ns="sum", mean_ns="mean", max_ns="max")
+    summary = pd.DataFrame({
+        "rank": np.concatenate([np.full(len(r["summary"]["kind"]), r["rank"], np.int64) for r in per_rank]),
+        **{c: np.concatenate([r["summary"][c] for r in per_rank]) for c in SUMMARY_COLUMNS}})
     summary["pct_of_wall"] = 100.0 * summary["total_ns"] / summary["rank"].map(wall).clip(lower=1)
     summary = summary.sort_values(["rank", "total_ns"], ascending=[True, False]).reset_index(drop=True)
-    found = [r["findings"].assign(rank=r["rank"]) for r in per_rank if len(r["findings"])]
-    findings = (pd.concat(found, ignore_index=True) if found else pd.DataFrame(columns=["rank", *FINDING_COLUMNS]))
-    findings = findings[["rank", *FINDING_COLUMNS]].sort_values("rank", kind="mergesort").reset_index(drop=True)
+    findings = pd.DataFrame([(r["rank"], *row) for r in per_rank for row in r["findings"]],
+                            columns=["rank", *FINDING_COLUMNS])
+    findings["rank"] = findings["rank"].astype("int64")
     return {"sync_calls": calls, "summary": summary, "findings": findings}
