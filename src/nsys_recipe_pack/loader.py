@@ -300,6 +300,11 @@ class ExportSource:
                 self._cols[table] = list(pq.read_schema(self.path / f"{table}.parquet").names)
         return self._cols[table]
 
+    def read_arrow(self, table: str, columns: list[str]) -> pa.Table:
+        if self.kind == "sqlite":
+            return pa.Table.from_pandas(self.read(table, columns), preserve_index=False)
+        return pq.ParquetFile(self.path / f"{table}.parquet").read(columns=columns)
+
     def read(self, table: str, columns: list[str] | None = None) -> pd.DataFrame:
         if not self.has(table):
             return pd.DataFrame(columns=columns or [])
@@ -432,24 +437,37 @@ def _pid_of(global_id: pd.Series) -> np.ndarray:
     return ((global_id.astype("uint64") >> np.uint64(PID_SHIFT)) & np.uint64(PID_MASK)).astype("int64").to_numpy()
 
 
-def _strings(src: ExportSource) -> pd.Series:
-    s = src.read("StringIds", ["id", "value"])
-    return pd.Series(s["value"].to_numpy(), index=s["id"].astype("int64").to_numpy())
+class StringTable:
+    """StringIds kept as Arrow: only the distinct ids a table refers to become Python strings."""
+
+    def __init__(self, ids: np.ndarray, values: pa.Array):
+        order = np.argsort(ids, kind="stable")
+        sorted_ids = ids[order]
+        last = np.r_[sorted_ids[1:] != sorted_ids[:-1], True] if len(ids) else np.zeros(0, bool)  # a repeated id: the last
+        self._ids, self._rows, self._values = sorted_ids[last], order[last], values
+
+    def lookup(self, ids: pd.Series) -> pd.Series:
+        """The string of each id (None where the id is missing or unknown)."""
+        ids = pd.to_numeric(ids, errors="coerce")
+        distinct, where = np.unique(ids.fillna(-1).astype("int64").to_numpy(), return_inverse=True)
+        words = np.full(len(distinct), None, dtype=object)
+        if len(self._ids):
+            pos = np.minimum(np.searchsorted(self._ids, distinct), len(self._ids) - 1)
+            known = self._ids[pos] == distinct
+            if known.any():
+                words[known] = self._values.take(pa.array(self._rows[pos[known]])).to_numpy(zero_copy_only=False)
+        return pd.Series(words[where.reshape(-1)], index=ids.index, dtype=object)
 
 
-def _lookup(strings: pd.Series, ids: pd.Series) -> pd.Series:
-    ids = pd.to_numeric(ids, errors="coerce")
-    idx = ids.fillna(-1).astype("int64").to_numpy()
-    keys = strings.index.to_numpy()
-    if len(keys) and keys.min() >= 0 and keys.max() < 4 * len(keys) + 1024:  # ids are (nearly) dense: an array
-        table = np.full(int(keys.max()) + 1, None, dtype=object)
-        table[keys] = strings.to_numpy(object)
-        ok = (idx >= 0) & (idx < len(table))
-        values = np.full(len(idx), None, dtype=object)
-        values[ok] = table[idx[ok]]
-    else:
-        values = strings.reindex(idx).to_numpy(object)
-    return pd.Series(values, index=ids.index, dtype=object)
+def _strings(src: ExportSource) -> StringTable:
+    if not src.has("StringIds"):
+        return StringTable(np.zeros(0, np.int64), pa.array([], pa.string()))
+    s = src.read_arrow("StringIds", ["id", "value"])
+    return StringTable(s.column("id").to_numpy().astype(np.int64), s.column("value").combine_chunks())
+
+
+def _lookup(strings: StringTable, ids: pd.Series) -> pd.Series:
+    return strings.lookup(ids)
 
 
 def _env(src: ExportSource) -> dict:
@@ -475,7 +493,7 @@ def _session_start(src: ExportSource) -> int:
     return int(vals.iloc[0]) if len(vals) else 0
 
 
-def _read_nvtx(src: ExportSource, strings: pd.Series) -> pd.DataFrame:
+def _read_nvtx(src: ExportSource, strings: StringTable) -> pd.DataFrame:
     cols = TABLES["nvtx"]["NVTX_EVENTS"]
     raw = src.read("NVTX_EVENTS", cols)
     if raw.empty:
@@ -517,7 +535,7 @@ def _require_times(src: ExportSource, table: str, raw: pd.DataFrame) -> None:
                             "export the report again with `nsys export`")
 
 
-def _read_gpu(src: ExportSource, table: str, cols: list[str], strings: pd.Series) -> pd.DataFrame:
+def _read_gpu(src: ExportSource, table: str, cols: list[str], strings: StringTable) -> pd.DataFrame:
     """One GPU activity table, every column the recipes use present (null where the export lacks it)."""
     raw = src.read(table, cols)
     _require_times(src, table, raw)
@@ -543,7 +561,7 @@ def _read_gpu(src: ExportSource, table: str, cols: list[str], strings: pd.Series
     return out
 
 
-def _read_runtime(src: ExportSource, strings: pd.Series) -> pd.DataFrame:
+def _read_runtime(src: ExportSource, strings: StringTable) -> pd.DataFrame:
     raw = src.read("CUPTI_ACTIVITY_KIND_RUNTIME", TABLES["runtime"]["CUPTI_ACTIVITY_KIND_RUNTIME"])
     _require_times(src, "CUPTI_ACTIVITY_KIND_RUNTIME", raw)
     n = pd.RangeIndex(len(raw))
@@ -561,7 +579,7 @@ def _read_runtime(src: ExportSource, strings: pd.Series) -> pd.DataFrame:
     })
 
 
-def _read_mpi(src: ExportSource, strings: pd.Series) -> pd.DataFrame:
+def _read_mpi(src: ExportSource, strings: StringTable) -> pd.DataFrame:
     frames = []
     for table in sorted(t for t in src.tables if t.startswith(MPI_PREFIX) and t.endswith("_EVENTS")):
         raw = src.read(table, ["start", "end", "globalTid", "textId"])
@@ -612,7 +630,7 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path) -> tuple[dict, 
             or src.kind == "parquetdir" and src.origin != src.path):
         raise BadInputError(f"{path}: not an Nsight Systems export (no StringIds, NVTX_EVENTS or "
                             "TARGET_INFO_* tables); export the report with `nsys export`")
-    strings = _strings(src) if src.has("StringIds") else pd.Series(dtype=object)
+    strings = _strings(src)
     env = _env(src)
     synthetic = src.has("META_DATA_EXPORT") and "SYNTHETIC" in set(src.read("META_DATA_EXPORT", ["name"])["name"])
     frames: dict[str, pd.DataFrame] = {}

@@ -112,7 +112,7 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
             per_rank = [r for r, ok in zip(per_rank, same, strict=True) if ok]
 
     if spec.per_iteration:
-        counts = {r["rank"]: len(r.get("iterations", r.get("pace", []))) for r in per_rank}
+        counts = {r["rank"]: _iteration_count(r) for r in per_rank}
         if counts and min(counts.values()) != max(counts.values()):
             short = sorted(k for k, v in counts.items() if v == min(counts.values()))
             notes.append(f"ranks have {min(counts.values())} to {max(counts.values())} iterations (fewest on rank(s) "
@@ -138,13 +138,17 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
         "recipe": recipe,
         "delimiter": delimiter,
         "ranks": int(len(per_rank)),
-        "iterations": int(max((len(r.get("iterations", r.get("pace", []))) for r in per_rank), default=0)),
+        "iterations": int(max((_iteration_count(r) for r in per_rank), default=0)),
         "options": {k: v for k, v in options.items() if not k.startswith("_")},
         "synthetic": bool(ids["synthetic"].any()),
         **settings,
         "notes": notes,
     }
     return tables, analysis
+
+
+def _iteration_count(mapped: dict) -> int:
+    return len(mapped["iterations"]) if "iterations" in mapped else len(mapped.get("start_ns", []))
 
 
 def _group_reasons(bad: list[dict]) -> str:

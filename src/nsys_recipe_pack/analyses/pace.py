@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import BadInputError
-from ..gpu import gpu_ops
+from ..gpu import gpu_intervals
 from ..intervals import split_into_windows
 from ..iterations import closest_names, find_iterations
 
@@ -28,41 +28,38 @@ def map_rank(rd, options: dict) -> dict:
     kernel = options.get("kernel")
     if kernel:
         rd.require("kernel", "kernel_pace --kernel")
-        k = rd.kernels
-        sel = k[k["name"] == kernel].sort_values("start_ns", kind="mergesort")
-        if sel.empty:
+        k = rd.frame("kernels")
+        codes, words = k.codes("name")
+        hit = np.flatnonzero(words[:-1] == kernel)
+        if not len(hit):
             raise BadInputError(f"{rd.file}: no kernel named {kernel!r}; closest names: "
-                                f"{closest_names(kernel, k['name'])}")
-        start, end = sel["start_ns"].to_numpy(np.int64), sel["end_ns"].to_numpy(np.int64)
+                                f"{closest_names(kernel, words[:-1])}")
+        sel = np.flatnonzero(codes == hit[0])
+        start, end = k.values("start_ns")[sel], k.values("end_ns")[sel]
+        order = np.argsort(start, kind="stable")
+        start, end = start[order], end[order]
         delimiter = {"kind": "kernel", "name": kernel, "domain": None, "source": "--kernel"}
     else:
         it = find_iterations(rd.nvtx, rd.kernels, options.get("iteration"), options.get("iteration_kernel"),
                              rd.file)
         delimiter = it.delimiter.as_dict()
         start, end = it.start_ns.copy(), it.end_ns.copy()
-        ops = gpu_ops(rd)
-        if len(ops):
-            ev, win, cs, ce = split_into_windows(ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy(), start, end)
+        op_start, op_end = gpu_intervals(rd)
+        if len(op_start):  # the pace of the GPU work inside each iteration
+            ev, win, cs, ce = split_into_windows(op_start, op_end, start, end)
             if len(win):
-                span = pd.DataFrame({"w": win, "s": cs, "e": ce}).groupby("w").agg(s=("s", "min"), e=("e", "max"))
-                idx = span.index.to_numpy()
-                start[idx], end[idx] = span["s"].to_numpy(), span["e"].to_numpy()
-    prev_end = np.concatenate([start[:1], end[:-1]])
-    pace = pd.DataFrame({
-        "iteration": np.arange(len(start), dtype=np.int64),
-        "kernel": delimiter["name"],
-        "start_ns": start,
-        "end_ns": end,
-        "duration_ns": end - start,
-        "delta_ns": pd.array(start - prev_end, dtype="Int64"),
-    })
-    if len(pace):
-        pace.loc[0, "delta_ns"] = pd.NA
-    return {"pace": pace, "delimiter": delimiter, "stats": _stats(pace, -1)}
+                first = np.flatnonzero(np.r_[True, win[1:] != win[:-1]]) if np.all(np.diff(win) >= 0) else None
+                if first is None:
+                    order = np.argsort(win, kind="stable")
+                    win, cs, ce = win[order], cs[order], ce[order]
+                    first = np.flatnonzero(np.r_[True, win[1:] != win[:-1]])
+                idx = win[first]
+                start[idx], end[idx] = np.minimum.reduceat(cs, first), np.maximum.reduceat(ce, first)
+    return {"start_ns": start, "end_ns": end, "delimiter": delimiter, "stats": _stats(end - start, -1)}
 
 
-def _stats(df: pd.DataFrame, rank: int) -> dict:
-    d = df["duration_ns"].to_numpy(dtype=np.int64)
+def _stats(d: np.ndarray, rank: int) -> dict:
+    d = d.astype(np.int64, copy=False)
     mean = float(d.mean()) if len(d) else np.nan
     std = float(d.std(ddof=1)) if len(d) > 1 else np.nan
     return {
@@ -74,13 +71,27 @@ def _stats(df: pd.DataFrame, rank: int) -> dict:
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
-    pace = pd.concat([r["pace"].assign(rank=r["rank"], offset=r["offset_ns"]) for r in per_rank], ignore_index=True)
-    pace["start_aligned_ns"] = pace["start_ns"] + pace["offset"]
-    pace["lag_ns"] = pace["start_aligned_ns"] - pace.groupby("iteration")["start_aligned_ns"].transform("min")
-    pace = pace[["rank", "iteration", "kernel", "start_ns", "end_ns", "start_aligned_ns", "duration_ns", "delta_ns",
-                 "lag_ns"]].sort_values(["rank", "iteration"], kind="mergesort").reset_index(drop=True)
+    per_rank = sorted(per_rank, key=lambda r: r["rank"])  # rows by rank, then iteration
+    counts = np.array([len(r["start_ns"]) for r in per_rank], np.int64)
+    start = np.concatenate([r["start_ns"] for r in per_rank]).astype(np.int64)
+    end = np.concatenate([r["end_ns"] for r in per_rank]).astype(np.int64)
+    first = np.cumsum(counts) - counts  # each rank's first row
+    iteration = np.arange(len(start)) - np.repeat(first, counts)
+    aligned = start + np.repeat([r["offset_ns"] for r in per_rank], counts).astype(np.int64)
+    earliest = np.full(int(iteration.max()) + 1 if len(iteration) else 0, np.iinfo(np.int64).max)
+    np.minimum.at(earliest, iteration, aligned)
+    prev_end = np.r_[np.int64(0), end[:-1]]
+    delta = pd.array(start - prev_end, dtype="Int64")
+    delta[first[counts > 0]] = pd.NA  # no previous instance on the rank
+    pace = pd.DataFrame({
+        "rank": np.repeat([int(r["rank"]) for r in per_rank], counts).astype(np.int64),
+        "iteration": iteration,
+        "kernel": np.repeat(np.array([r["delimiter"]["name"] for r in per_rank], dtype=object), counts),
+        "start_ns": start, "end_ns": end, "start_aligned_ns": aligned, "duration_ns": end - start,
+        "delta_ns": delta, "lag_ns": aligned - earliest[iteration],
+    })
     # per-rank statistics come from the map step (computed where the rank's rows are); -1 is all ranks
-    stats = sorted(({**r["stats"], "rank": int(r["rank"])} for r in per_rank), key=lambda d: d["rank"])
-    stats.append(_stats(pace, -1))
+    stats = [{**r["stats"], "rank": int(r["rank"])} for r in per_rank]
+    stats.append(_stats(end - start, -1))
     stats = pd.DataFrame(stats).astype({"rank": "int64", "count": "int64", "min_ns": "Int64", "max_ns": "Int64"})
     return {"pace": pace, "stats": stats}
