@@ -449,14 +449,25 @@ class StringTable:
     def lookup(self, ids: pd.Series) -> pd.Series:
         """The string of each id (None where the id is missing or unknown)."""
         ids = pd.to_numeric(ids, errors="coerce")
-        distinct, where = np.unique(ids.fillna(-1).astype("int64").to_numpy(), return_inverse=True)
+        words, where = self._words(ids.fillna(-1).astype("int64").to_numpy())
+        return pd.Series(words[where], index=ids.index, dtype=object)
+
+    def distinct(self, ids: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+        """(words, at) with words[at] the string of each id of an integer column; no string made per row."""
+        values = ids.fill_null(0).to_numpy().astype(np.int64)  # 0 fits unsigned columns too
+        if ids.null_count:
+            values[ids.is_null().to_numpy(zero_copy_only=False)] = -1
+        return self._words(values)
+
+    def _words(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        distinct, where = np.unique(ids, return_inverse=True)
         words = np.full(len(distinct), None, dtype=object)
         if len(self._ids):
             pos = np.minimum(np.searchsorted(self._ids, distinct), len(self._ids) - 1)
             known = self._ids[pos] == distinct
             if known.any():
                 words[known] = self._values.take(pa.array(self._rows[pos[known]])).to_numpy(zero_copy_only=False)
-        return pd.Series(words[where.reshape(-1)], index=ids.index, dtype=object)
+        return words, where.reshape(-1)
 
 
 def _strings(src: ExportSource) -> StringTable:
@@ -533,6 +544,46 @@ def _require_times(src: ExportSource, table: str, raw: pd.DataFrame) -> None:
     if src.has(table) and not {"start", "end"} <= set(raw.columns):
         raise BadInputError(f"{src.origin}: table {table} has no start/end columns, so the export is damaged; "
                             "export the report again with `nsys export`")
+
+
+def _read_gpu_fast(src: ExportSource, table: str, cols: list[str], strings: StringTable) -> Frame | None:
+    """`_read_gpu` for a clean Parquet export, straight to Arrow; None sends the table down the general path."""
+    if src.kind != "parquetdir" or not src.has(table):
+        return None
+    raw = src.read_arrow(table, [c for c in cols if c in src.columns(table)])
+    have = set(raw.column_names)
+    numeric = [c for c in have if c not in ("shortName", "demangledName")]
+    if not {"start", "end", "globalPid"} <= have or raw.num_rows == 0 or raw.column("start").null_count \
+            or raw.column("end").null_count or not all(pa.types.is_integer(raw.schema.field(c).type) for c in numeric):
+        return None
+    n = raw.num_rows
+    arrays = {"start_ns": raw.column("start").cast(pa.int64()), "end_ns": raw.column("end").cast(pa.int64())}
+    dtypes = {"start_ns": "int64", "end_ns": "int64"}
+    for src_col, dst in GPU_COLUMNS:
+        if src_col in cols:
+            arrays[dst] = raw.column(src_col).cast(pa.int64()) if src_col in have else pa.nulls(n, pa.int64())
+            dtypes[dst] = "Int64"
+    gp = raw.column("globalPid").fill_null(0).to_numpy().astype(np.uint64)
+    arrays["pid"], dtypes["pid"] = ((gp >> np.uint64(PID_SHIFT)) & np.uint64(PID_MASK)).astype(np.int64), "int64"
+    if "shortName" in cols:
+        short = "shortName" if "shortName" in have else "demangledName" if "demangledName" in have else None
+        full = "demangledName" if "demangledName" in have else short
+        if short is None:
+            return None
+        name_words, name_at = strings.distinct(raw.column(short))
+        name_words = np.array(["" if w is None else w for w in name_words], dtype=object)
+        full_words, full_at = strings.distinct(raw.column(full))
+        if any(w is None for w in full_words):
+            return None  # a full name missing: filled from the short name row by row, on the general path
+        arrays["name"], dtypes["name"] = _dictionary_of(name_words, name_at), "object"
+        arrays["full_name"], dtypes["full_name"] = _dictionary_of(full_words, full_at), "object"
+    return Frame(pa.table(arrays), dtypes)
+
+
+def _dictionary_of(words: np.ndarray, at: np.ndarray) -> pa.DictionaryArray:
+    """words[at] as a dictionary column with each distinct string once."""
+    enc = pa.array(words, pa.string()).dictionary_encode()
+    return pa.DictionaryArray.from_arrays(pa.array(enc.indices.to_numpy()[at].astype(np.int32)), enc.dictionary)
 
 
 def _read_gpu(src: ExportSource, table: str, cols: list[str], strings: StringTable) -> pd.DataFrame:
@@ -640,7 +691,8 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path) -> tuple[dict, 
     for need, attr in [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")]:
         if need in needs:
             (table, cols), = TABLES[need].items()
-            frames[attr] = _read_gpu(src, table, cols, strings)
+            fast = _read_gpu_fast(src, table, cols, strings)
+            frames[attr] = fast if fast is not None else _read_gpu(src, table, cols, strings)
     if "runtime" in needs:
         frames["runtime"] = _read_runtime(src, strings)
     if "mpi" in needs:
@@ -651,9 +703,9 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path) -> tuple[dict, 
     if has_cuda:
         for attr in ("kernels", "memcpy"):
             if attr in frames:
-                gpu_pids.update(int(p) for p in np.unique(frames[attr]["pid"]))
+                gpu_pids.update(int(p) for p in np.unique(_pids(frames[attr])))
         if not gpu_pids and "runtime" in frames:
-            gpu_pids.update(int(p) for p in np.unique(frames["runtime"]["pid"]))
+            gpu_pids.update(int(p) for p in np.unique(_pids(frames["runtime"])))
     nvtx_ranges = nvtx_all[nvtx_all["event_type"].isin([59, 60])]
     pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(nvtx_ranges["pid"]))
     nvtx_rank = {}
@@ -664,6 +716,10 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path) -> tuple[dict, 
     meta = {"env": env, "session_start_ns": _session_start(src), "synthetic": bool(synthetic),
             "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": nvtx_rank}
     return frames, meta
+
+
+def _pids(frame) -> np.ndarray:
+    return frame.values("pid") if isinstance(frame, Frame) else frame["pid"].to_numpy()
 
 
 def _split_ranks(path: Path, frames: dict, meta: dict) -> list[RankData]:
@@ -728,7 +784,7 @@ def _to_frames(frames: dict) -> dict:
     out = {}
     for attr, df in frames.items():
         try:
-            out[attr] = Frame.from_pandas(df)
+            out[attr] = df if isinstance(df, Frame) else Frame.from_pandas(df)
         except (TypeError, pa.ArrowException):
             out[attr] = df
     return out
