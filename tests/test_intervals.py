@@ -34,3 +34,26 @@ def test_events_outside_all_windows_vanish():
 def test_union_segments():
     s, e = union_segments(np.array([3, 0, 20]), np.array([8, 5, 30]))
     assert s.tolist() == [0, 20] and e.tolist() == [8, 30]
+
+
+def test_task_sizes_cover_every_file_once_and_shrink_to_single_files():
+    from nsys_recipe_pack.runner import task_sizes
+
+    for n, workers in [(1, 2), (5, 2), (256, 2), (1000, 8)]:
+        tasks = task_sizes(n, workers)
+        firsts = [f for f, _ in tasks]
+        sizes = [s for _, s in tasks]
+        assert firsts == list(np.cumsum([0] + sizes[:-1])) and sum(sizes) == n  # contiguous, no file twice
+        assert max(sizes) <= 16 and sizes == sorted(sizes, reverse=True) and sizes[-1] == 1
+    assert [s for _, s in task_sizes(256, 2)][:9] == [16] * 9  # 256 // 8 = 32 > 16 until 112 files are left
+
+
+def test_covered_length_by_hand():
+    from nsys_recipe_pack.intervals import covered_length
+
+    # GPU work [0,10) and [5,12) and [20,30): union [0,12) + [20,30)
+    seg = union_segments(np.array([0, 20, 5]), np.array([10, 30, 12]))
+    assert [list(seg[0]), list(seg[1])] == [[0, 20], [12, 30]]
+    got = covered_length(*seg, np.array([5, 12, -5, 25, 11]), np.array([25, 18, 100, 25, 21]))
+    assert got.tolist() == [7 + 5, 0, 22, 0, 1 + 1]
+    assert covered_length(np.zeros(0, np.int64), np.zeros(0, np.int64), np.array([1]), np.array([2])).tolist() == [0]

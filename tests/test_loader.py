@@ -6,6 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pandas.testing as pdt
 import pytest
@@ -161,3 +162,15 @@ def test_one_report_with_several_processes_gives_one_rank_each(tmp_path):
     it = pd.read_parquet(out / "iterations.parquet")
     # rank 1 (the second process) was slow in 3-5; with two ranks the median splits the excess evenly
     assert (it.loc[it["rank"] == 1].set_index("iteration").loc[[3, 4, 5], "excess_ns"] > 0).all()
+
+
+def test_string_table_looks_up_distinct_ids_only_and_keeps_the_last_of_a_repeated_id():
+    import pyarrow as pa
+
+    from nsys_recipe_pack.loader import StringTable
+
+    table = StringTable(np.array([3, 1, 7, 3]), pa.array(["c-old", "a", "g", "c"]))
+    got = table.lookup(pd.Series([1, 3, None, 99, 7, 1]))
+    assert got.tolist() == ["a", "c", None, None, "g", "a"]
+    words, at = table.distinct(pa.chunked_array([pa.array([7, None, 7], pa.uint32())]))
+    assert words[at].tolist() == ["g", None, "g"]

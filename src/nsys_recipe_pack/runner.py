@@ -250,13 +250,10 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
     if mode == "dask-futures":
         return _run_dask(args, options, jobs)
     workers = max(1, min(jobs or os.cpu_count() or 1, len(files)))
-    # a few files per task: far fewer round trips to the workers than one task per file, and still
-    # several tasks per worker so that a slow file does not leave the other workers idle
-    per_task = max(1, min(16, len(args) // (4 * workers)))
-    chunks = [args[i:i + per_task] for i in range(0, len(args), per_task)]
     results: list = [None] * len(args)
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_map_files, chunk): i * per_task for i, chunk in enumerate(chunks)}
+        futures = {pool.submit(_map_files, args[first:first + size]): first
+                   for first, size in task_sizes(len(args), workers)}
         bar = progress.Counter(total=len(args), desc=recipe)
         for fut in as_completed(futures):
             first = futures[fut]
@@ -265,6 +262,17 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
             bar.advance(len(done))
         bar.close()
     return results
+
+
+def task_sizes(n: int, workers: int, most: int = 16) -> list[tuple[int, int]]:
+    """(first, size) of each task: several files per task (far fewer round trips to the workers), shrinking
+    towards the end so that all workers finish together (one slow last task would leave the others idle)."""
+    tasks, first = [], 0
+    while first < n:
+        size = max(1, min(most, (n - first) // (4 * workers)))
+        tasks.append((first, size))
+        first += size
+    return tasks
 
 
 def _map_files(chunk: list[tuple]) -> list[list[dict]]:
