@@ -103,7 +103,10 @@ class Frame:
 
     def codes(self, column: str) -> tuple[np.ndarray, np.ndarray]:
         """A string column as (codes, words): words[codes] is the column; the last word is None (code -1)."""
-        col = self.table.column(column).combine_chunks()
+        col = self.table.column(column)
+        if not pa.types.is_dictionary(col.type):  # a damaged export's names that are not strings
+            col = col.cast(pa.string()).dictionary_encode()
+        col = col.combine_chunks()
         words = np.append(col.dictionary.to_numpy(zero_copy_only=False), None)
         return col.indices.fill_null(-1).to_numpy().astype(np.int64, copy=False), words
 
@@ -149,7 +152,12 @@ class RankData:
     def frame(self, name: str) -> Frame | None:
         t = self._tables.get(name)
         if isinstance(t, pd.DataFrame):
-            t = self._tables[name] = Frame.from_pandas(t)
+            try:
+                t = Frame.from_pandas(t)
+            except (TypeError, pa.ArrowException):  # values of a damaged export that are not strings: as text
+                t = Frame.from_pandas(t.apply(lambda c: c.astype(str).where(c.notna(), None)
+                                              if c.dtype == object else c))
+            self._tables[name] = t
         return t
 
     def _pandas(self, name: str) -> pd.DataFrame | None:
