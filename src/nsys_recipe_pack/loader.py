@@ -441,8 +441,9 @@ def open_source(path: Path, needs: set[str], nsys_path: str | None = None) -> Ex
 # reading and normalising
 
 
-def _pid_of(global_id: pd.Series) -> np.ndarray:
-    return ((global_id.astype("uint64") >> np.uint64(PID_SHIFT)) & np.uint64(PID_MASK)).astype("int64").to_numpy()
+def _pid_of(global_id) -> np.ndarray:
+    ids = np.asarray(global_id).astype(np.uint64)
+    return ((ids >> np.uint64(PID_SHIFT)) & np.uint64(PID_MASK)).astype(np.int64)
 
 
 class StringTable:
@@ -485,10 +486,6 @@ def _strings(src: ExportSource) -> StringTable:
     return StringTable(s.column("id").to_numpy().astype(np.int64), s.column("value").combine_chunks())
 
 
-def _lookup(strings: StringTable, ids: pd.Series) -> pd.Series:
-    return strings.lookup(ids)
-
-
 def _env(src: ExportSource) -> dict:
     if not src.has("TARGET_INFO_SYSTEM_ENV"):
         return {}
@@ -521,7 +518,7 @@ def _read_nvtx(src: ExportSource, strings: StringTable) -> pd.DataFrame:
                               ("name", object), ("domain", object), ("tid", "int64"), ("pid", "int64")]})
     text = raw["text"].astype(object) if "text" in raw else pd.Series(None, index=raw.index, dtype=object)
     if "textId" in raw:
-        text = text.where(text.notna(), _lookup(strings, raw["textId"]))
+        text = text.where(text.notna(), strings.lookup(raw["textId"]))
     domain_id = pd.to_numeric(raw.get("domainId", pd.Series(0, index=raw.index)), errors="coerce").fillna(0)
     domain_id = domain_id.astype("int64")
     event_type = raw["eventType"].astype("int64")
@@ -572,7 +569,7 @@ def _read_gpu_fast(src: ExportSource, table: str, cols: list[str], strings: Stri
             arrays[dst] = raw.column(src_col).cast(pa.int64()) if src_col in have else pa.nulls(n, pa.int64())
             dtypes[dst] = "Int64"
     gp = raw.column("globalPid").fill_null(0).to_numpy().astype(np.uint64)
-    arrays["pid"], dtypes["pid"] = ((gp >> np.uint64(PID_SHIFT)) & np.uint64(PID_MASK)).astype(np.int64), "int64"
+    arrays["pid"], dtypes["pid"] = _pid_of(gp), "int64"
     if "shortName" in cols:
         short = "shortName" if "shortName" in have else "demangledName" if "demangledName" in have else None
         full = "demangledName" if "demangledName" in have else short
@@ -615,8 +612,8 @@ def _read_gpu(src: ExportSource, table: str, cols: list[str], strings: StringTab
             out["name"] = ""
             out["full_name"] = ""
         else:
-            out["name"] = _lookup(strings, short).fillna("")
-            out["full_name"] = _lookup(strings, full).fillna(out["name"])
+            out["name"] = strings.lookup(short).fillna("")
+            out["full_name"] = strings.lookup(full).fillna(out["name"])
     return out
 
 
@@ -627,7 +624,7 @@ def _read_runtime(src: ExportSource, strings: StringTable) -> pd.DataFrame:
     tid = pd.to_numeric(raw["globalTid"], errors="coerce").fillna(0).astype("uint64") if "globalTid" in raw else \
         pd.Series(0, index=n, dtype="uint64")
     corr = raw["correlationId"] if "correlationId" in raw else pd.Series(pd.NA, index=n, dtype="Int64")
-    names = _lookup(strings, raw["nameId"]).fillna("") if "nameId" in raw else pd.Series("", index=n, dtype=object)
+    names = strings.lookup(raw["nameId"]).fillna("") if "nameId" in raw else pd.Series("", index=n, dtype=object)
     return pd.DataFrame({
         "start_ns": raw["start"].astype("int64") if len(raw) else pd.Series(dtype="int64"),
         "end_ns": raw["end"].astype("int64") if len(raw) else pd.Series(dtype="int64"),
@@ -650,7 +647,7 @@ def _read_mpi(src: ExportSource, strings: StringTable) -> pd.DataFrame:
             "end_ns": raw["end"].astype("int64"),
             "tid": tid.astype("int64"),
             "pid": _pid_of(tid),
-            "name": _lookup(strings, raw["textId"]).fillna("MPI") if "textId" in raw else "MPI",
+            "name": strings.lookup(raw["textId"]).fillna("MPI") if "textId" in raw else "MPI",
         }))
     if not frames:
         return pd.DataFrame({"start_ns": pd.Series(dtype="int64"), "end_ns": pd.Series(dtype="int64"),

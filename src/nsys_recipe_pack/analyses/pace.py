@@ -48,11 +48,9 @@ def map_rank(rd, options: dict) -> dict:
         if len(op_start):  # the pace of the GPU work inside each iteration
             ev, win, cs, ce = split_into_windows(op_start, op_end, start, end)
             if len(win):
-                first = np.flatnonzero(np.r_[True, win[1:] != win[:-1]]) if np.all(np.diff(win) >= 0) else None
-                if first is None:
-                    order = np.argsort(win, kind="stable")
-                    win, cs, ce = win[order], cs[order], ce[order]
-                    first = np.flatnonzero(np.r_[True, win[1:] != win[:-1]])
+                order = np.argsort(win, kind="stable")
+                win, cs, ce = win[order], cs[order], ce[order]
+                first = np.flatnonzero(np.r_[True, win[1:] != win[:-1]])
                 idx = win[first]
                 start[idx], end[idx] = np.minimum.reduceat(cs, first), np.maximum.reduceat(ce, first)
     return {"start_ns": start, "end_ns": end, "delimiter": delimiter, "stats": _stats(end - start, -1)}
