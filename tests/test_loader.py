@@ -94,6 +94,20 @@ def test_export_cache_is_reused_across_copies_and_renewed_on_change(nsys, mpi_co
     assert calls == ["export", "export", "export"]
 
 
+def test_a_warm_load_reads_back_exactly_what_the_first_load_made(nsys, report_copy, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))
+    (cold,) = loader.load_file(report_copy, NEEDS)
+    (entry,) = [p for p in loader.export_cache_dir().iterdir() if p.is_dir() and not p.name.startswith(".")]
+    (cache,) = entry.glob(f"loaded-v{loader.LOADED_FORMAT}-*")
+    assert {p.name for p in cache.iterdir()} == {"meta.json", loader.LOADED_FILE}  # one file for all frames
+    monkeypatch.setattr(loader, "_read_frames", None)  # the warm load must not touch the export
+    (warm,) = loader.load_file(report_copy, NEEDS)
+    for attr in ("nvtx", "kernels", "memcpy", "memset", "runtime", "sync", "mpi"):
+        pdt.assert_frame_equal(getattr(warm, attr), getattr(cold, attr), obj=attr)  # dtypes included
+    assert (warm.pid, warm.env, warm.rank_candidates, warm.session_start_ns) == \
+        (cold.pid, cold.env, cold.rank_candidates, cold.session_start_ns)
+
+
 def test_only_needed_tables_are_exported(nsys, mpi_copy, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))
     report = mpi_copy / "report3.qdrep"

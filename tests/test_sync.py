@@ -61,6 +61,38 @@ def test_innermost_range_and_levels_by_hand():
     assert names == ["C", "B", "A", "D", "E", "A", None, None]
 
 
+def test_innermost_range_against_brute_force():
+    # random properly nested ranges on three threads, shared start and end times and ranges of no length
+    # included; a range is open at t when start <= t < end, and the innermost open one is the latest started
+    # (of two that start together, the shorter one)
+    rng = np.random.default_rng(7)
+    def nest(rows, tid, a, b, depth):
+        cuts = np.sort(rng.integers(a, b + 1, size=2 * int(rng.integers(0, 4))))
+        for s, e in cuts.reshape(-1, 2):
+            rows.append((tid, s, e))
+            if depth < 4 and e - s > 1:
+                nest(rows, tid, s, e, depth + 1)
+
+    for _ in range(200):
+        rows = []
+        for tid in (1, 2, 3):
+            nest(rows, tid, 0, int(rng.integers(2, 150)), 0)
+        if not rows:
+            continue
+        r = np.array(rows, np.int64)[rng.permutation(len(rows))]
+        m = 40
+        tid, start = rng.integers(1, 5, m), rng.integers(0, 160, m)
+        end = start + rng.integers(0, 15, m)
+        got = innermost(pd.DataFrame({"tid": r[:, 0], "start_ns": r[:, 1], "end_ns": r[:, 2]}), tid, start, end)
+        for q in range(m):
+            open_ = np.flatnonzero((r[:, 0] == tid[q]) & (r[:, 1] <= start[q]) & (start[q] < r[:, 2]))
+            want = None
+            if len(open_):
+                best = open_[np.lexsort((r[open_, 1] - r[open_, 2], r[open_, 1]))[-1]]
+                want = tuple(r[best]) if r[best, 2] >= end[q] else None
+            assert (tuple(r[got[q]]) if got[q] >= 0 else None) == want
+
+
 def test_gpu_idle_while_blocked_by_hand():
     # host: cudaDeviceSynchronize [10, 30) ms inside NVTX "step"; the GPU works [5, 15) and [20, 22) ms
     rt = pd.DataFrame({"start_ns": [10 * MS], "end_ns": [30 * MS], "tid": [7], "pid": [1],

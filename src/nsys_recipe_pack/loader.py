@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.feather as feather
+import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from . import nsys_tool
@@ -81,6 +81,7 @@ class Frame:
     def __init__(self, table: pa.Table, dtypes: dict[str, str]):
         self.table = table
         self.dtypes = dtypes  # column -> the pandas dtype the column has in to_pandas()
+        self._memo: dict = {}  # analyses ask for the same columns several times
 
     def __len__(self) -> int:
         return self.table.num_rows
@@ -89,11 +90,16 @@ class Frame:
         return column in self.dtypes
 
     def values(self, column: str, dtype=np.int64, fill=0) -> np.ndarray:
-        """A numeric column as NumPy, nulls replaced by `fill`."""
-        col = self.table.column(column)
-        if col.null_count:
-            col = col.fill_null(fill)
-        return col.to_numpy().astype(dtype, copy=False)
+        """A numeric column as a read-only NumPy array, nulls replaced by `fill`."""
+        key = ("values", column, np.dtype(dtype), fill)
+        if key not in self._memo:
+            col = self.table.column(column)
+            if col.null_count:
+                col = col.fill_null(fill)
+            out = col.to_numpy().astype(dtype, copy=False)
+            out.flags.writeable = False
+            self._memo[key] = out
+        return self._memo[key]
 
     def is_null(self, column: str) -> np.ndarray:
         col = self.table.column(column)
@@ -102,13 +108,20 @@ class Frame:
         return col.is_null().to_numpy(zero_copy_only=False)
 
     def codes(self, column: str) -> tuple[np.ndarray, np.ndarray]:
-        """A string column as (codes, words): words[codes] is the column; the last word is None (code -1)."""
-        col = self.table.column(column)
-        if not pa.types.is_dictionary(col.type):  # a damaged export's names that are not strings
-            col = col.cast(pa.string()).dictionary_encode()
-        col = col.combine_chunks()
-        words = np.append(col.dictionary.to_numpy(zero_copy_only=False), None)
-        return col.indices.fill_null(-1).to_numpy().astype(np.int64, copy=False), words
+        """A string column as read-only (codes, words): words[codes] is the column; the last word is None
+        (code -1)."""
+        key = ("codes", column)
+        if key not in self._memo:
+            col = self.table.column(column)
+            if not pa.types.is_dictionary(col.type):  # a damaged export's names that are not strings
+                col = col.cast(pa.string()).dictionary_encode()
+            col = col.combine_chunks()
+            words = np.append(col.dictionary.to_numpy(zero_copy_only=False), None)
+            indices = col.indices.fill_null(-1) if col.null_count else col.indices
+            codes = indices.to_numpy().astype(np.int64, copy=False)
+            codes.flags.writeable = words.flags.writeable = False
+            self._memo[key] = codes, words
+        return self._memo[key]
 
     def filter(self, mask: np.ndarray) -> Frame:
         return Frame(self.table.filter(pa.array(mask)), self.dtypes)
@@ -278,7 +291,7 @@ class ExportSource:
             self._con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
             self._tables = {r[0] for r in self._con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         else:
-            self._tables = {f.name[: -len(".parquet")] for f in path.glob("*.parquet")}
+            self._tables = None  # listed on first use: a warm run reads the loaded frames, not the export
         self._cols: dict[str, list[str]] = {}
 
     def _check_sqlite(self) -> None:
@@ -295,10 +308,12 @@ class ExportSource:
 
     @property
     def tables(self) -> set[str]:
+        if self._tables is None:
+            self._tables = {f.name[: -len(".parquet")] for f in self.path.glob("*.parquet")}
         return self._tables
 
     def has(self, table: str) -> bool:
-        return table in self._tables
+        return table in self.tables
 
     def columns(self, table: str) -> list[str]:
         if table not in self._cols:
@@ -362,8 +377,10 @@ def export_report(report: Path, tables: list[str], nsys: nsys_tool.Nsys) -> Path
     """
     _check_report_file(report)
     entry = export_cache_dir() / _report_key(report, nsys)
-    entry.parent.mkdir(parents=True, exist_ok=True)
     manifest_path = entry / "manifest.json"
+    if set(tables) <= set(_read_manifest(manifest_path).get("requested", [])):
+        return entry  # the usual warm case: the manifest is replaced whole, so it is read without the lock
+    entry.parent.mkdir(parents=True, exist_ok=True)
     with _locked(entry.with_suffix(".lock")):
         manifest = _read_manifest(manifest_path)
         requested = set(manifest.get("requested", []))
@@ -765,7 +782,8 @@ def _split_ranks(path: Path, frames: dict, meta: dict) -> list[RankData]:
 # the loaded frames of a cached report export, kept beside it as Arrow files: a warm run reads them
 # memory-mapped instead of decoding the export's Parquet and string ids again
 
-LOADED_FORMAT = 2  # bump when _read_frames or the layout below changes
+LOADED_FORMAT = 3  # bump when _read_frames or the layout below changes
+LOADED_FILE = "frames.arrows"
 
 
 def _loaded_dir(src: ExportSource, needs: set[str]) -> Path | None:
@@ -777,10 +795,11 @@ def _loaded_dir(src: ExportSource, needs: set[str]) -> Path | None:
 def _read_loaded(cache: Path) -> tuple[dict, dict] | None:
     try:
         meta = json.loads((cache / "meta.json").read_text())
-        frames = {attr: Frame(feather.read_table(cache / f"{attr}.arrow", memory_map=True), dtypes)
-                  for attr, dtypes in meta.pop("frames").items()}
+        tables = pa.memory_map(str(cache / LOADED_FILE)).read_buffer()  # zero-copy: frames are views of the file
+        frames = {attr: Frame(ipc.open_stream(tables.slice(at, size)).read_all(), dtypes)
+                  for attr, (dtypes, at, size) in meta.pop("frames").items()}
         return frames, meta
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
         return None
 
 
@@ -818,14 +837,22 @@ def _column_to_arrow(series: pd.Series) -> tuple[pa.Array, str]:
 
 
 def _write_loaded(cache: Path, frames: dict, meta: dict) -> None:
+    """All frames of one report in one file of Arrow IPC streams (one open and one map per warm read, where
+    a file per frame cost several times more), with where each stream lies in meta.json."""
     if not all(isinstance(f, Frame) for f in frames.values()):
         return  # a column the layout does not cover: read from the export every time instead
     tmp = Path(tempfile.mkdtemp(prefix=".loaded-", dir=cache.parent))
     try:
-        for attr, frame in frames.items():
-            feather.write_feather(frame.table, tmp / f"{attr}.arrow", compression="uncompressed")
-        doc = {**meta, "frames": {attr: frame.dtypes for attr, frame in frames.items()}}
-        (tmp / "meta.json").write_text(json.dumps(doc))
+        where = {}
+        with pa.OSFile(str(tmp / LOADED_FILE), "wb") as sink:
+            for attr, frame in frames.items():
+                at = sink.tell()
+                with ipc.new_stream(sink, frame.table.schema) as writer:
+                    writer.write_table(frame.table)
+                size = sink.tell() - at
+                sink.write(b"\0" * (-size % 64))  # the next stream's buffers stay aligned in the map
+                where[attr] = (frame.dtypes, at, size)
+        (tmp / "meta.json").write_text(json.dumps({**meta, "frames": where}))
         try:
             os.rename(tmp, cache)
         except OSError:  # another process wrote it first: theirs is the same

@@ -48,30 +48,41 @@ def innermost(ranges: pd.DataFrame, tid: np.ndarray, start: np.ndarray, end: np.
 
 def innermost_of(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, tid: np.ndarray, start: np.ndarray,
                  end: np.ndarray) -> np.ndarray:
-    """`innermost` over ranges given as arrays (thread, start, end)."""
-    m = len(tid)
-    n = len(r_tid)
+    """`innermost` over ranges given as arrays (thread, start, end).
+
+    One sort of all range starts, range ends and queries: walking it, the depth is a running sum, a
+    range's level is the depth at its start, and the range around a query is the last start of level
+    depth - 1 before it on its thread (any later start of that level would be nested deeper).
+    """
+    # a range of no length encloses nothing, and its end sorting before its start would upset the depth
+    kept = np.flatnonzero(np.asarray(r_end) > np.asarray(r_start))
+    r_tid, r_start, r_end = (np.asarray(a, np.int64)[kept] for a in (r_tid, r_start, r_end))
+    m, n = len(tid), len(r_tid)
     if m == 0 or n == 0:
         return np.full(m, -1, np.int64)
-    lvl = _levels(r_tid, r_start, r_end)
-    tid = np.asarray(tid, np.int64)
-    ev_tid = np.concatenate([r_tid, r_tid, tid])
-    ev_t = np.concatenate([r_start, r_end, np.asarray(start, np.int64)])
-    ev_order = np.concatenate([np.zeros(n, np.int64), np.zeros(n, np.int64) - 1, np.ones(m, np.int64)])
-    ev_delta = np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64), np.zeros(m, np.int64)])
-    ev_q = np.concatenate([np.full(2 * n, -1), np.arange(m)])
-    o = np.lexsort((ev_order, ev_t, ev_tid))
-    depth = np.cumsum(ev_delta[o])  # per thread, as in stack_levels
-    q_sorted = ev_q[o]
-    is_q = q_sorted >= 0
-    q_depth = np.empty(m, np.int64)
-    q_depth[q_sorted[is_q]] = depth[is_q]
-    pos = _asof_backward(tid, q_depth - 1, np.asarray(start, np.int64), r_tid, lvl, r_start)
+    start, end = np.asarray(start, np.int64), np.asarray(end, np.int64)
+    ev_tid = np.concatenate([r_tid, r_tid, np.asarray(tid, np.int64)])
+    ev_t = np.concatenate([r_start, r_end, start])
+    # at one instant: ranges that end, then ranges that start (longer first), then the queries
+    ev_kind = np.repeat(np.array([0, -1, 1], np.int64), [n, n, m])
+    ev_neg_len = np.concatenate([r_start - r_end, np.zeros(n + m, np.int64)])
+    o = np.lexsort((ev_neg_len, ev_kind, ev_t, ev_tid))
+    depth = np.cumsum(np.repeat(np.array([1, -1, 0], np.int64), [n, n, m])[o])  # per thread: each balances
+    tid_sorted = ev_tid[o]
+    thread = np.cumsum(np.r_[0, tid_sorted[1:] != tid_sorted[:-1]])
+    is_start, is_query = o < n, o >= 2 * n
+    wanted = depth - (is_start | is_query)  # a start's level; the level a query looks for
+    group = (thread * (int(depth.max()) + 2) + wanted + 1) * len(o) + np.arange(len(o))  # thread, level, order
+    starts = np.flatnonzero(is_start)
+    starts = starts[np.argsort(group[starts])]
+    at = np.searchsorted(group[starts], group[is_query], side="right") - 1
+    queries = o[is_query] - 2 * n
+    hit = starts[np.maximum(at, 0)]
+    same = (at >= 0) & (group[hit] // len(o) == group[is_query] // len(o))
+    pos = o[hit]
     out = np.full(m, -1, np.int64)
-    q = np.flatnonzero(pos >= 0)
-    pos = pos[q]
-    contains = r_end[pos] >= np.asarray(end, np.int64)[q]
-    out[q[contains]] = pos[contains]
+    inside = same & (r_end[np.where(same, pos, 0)] >= end[queries])
+    out[queries[inside]] = kept[pos[inside]]
     return out
 
 

@@ -387,10 +387,11 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
             _name_analysis_file(staged, out)
         else:
             log(f"running {recipe} with the pack's runner on {len(files)} input(s)")
+            version = _nsys_version_or_none(files, nsys_path)  # before the map: the workers inherit it
             mapped = run_pack_engine(recipe, files, options, mode, jobs, nsys_path)
             tables, analysis = reduce_all(recipe, mapped, options)
             analysis["engine"] = "pack"
-            analysis["nsys_version"] = _nsys_version_or_none(files, nsys_path)
+            analysis["nsys_version"] = version
             written = write_tables(staged, tables, analysis)
             copy_notebook(staged, recipe)
             write_nsys_analysis(staged, out.name, recipe, mode, [str(f) for f in files], written, started)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from ..errors import BadInputError
 from ..gpu import gpu_intervals
@@ -81,10 +82,15 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     prev_end = np.r_[np.int64(0), end[:-1]]
     delta = pd.array(start - prev_end, dtype="Int64")
     delta[first[counts > 0]] = pd.NA  # no previous instance on the rank
+    # the delimiter's name on every row, from the ranks' few names (no Python string per row)
+    names, name_of_rank = np.unique(np.array([r["delimiter"]["name"] for r in per_rank], dtype=object),
+                                    return_inverse=True)
+    kernel = pa.DictionaryArray.from_arrays(np.repeat(name_of_rank.astype(np.int32), counts),
+                                            pa.array(names, pa.string())).dictionary_decode()
     pace = pd.DataFrame({
         "rank": np.repeat([int(r["rank"]) for r in per_rank], counts).astype(np.int64),
         "iteration": iteration,
-        "kernel": np.repeat(np.array([r["delimiter"]["name"] for r in per_rank], dtype=object), counts),
+        "kernel": pd.Series(kernel, dtype="str"),
         "start_ns": start, "end_ns": end, "start_aligned_ns": aligned, "duration_ns": end - start,
         "delta_ns": delta, "lag_ns": aligned - earliest[iteration],
     })
