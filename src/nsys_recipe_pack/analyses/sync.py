@@ -163,9 +163,12 @@ SUMMARY_COLUMNS = ["kind", "api", "count", "total_ns", "mean_ns", "max_ns"]
 def _groups(*keys: np.ndarray, within: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Order that sorts rows by the integer keys (first key most significant; then by `within` inside a
     group), and where each group of equal keys starts in that order."""
-    order = np.lexsort(keys[::-1] if within is None else (within, *keys[::-1]))
-    k = np.stack([key[order] for key in keys])
-    first = np.flatnonzero(np.r_[True, (k[:, 1:] != k[:, :-1]).any(axis=0)]) if len(order) else np.zeros(0, int)
+    key = np.zeros(len(keys[0]), np.int64)
+    for k in keys:  # a few small codes: one integer key, so one sort
+        key = key * (int(k.max()) + 1 if len(k) else 1) + k
+    order = np.argsort(key, kind="stable") if within is None else np.lexsort((within, key))
+    key = key[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(order) else np.zeros(0, int)
     return order, first
 
 
