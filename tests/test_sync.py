@@ -52,6 +52,9 @@ def test_innermost_range_and_levels_by_hand():
     ranges = pd.DataFrame({"name": list("ABCDE"), "tid": [1, 1, 1, 1, 2],
                            "start_ns": [0, 10, 20, 60, 0], "end_ns": [100, 50, 30, 90, 100]})
     assert stack_levels(ranges).tolist() == [0, 1, 2, 1, 0]
+    # a range of no length at the instant another starts is nested in it, and does not lift it a level
+    zero = pd.DataFrame({"tid": [1, 1, 1], "start_ns": [0, 5, 5], "end_ns": [10, 5, 8]})
+    assert stack_levels(zero).tolist() == [0, 2, 1]
     tid = np.array([1, 1, 1, 1, 2, 1, 3, 1])
     start = np.array([25, 40, 55, 70, 5, 95, 5, 85])
     end = np.array([28, 45, 58, 80, 6, 99, 6, 120])

@@ -24,8 +24,9 @@ def _levels(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     n = len(tid)
     ev_tid = np.concatenate([tid, tid])
     ev_t = np.concatenate([start, end])
-    # at equal times an end comes before a start; a longer range starts before a shorter one
-    ev_order = np.concatenate([np.ones(n, np.int64), np.zeros(n, np.int64)])
+    # at equal times an end comes before a start (a range of no length ends after the starts, inside
+    # what is open then); a longer range starts before a shorter one
+    ev_order = np.concatenate([np.ones(n, np.int64), np.where(end == start, 2, 0)])
     ev_neg_len = np.concatenate([start - end, np.zeros(n, np.int64)])
     ev_delta = np.concatenate([np.ones(n, np.int64), -np.ones(n, np.int64)])
     ev_row = np.concatenate([np.arange(n), np.full(n, -1)])
