@@ -33,6 +33,16 @@ def test_list_shows_recipes():
     assert res.returncode == 0 and "straggler_heatmap" in res.stdout
 
 
+def test_a_reader_that_goes_away_is_not_an_error():
+    # `nsys-recipe list | head -1`: the pipe is closed before the command writes
+    exe = Path(sys.executable).with_name("nsys-recipe")
+    read, write = os.pipe()
+    os.close(read)
+    res = subprocess.run([str(exe), "list"], stdout=write, stderr=subprocess.PIPE, text=True)
+    os.close(write)
+    assert res.stderr == "" and res.returncode == 141
+
+
 def test_no_inputs_is_a_usage_error(tmp_path):
     res = cli("run", "--name", "straggler_heatmap", "--output", str(tmp_path / "o"))
     assert res.returncode == 2

@@ -332,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("nsys-recipe: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as other commands do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        return 141
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     except Exception as exc:  # a bug: one line unless asked for the traceback
