@@ -14,7 +14,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q -e '.[test,samples]'
 	touch $@
 
+# Bytecode for the pack's own modules (an editable install has none, and none is written where
+# PYTHONDONTWRITEBYTECODE is set, as in many containers): every command would compile them again.
 setup: $(STAMP)
+	@$(BIN)/python -m compileall -q src recipes >/dev/null
 
 # Fetch Nsight Systems (with the host side, needed by `nsys stats` and to make reports) unless one is found.
 nsys: setup

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 from conftest import AI_SET
 
@@ -58,7 +59,7 @@ def test_projection_by_hand_with_overlapping_streams():
                       "pid": [1] * 4, "name": ["k1", "k2", "k3", "k4"], "full_name": ["k1", "k2", "k3", "k4"]})
     rd = RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx, kernels=k, runtime=rt, has_cuda=True)
     res = proj.map_rank(rd, {})
-    r = res["ranges"].set_index("name")
+    r = res["ranges"].to_pandas().set_index("name")
     assert r.loc["B", "gpu_start_ns"] == 20 * MS and r.loc["B", "gpu_end_ns"] == 80 * MS
     assert r.loc["B", "gpu_busy_ns"] == 60 * MS and r.loc["B", "gpu_ops"] == 2  # 40 + 40 overlapping by 20
     assert r.loc["A", "gpu_start_ns"] == 20 * MS and r.loc["A", "gpu_end_ns"] == 95 * MS
@@ -67,3 +68,15 @@ def test_projection_by_hand_with_overlapping_streams():
     out = proj.reduce([{**res, "rank": 0, "offset_ns": 0}], {})
     s = out["summary"].set_index("name")
     assert s.loc["B", "launch_ratio"] == 40 / 60
+
+
+def test_launches_pair_ops_with_calls_as_an_inner_merge():
+    # keys held by no call, by one, and by several calls (each pairing): the pairs pandas' inner merge gives
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        op_key = rng.integers(0, 30, rng.integers(0, 40))
+        call_key = rng.integers(0, 30, rng.integers(0, 40))
+        op, call = proj._launches(op_key, call_key)
+        want = pd.DataFrame({"key": op_key, "op": np.arange(len(op_key))}).merge(
+            pd.DataFrame({"key": call_key, "call": np.arange(len(call_key))}), on="key", how="inner")
+        assert op.tolist() == want["op"].tolist() and call.tolist() == want["call"].tolist()

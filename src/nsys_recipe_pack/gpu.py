@@ -31,14 +31,15 @@ def call_key(df: pd.DataFrame) -> np.ndarray:
     return df["pid"].to_numpy(np.int64) * (1 << 33) + corr
 
 
-def gpu_frames(rd) -> list[pd.DataFrame]:
-    """The rank's non-empty kernel, copy and memset frames, in that order."""
-    return [f for f in (rd.kernels, rd.memcpy, rd.memset) if f is not None and len(f)]
+def gpu_frames(rd) -> list:
+    """The rank's non-empty kernel, copy and memset tables (loader Frames), in that order."""
+    return [f for f in (rd.frame("kernels"), rd.frame("memcpy"), rd.frame("memset")) if f is not None and len(f)]
 
 
 def gpu_intervals(rd) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end of every kernel, copy and memset, for when only the GPU's busy time matters."""
-    frames = [f for f in (rd.frame("kernels"), rd.frame("memcpy"), rd.frame("memset")) if f is not None and len(f)]
+    """Start and end of every kernel, copy and memset (in `gpu_frames` order), for when only the GPU's busy
+    time matters."""
+    frames = gpu_frames(rd)
     if not frames:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     return (np.concatenate([f.values("start_ns") for f in frames]),

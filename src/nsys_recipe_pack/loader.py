@@ -137,6 +137,13 @@ class Frame:
         return cls(pa.table({c: arr for c, (arr, _) in cols.items()}), {c: t for c, (_, t) in cols.items()})
 
 
+def dictionary_column(codes: np.ndarray, words) -> pa.DictionaryArray:
+    """Codes into a list of strings (-1 = null) as an Arrow dictionary column: per-event results keep
+    their names as codes from the workers to the Parquet file."""
+    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32), mask=codes < 0),
+                                          pa.array(list(words), pa.large_string()))
+
+
 class RankData:
     """One rank's events, with names resolved and times exactly as exported (ns).
 

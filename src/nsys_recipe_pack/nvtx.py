@@ -15,12 +15,13 @@ def stack_levels(ranges: pd.DataFrame) -> pd.Series:
     """Level of each range on its thread (0 = outermost), index aligned with `ranges`."""
     if len(ranges) == 0:
         return pd.Series(dtype="int64")
-    level = _levels(ranges["tid"].to_numpy(np.int64), ranges["start_ns"].to_numpy(np.int64),
+    level = stack_levels_of(ranges["tid"].to_numpy(np.int64), ranges["start_ns"].to_numpy(np.int64),
                     ranges["end_ns"].to_numpy(np.int64))
     return pd.Series(level, index=ranges.index)
 
 
-def _levels(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+def stack_levels_of(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """`stack_levels` over ranges given as arrays (thread, start, end)."""
     n = len(tid)
     ev_tid = np.concatenate([tid, tid])
     ev_t = np.concatenate([start, end])
@@ -89,11 +90,15 @@ def innermost_of(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, tid:
 
 def parents(ranges: pd.DataFrame, levels: np.ndarray) -> np.ndarray:
     """Position of each range's parent (the enclosing range one level up on the same thread), or -1."""
-    n = len(ranges)
-    if n == 0:
+    return parents_of(ranges["tid"].to_numpy(np.int64), ranges["start_ns"].to_numpy(np.int64), levels)
+
+
+def parents_of(tid: np.ndarray, start: np.ndarray, levels: np.ndarray) -> np.ndarray:
+    """`parents` over ranges given as arrays (thread, start) and their levels."""
+    if len(tid) == 0:
         return np.zeros(0, np.int64)
-    tid, t = ranges["tid"].to_numpy(np.int64), ranges["start_ns"].to_numpy(np.int64)
-    return _asof_backward(tid, np.asarray(levels) - 1, t, tid, np.asarray(levels), t)
+    levels = np.asarray(levels)
+    return _asof_backward(tid, levels - 1, start, tid, levels, start)
 
 
 def _asof_backward(q_tid, q_level, q_t, c_tid, c_level, c_t) -> np.ndarray:

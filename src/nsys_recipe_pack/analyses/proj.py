@@ -9,36 +9,43 @@ union of its ops, so kernels overlapping on two streams are not counted twice.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
+import pyarrow as pa
 
-from ..gpu import call_key as _call_key
-from ..gpu import gpu_frames, gpu_intervals
+from ..gpu import call_key, gpu_frames, gpu_intervals
 from ..intervals import union_length
-from ..iterations import closed_ranges
-from ..nvtx import innermost, parents, stack_levels
+from ..loader import Frame, dictionary_column
+from ..nvtx import innermost_of, parents_of, stack_levels_of
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
+# the per-range table's columns and their pandas dtypes (nullable where a range may have no parent or no GPU op)
+RANGE_DTYPES = {"name": "object", "domain": "object", "pid": "int64", "tid": "int64", "range_id": "int64",
+                "parent_id": "Int64", "stack_level": "int64", "cpu_start_ns": "int64", "cpu_end_ns": "int64",
+                "gpu_start_ns": "Int64", "gpu_end_ns": "Int64", "gpu_busy_ns": "Int64", "gpu_ops": "int64"}
 
 
 def map_rank(rd, options: dict) -> dict:
     rd.require("nvtx", "nvtx_gpu_proj")
     rd.require("runtime", "nvtx_gpu_proj")
-    r = closed_ranges(rd.nvtx).sort_values(["start_ns", "end_ns"], ascending=[True, False], kind="mergesort")
-    r = r.reset_index(drop=True)
+    nv = rd.frame("nvtx")
+    start_all, end_all = nv.values("start_ns"), nv.values("end_ns")
+    closed = np.flatnonzero(np.isin(nv.values("event_type"), [59, 60]) & ~nv.is_null("end_ns")
+                            & (end_all >= start_all))
+    r = closed[np.lexsort((-end_all[closed], start_all[closed]))]  # by start, longer first; stable
+    start, end, tid = start_all[r], end_all[r], nv.values("tid")[r]
     n = len(r)
-    levels = stack_levels(r).to_numpy() if n else np.zeros(0, np.int64)
-    parent = parents(r, levels)
+    levels = stack_levels_of(tid, start, end)
+    parent = parents_of(tid, start, levels)
     op_start, op_end = gpu_intervals(rd)
-    op_key = np.concatenate([_call_key(f) for f in gpu_frames(rd)]) if len(op_start) else np.zeros(0, np.int64)
-    rt = rd.runtime if rd.runtime is not None else pd.DataFrame(columns=["pid", "correlation_id", "tid",
-                                                                          "start_ns", "end_ns"])
-    launched = _launches(op_start, op_end, op_key, rt)
-    pos = innermost(r, launched["tid"].to_numpy(np.int64), launched["call_start"].to_numpy(np.int64),
-                    launched["call_end"].to_numpy(np.int64))
+    frames = gpu_frames(rd)
+    op_key = np.concatenate([call_key(f) for f in frames]) if frames else np.zeros(0, np.int64)
+    rt = rd.frame("runtime")
+    op, call = _launches(op_key, call_key(rt))
+    op_start, op_end = op_start[op], op_end[op]
+    pos = innermost_of(tid, start, end, rt.values("tid")[call], rt.values("start_ns")[call], rt.values("end_ns")[call])
     # every (op, enclosing range) pair: walk up the parent chain, one vectorised step per nesting level
     op_idx, rng_idx = [], []
     cur = pos.copy()
-    ids = np.arange(len(launched))
+    ids = np.arange(len(op))
     while True:
         live = cur >= 0
         if not live.any():
@@ -46,21 +53,11 @@ def map_rank(rd, options: dict) -> dict:
         op_idx.append(ids[live])
         rng_idx.append(cur[live])
         cur = np.where(live, parent[np.maximum(cur, 0)] if n else -1, -1)
-    ranges = pd.DataFrame({
-        "name": r["name"].to_numpy(object), "domain": r["domain"].to_numpy(object), "pid": r["pid"].to_numpy(np.int64),
-        "tid": r["tid"].to_numpy(np.int64), "range_id": np.arange(n, dtype=np.int64),
-        "parent_id": pd.array(np.where(parent >= 0, parent, 0), dtype="Int64"), "stack_level": levels,
-        "cpu_start_ns": r["start_ns"].to_numpy(np.int64), "cpu_end_ns": r["end_ns"].to_numpy(np.int64),
-    })
-    ranges.loc[parent < 0, "parent_id"] = pd.NA
-    gpu_start = pd.array([pd.NA] * n, dtype="Int64")
-    gpu_end = pd.array([pd.NA] * n, dtype="Int64")
-    busy = pd.array([pd.NA] * n, dtype="Int64")
+    gpu_start, gpu_end, busy = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
     count = np.zeros(n, np.int64)
     if op_idx:
         oi, ri = np.concatenate(op_idx), np.concatenate(rng_idx)
-        s = launched["start_ns"].to_numpy(np.int64)[oi]
-        e = launched["end_ns"].to_numpy(np.int64)[oi]
+        s, e = op_start[oi], op_end[oi]
         order = np.argsort(ri, kind="stable")
         ri_sorted = ri[order]
         firsts = np.flatnonzero(np.r_[True, ri_sorted[1:] != ri_sorted[:-1]])
@@ -70,35 +67,37 @@ def map_rank(rd, options: dict) -> dict:
         count[idx] = np.diff(np.r_[firsts, len(ri_sorted)])
         u = union_length(ri, s, e)
         busy[u.index.to_numpy()] = u.to_numpy()
-    ranges["gpu_start_ns"] = gpu_start
-    ranges["gpu_end_ns"] = gpu_end
-    ranges["gpu_busy_ns"] = busy
-    ranges["gpu_ops"] = count
-    return {"ranges": ranges, "unlinked_ops": int(len(op_start) - len(launched))}
+    no_op = count == 0
+    name_codes, name_words = nv.codes("name")
+    domain_codes, domain_words = nv.codes("domain")
+    ranges = pa.table({
+        "name": dictionary_column(name_codes[r], name_words[:-1]),
+        "domain": dictionary_column(domain_codes[r], domain_words[:-1]),
+        "pid": nv.values("pid")[r], "tid": tid, "range_id": np.arange(n, dtype=np.int64),
+        "parent_id": pa.array(np.maximum(parent, 0), mask=parent < 0), "stack_level": levels,
+        "cpu_start_ns": start, "cpu_end_ns": end, "gpu_start_ns": pa.array(gpu_start, mask=no_op),
+        "gpu_end_ns": pa.array(gpu_end, mask=no_op), "gpu_busy_ns": pa.array(busy, mask=no_op), "gpu_ops": count,
+    })
+    return {"ranges": ranges, "unlinked_ops": int(len(op_key) - len(op))}
 
 
-def _launches(op_start, op_end, op_key, rt: pd.DataFrame) -> pd.DataFrame:
-    """Each GPU op with the thread and times of the runtime call that launched it (ops without one dropped)."""
-    rt_key = _call_key(rt) if len(rt) else np.zeros(0, np.int64)
-    index = pd.Index(rt_key)
-    if index.is_unique:
-        at = index.get_indexer(op_key)
-        ok = at >= 0
-        at = at[ok]
-        return pd.DataFrame({"start_ns": op_start[ok], "end_ns": op_end[ok],
-                             "tid": rt["tid"].to_numpy(np.int64)[at], "call_start": rt["start_ns"].to_numpy(np.int64)[at],
-                             "call_end": rt["end_ns"].to_numpy(np.int64)[at]})
-    ops = pd.DataFrame({"start_ns": op_start, "end_ns": op_end, "key": op_key})
-    calls = pd.DataFrame({"key": rt_key, "tid": rt["tid"].to_numpy(np.int64), "call_start": rt["start_ns"].to_numpy(np.int64),
-                          "call_end": rt["end_ns"].to_numpy(np.int64)})
-    return ops.merge(calls, on="key", how="inner")[["start_ns", "end_ns", "tid", "call_start", "call_end"]]
+def _launches(op_key: np.ndarray, call_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(op, call) index pairs of each GPU op and the runtime call(s) with its key, in op order (ops without
+    a call dropped; a key held by several calls pairs the op with each, in call order)."""
+    by_key = np.argsort(call_keys, kind="stable")
+    sorted_keys = call_keys[by_key]
+    lo = np.searchsorted(sorted_keys, op_key, side="left")
+    hits = np.searchsorted(sorted_keys, op_key, side="right") - lo
+    op = np.repeat(np.arange(len(op_key)), hits)
+    within = np.arange(len(op)) - np.repeat(np.cumsum(hits) - hits, hits)
+    return op, by_key[np.repeat(lo, hits) + within]
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
-    ranges = pd.concat([r["ranges"].assign(rank=r["rank"]) for r in per_rank], ignore_index=True)
-    cols = ["rank", "name", "domain", "pid", "tid", "range_id", "parent_id", "stack_level", "cpu_start_ns",
-            "cpu_end_ns", "gpu_start_ns", "gpu_end_ns", "gpu_busy_ns", "gpu_ops"]
-    ranges = ranges[cols]
+    table = pa.concat_tables([r["ranges"].add_column(0, "rank", pa.array(np.full(r["ranges"].num_rows, r["rank"],
+                                                                                  np.int64)))
+                              for r in per_rank]).unify_dictionaries()
+    ranges = Frame(table, {"rank": "int64", **RANGE_DTYPES}).to_pandas()
     g = ranges.assign(cpu=ranges["cpu_end_ns"] - ranges["cpu_start_ns"],
                       proj=(ranges["gpu_end_ns"] - ranges["gpu_start_ns"]).astype("Int64"))
     summary = g.groupby(["rank", "name", "domain"], as_index=False).agg(

@@ -19,6 +19,7 @@ import pyarrow as pa
 from ..gpu import PAGEABLE, gpu_intervals
 from ..gpu import call_key as _call_key
 from ..intervals import covered_length, union_segments
+from ..loader import dictionary_column
 from ..nvtx import innermost_of
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
@@ -91,12 +92,6 @@ def _api_traits(name: str) -> tuple[int, int, int, int]:
     return kind, int(name.startswith("cudaMemcpy")), int("async" in name.lower()), int(name.startswith("cudaMemset"))
 
 
-def _dictionary(codes: np.ndarray, words) -> pa.DictionaryArray:
-    """Codes (-1 = null) into a list of strings, as an Arrow dictionary column."""
-    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32), mask=codes < 0),
-                                          pa.array(list(words), pa.large_string()))
-
-
 def _innermost_ranges(rd, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, list]:
     """Code of the innermost closed NVTX range around each call on its thread (-1: none), and the names."""
     nv = rd.frame("nvtx")
@@ -143,9 +138,9 @@ def _map_result(api_codes, api_words, range_codes, range_words, cols: dict, wall
     """The rank's blocking calls as an Arrow table, its per-(kind, API) summary and its findings."""
     duration = cols["end_ns"] - cols["start_ns"]
     calls = pa.table({
-        "pid": cols["pid"], "tid": cols["tid"], "api": _dictionary(api_codes, api_words),
-        "kind": _dictionary(cols["kind"], KINDS), "start_ns": cols["start_ns"], "end_ns": cols["end_ns"],
-        "duration_ns": duration, "nvtx_range": _dictionary(range_codes, range_words),
+        "pid": cols["pid"], "tid": cols["tid"], "api": dictionary_column(api_codes, api_words),
+        "kind": dictionary_column(cols["kind"], KINDS), "start_ns": cols["start_ns"], "end_ns": cols["end_ns"],
+        "duration_ns": duration, "nvtx_range": dictionary_column(range_codes, range_words),
         "gpu_idle_ns": cols["gpu_idle_ns"],
     })
     c = {"kind": cols["kind"], "duration": duration, "idle": cols["gpu_idle_ns"], "start": cols["start_ns"],
