@@ -9,10 +9,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pandas.testing as pdt
+import pyarrow as pa
 import pytest
 from conftest import MPI_SET
 
-from nsys_recipe_pack import loader, nsys_tool
+from nsys_recipe_pack import loader, nsys_tool, runner
 from nsys_recipe_pack.errors import BadInputError, UsageError
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "sync", "mpi"}
@@ -188,3 +189,27 @@ def test_string_table_looks_up_distinct_ids_only_and_keeps_the_last_of_a_repeate
     assert got.tolist() == ["a", "c", None, None, "g", "a"]
     words, at = table.distinct(pa.chunked_array([pa.array([7, None, 7], pa.uint32())]))
     assert words[at].tolist() == ["g", None, "g"]
+
+
+def test_a_task_s_arrow_tables_cross_the_spill_file_unchanged(nsys, tmp_path):
+    # the pool's workers hand their results' Arrow tables over in a file the parent maps: the same tables and
+    # the same other values as a direct call
+    args = [(str(f), recipe, {}, None) for f in sorted(MPI_SET.glob("*.qdrep"))[:2]
+            for recipe in ("sync_summary", "nvtx_gpu_proj", "kernel_pace")]
+    direct = [runner.map_file(*a) for a in args]
+    spill = tmp_path / "spill"
+    spill.mkdir()
+    done, path = runner._map_files(args, str(spill))
+    assert path is not None and Path(path).parent == spill
+    got = runner._unspill(done, path)
+    tables = 0
+    for want_file, got_file in zip(direct, got, strict=True):
+        for want, res in zip(want_file, got_file, strict=True):
+            assert want.keys() == res.keys()
+            for key, value in want.items():
+                if isinstance(value, pa.Table):
+                    assert res[key].equals(value) and res[key].schema == value.schema
+                    tables += 1
+                else:
+                    assert repr(res[key]) == repr(value)
+    assert tables == 4  # sync_summary's calls and nvtx_gpu_proj's ranges of each report

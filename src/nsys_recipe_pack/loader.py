@@ -799,12 +799,35 @@ def _loaded_dir(src: ExportSource, needs: set[str]) -> Path | None:
     return src.path / f"loaded-v{LOADED_FORMAT}-{'-'.join(sorted(needs))}"
 
 
+def write_arrow_streams(path: str | Path, tables: list[pa.Table]) -> list[tuple[int, int]]:
+    """Tables as Arrow IPC streams one after another in one file (one open and one map to read them all
+    back); the (offset, size) of each. Each stream starts 64-byte aligned, so its buffers stay aligned in
+    the map."""
+    spans = []
+    with pa.OSFile(str(path), "wb") as sink:
+        for table in tables:
+            at = sink.tell()
+            with ipc.new_stream(sink, table.schema) as writer:
+                writer.write_table(table)
+            size = sink.tell() - at
+            sink.write(b"\0" * (-size % 64))
+            spans.append((at, size))
+    return spans
+
+
+def read_arrow_streams(path: str | Path, spans: list) -> list[pa.Table]:
+    """The tables `write_arrow_streams` wrote, memory-mapped: zero-copy views of the file."""
+    mapped = pa.memory_map(str(path)).read_buffer()
+    return [ipc.open_stream(mapped.slice(at, size)).read_all() for at, size in spans]
+
+
 def _read_loaded(cache: Path) -> tuple[dict, dict] | None:
     try:
         meta = json.loads((cache / "meta.json").read_text())
-        tables = pa.memory_map(str(cache / LOADED_FILE)).read_buffer()  # zero-copy: frames are views of the file
-        frames = {attr: Frame(ipc.open_stream(tables.slice(at, size)).read_all(), dtypes)
-                  for attr, (dtypes, at, size) in meta.pop("frames").items()}
+        where = meta.pop("frames")
+        tables = read_arrow_streams(cache / LOADED_FILE, [(at, size) for _, at, size in where.values()])
+        frames = {attr: Frame(table, dtypes) for (attr, (dtypes, _, _)), table in zip(where.items(), tables,
+                                                                                      strict=True)}
         return frames, meta
     except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
         return None
@@ -850,15 +873,8 @@ def _write_loaded(cache: Path, frames: dict, meta: dict) -> None:
         return  # a column the layout does not cover: read from the export every time instead
     tmp = Path(tempfile.mkdtemp(prefix=".loaded-", dir=cache.parent))
     try:
-        where = {}
-        with pa.OSFile(str(tmp / LOADED_FILE), "wb") as sink:
-            for attr, frame in frames.items():
-                at = sink.tell()
-                with ipc.new_stream(sink, frame.table.schema) as writer:
-                    writer.write_table(frame.table)
-                size = sink.tell() - at
-                sink.write(b"\0" * (-size % 64))  # the next stream's buffers stay aligned in the map
-                where[attr] = (frame.dtypes, at, size)
+        spans = write_arrow_streams(tmp / LOADED_FILE, [frame.table for frame in frames.values()])
+        where = {attr: (frame.dtypes, *span) for (attr, frame), span in zip(frames.items(), spans, strict=True)}
         (tmp / "meta.json").write_text(json.dumps({**meta, "frames": where}))
         try:
             os.rename(tmp, cache)

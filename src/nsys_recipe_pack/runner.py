@@ -251,16 +251,20 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
         return _run_dask(args, options, jobs)
     workers = max(1, min(jobs or os.cpu_count() or 1, len(files)))
     results: list = [None] * len(args)
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_map_files, args[first:first + size]): first
-                   for first, size in task_sizes(len(args), workers)}
-        bar = progress.Counter(total=len(args), desc=recipe)
-        for fut in as_completed(futures):
-            first = futures[fut]
-            done = fut.result()
-            results[first:first + len(done)] = done
-            bar.advance(len(done))
-        bar.close()
+    spill = tempfile.mkdtemp(prefix="nsys-recipe-map-")
+    try:
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(_map_files, args[first:first + size], spill): first
+                       for first, size in task_sizes(len(args), workers)}
+            bar = progress.Counter(total=len(args), desc=recipe)
+            for fut in as_completed(futures):
+                first = futures[fut]
+                done = _unspill(*fut.result())
+                results[first:first + len(done)] = done
+                bar.advance(len(done))
+            bar.close()
+    finally:
+        shutil.rmtree(spill, ignore_errors=True)  # the tables stay mapped until they are freed
     return results
 
 
@@ -275,8 +279,36 @@ def task_sizes(n: int, workers: int, most: int = 16) -> list[tuple[int, int]]:
     return tasks
 
 
-def _map_files(chunk: list[tuple]) -> list[list[dict]]:
-    return [map_file(*a) for a in chunk]
+class _Spilled(tuple):
+    """Where a result's Arrow table lies in its task's spill file: (offset, size)."""
+
+
+def _map_files(chunk: list[tuple], spill: str) -> tuple[list[list[dict]], str | None]:
+    """Map a task's files. Their results' Arrow tables (per-event rows) go to one file in `spill` that the
+    parent maps without copying; through the pool's pipe they would be pickled, copied and unpickled."""
+    done = [map_file(*a) for a in chunk]
+    where = _slots(done, pa.Table)
+    if not where:
+        return done, None
+    fd, path = tempfile.mkstemp(suffix=".arrows", dir=spill)
+    os.close(fd)
+    for (res, key), span in zip(where, loader.write_arrow_streams(path, [res[k] for res, k in where]), strict=True):
+        res[key] = _Spilled(span)
+    return done, path
+
+
+def _slots(done: list[list[dict]], kind: type) -> list[tuple[dict, str]]:
+    """(result, key) of every value of this type in a task's results, in one fixed order."""
+    return [(res, key) for per_file in done for res in per_file for key, value in res.items() if isinstance(value, kind)]
+
+
+def _unspill(done: list[list[dict]], path: str | None) -> list[list[dict]]:
+    if path is None:
+        return done
+    where = _slots(done, _Spilled)
+    for (res, key), table in zip(where, loader.read_arrow_streams(path, [res[k] for res, k in where]), strict=True):
+        res[key] = table
+    return done
 
 
 def _run_dask(args: list[tuple], options: dict, jobs: int | None) -> list[list[dict]]:
