@@ -16,7 +16,7 @@ def stack_levels(ranges: pd.DataFrame) -> pd.Series:
     if len(ranges) == 0:
         return pd.Series(dtype="int64")
     level = stack_levels_of(ranges["tid"].to_numpy(np.int64), ranges["start_ns"].to_numpy(np.int64),
-                    ranges["end_ns"].to_numpy(np.int64))
+                            ranges["end_ns"].to_numpy(np.int64))
     return pd.Series(level, index=ranges.index)
 
 
