@@ -14,7 +14,7 @@ from conftest import AI_SET, MPI_SET
 from nsys_recipe_pack import runner
 from nsys_recipe_pack.analyses import sync
 from nsys_recipe_pack.loader import RankData
-from nsys_recipe_pack.nvtx import innermost, stack_levels
+from nsys_recipe_pack.nvtx import innermost_of, stack_levels_of
 
 BUILTIN = {"cuda_api_sync": ["device", "stream"], "cuda_memcpy_async": ["memcpy_pageable"],
            "cuda_memcpy_sync": ["memcpy_sync"], "cuda_memset_sync": ["memset_sync"]}
@@ -47,18 +47,22 @@ def test_counts_match_nsys_builtin_recipes(nsys, tmp_path, source):
 MS = 1_000_000
 
 
+def _threads_starts_ends(ranges: pd.DataFrame) -> tuple:
+    return tuple(ranges[c].to_numpy(np.int64) for c in ("tid", "start_ns", "end_ns"))
+
+
 def test_innermost_range_and_levels_by_hand():
     # thread 1: A [0,100) > B [10,50) > C [20,30); D [60,90) inside A. thread 2: E [0,100)
     ranges = pd.DataFrame({"name": list("ABCDE"), "tid": [1, 1, 1, 1, 2],
                            "start_ns": [0, 10, 20, 60, 0], "end_ns": [100, 50, 30, 90, 100]})
-    assert stack_levels(ranges).tolist() == [0, 1, 2, 1, 0]
+    assert stack_levels_of(*_threads_starts_ends(ranges)).tolist() == [0, 1, 2, 1, 0]
     # a range of no length at the instant another starts is nested in it, and does not lift it a level
     zero = pd.DataFrame({"tid": [1, 1, 1], "start_ns": [0, 5, 5], "end_ns": [10, 5, 8]})
-    assert stack_levels(zero).tolist() == [0, 2, 1]
+    assert stack_levels_of(*_threads_starts_ends(zero)).tolist() == [0, 2, 1]
     tid = np.array([1, 1, 1, 1, 2, 1, 3, 1])
     start = np.array([25, 40, 55, 70, 5, 95, 5, 85])
     end = np.array([28, 45, 58, 80, 6, 99, 6, 120])
-    pos = innermost(ranges, tid, start, end)
+    pos = innermost_of(*_threads_starts_ends(ranges), tid, start, end)
     names = [ranges["name"][p] if p >= 0 else None for p in pos]
     # [85, 120) outlives every range it started in; thread 3 has no ranges
     assert names == ["C", "B", "A", "D", "E", "A", None, None]
@@ -86,7 +90,7 @@ def test_innermost_range_against_brute_force():
         m = 40
         tid, start = rng.integers(1, 5, m), rng.integers(0, 160, m)
         end = start + rng.integers(0, 15, m)
-        got = innermost(pd.DataFrame({"tid": r[:, 0], "start_ns": r[:, 1], "end_ns": r[:, 2]}), tid, start, end)
+        got = innermost_of(r[:, 0], r[:, 1], r[:, 2], tid, start, end)
         for q in range(m):
             open_ = np.flatnonzero((r[:, 0] == tid[q]) & (r[:, 1] <= start[q]) & (start[q] < r[:, 2]))
             want = None

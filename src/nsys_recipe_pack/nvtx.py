@@ -8,20 +8,10 @@ started before it. Both are a sort, a cumulative sum and an as-of join.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
-
-
-def stack_levels(ranges: pd.DataFrame) -> pd.Series:
-    """Level of each range on its thread (0 = outermost), index aligned with `ranges`."""
-    if len(ranges) == 0:
-        return pd.Series(dtype="int64")
-    level = stack_levels_of(ranges["tid"].to_numpy(np.int64), ranges["start_ns"].to_numpy(np.int64),
-                            ranges["end_ns"].to_numpy(np.int64))
-    return pd.Series(level, index=ranges.index)
 
 
 def stack_levels_of(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """`stack_levels` over ranges given as arrays (thread, start, end)."""
+    """Level of each range (thread, start, end) on its thread, 0 = outermost."""
     n = len(tid)
     ev_tid = np.concatenate([tid, tid])
     ev_t = np.concatenate([start, end])
@@ -42,15 +32,10 @@ def stack_levels_of(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.n
     return level
 
 
-def innermost(ranges: pd.DataFrame, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Position (into `ranges`) of the innermost range on the same thread enclosing [start, end], or -1."""
-    return innermost_of(ranges["tid"].to_numpy(np.int64), ranges["start_ns"].to_numpy(np.int64),
-                        ranges["end_ns"].to_numpy(np.int64), tid, start, end)
-
-
 def innermost_of(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, tid: np.ndarray, start: np.ndarray,
                  end: np.ndarray) -> np.ndarray:
-    """`innermost` over ranges given as arrays (thread, start, end).
+    """Position of the innermost range (thread, start, end) on the same thread enclosing each [start, end]
+    query, or -1.
 
     One sort of all range starts, range ends and queries: walking it, the depth is a running sum, a
     range's level is the depth at its start, and the range around a query is the last start of level
@@ -88,13 +73,9 @@ def innermost_of(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, tid:
     return out
 
 
-def parents(ranges: pd.DataFrame, levels: np.ndarray) -> np.ndarray:
-    """Position of each range's parent (the enclosing range one level up on the same thread), or -1."""
-    return parents_of(ranges["tid"].to_numpy(np.int64), ranges["start_ns"].to_numpy(np.int64), levels)
-
-
 def parents_of(tid: np.ndarray, start: np.ndarray, levels: np.ndarray) -> np.ndarray:
-    """`parents` over ranges given as arrays (thread, start) and their levels."""
+    """Position of each range's parent (the enclosing range one level up on the same thread), or -1, from
+    the ranges' threads, starts and levels."""
     if len(tid) == 0:
         return np.zeros(0, np.int64)
     levels = np.asarray(levels)
