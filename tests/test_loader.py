@@ -4,6 +4,7 @@ import io
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -213,3 +214,53 @@ def test_a_task_s_arrow_tables_cross_the_spill_file_unchanged(nsys, tmp_path):
                 else:
                     assert repr(res[key]) == repr(value)
     assert tables == 4  # sync_summary's calls and nvtx_gpu_proj's ranges of each report
+
+
+def test_numpy_and_arrow_conversions_from_buffers_match_pyarrow_s_own():
+    # the per-rank analyses convert through the buffers (pyarrow's to_numpy and pa.array import pandas);
+    # nulls, sliced arrays (an offset into the buffers), several chunks, booleans and floats included
+    rng = np.random.default_rng(11)
+    for dtype, pa_type in [(np.int64, pa.int64()), (np.int32, pa.int32()), (np.float64, pa.float64()),
+                           (bool, pa.bool_())]:
+        for _ in range(20):
+            n = int(rng.integers(0, 300))
+            values = rng.integers(-50, 50, n).astype(dtype)
+            mask = rng.random(n) < 0.2
+            arr = pa.array(values, pa_type, mask=mask)
+            cut = int(rng.integers(0, n + 1))
+            chunked = pa.chunked_array([arr.slice(0, cut), arr.slice(cut)], pa_type)
+            want = arr.fill_null(pa.scalar(7, pa_type) if dtype is not bool else True).to_numpy(
+                zero_copy_only=False)
+            fill = 7 if dtype is not bool else True
+            np.testing.assert_array_equal(loader.numpy_of(chunked, fill), want)
+            np.testing.assert_array_equal(loader.numpy_of(arr.slice(cut), fill), want[cut:])
+            assert loader.arrow_of(values, valid=~mask).equals(arr)
+            frame = loader.Frame(pa.Table.from_arrays([chunked], names=["c"]), {"c": str(np.dtype(dtype))})
+            np.testing.assert_array_equal(frame.is_null("c"), mask)
+    words = ["sync", "", "Jacobi é solve", "x" * 70]
+    codes = rng.integers(-1, len(words), 500)
+    want = pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32), mask=codes < 0),
+                                          pa.array(words, pa.large_string()))
+    got = loader.dictionary_column(codes, words)
+    assert got.equals(want) and got.type == want.type
+    frame = loader.Frame(pa.Table.from_arrays([got.slice(100)], names=["name"]), {"name": "object"})
+    got_codes, got_words = frame.codes("name")
+    assert list(got_words[got_codes]) == [words[c] if c >= 0 else None for c in codes[100:]]
+
+
+def test_a_warm_sync_summary_map_does_not_import_pandas(nsys, tmp_path):
+    # the pool forks its workers before pandas is imported (it costs about 0.3 s of CPU) and the parent
+    # imports it while they map: that only pays if the per-rank work over a warm cache never needs it
+    report = sorted(MPI_SET.glob("*.qdrep"))[0]
+    runner.map_file(str(report), "sync_summary", {}, None)  # exports and fills the loaded cache
+    args = (str(report), "sync_summary", {}, None)
+    code = "\n".join([
+        "import sys",
+        "from nsys_recipe_pack import cli, runner",
+        f"assert runner.map_file(*{args!r})[0]['calls'].num_rows > 0",
+        f"runner._map_files([{args!r}], {str(tmp_path)!r})",
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas')[:3])",
+    ])
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from .iterations import NCCL_KERNEL_RE
+from .lazy import pd
+from .loader import Frame
 
 # ENUM_CUDA_MEMCPY_OPER -> category; array and unified-memory copies count with their direction.
 MEMCPY_CATEGORY = {
@@ -25,7 +26,7 @@ def call_key(df: pd.DataFrame) -> np.ndarray:
 
     pid < 2**24 and correlation ids < 2**32; a missing correlation id becomes -1 on both sides.
     """
-    if not isinstance(df, pd.DataFrame):  # a loader Frame
+    if isinstance(df, Frame):
         return df.values("pid") * (1 << 33) + df.values("correlation_id", fill=-1)
     corr = pd.to_numeric(df["correlation_id"]).fillna(-1).to_numpy(np.int64)
     return df["pid"].to_numpy(np.int64) * (1 << 33) + corr

@@ -7,7 +7,8 @@ in Python, so they stay fast on millions of rows.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
+
+from .lazy import pd
 
 
 def split_into_windows(

@@ -7,9 +7,9 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
-import pandas as pd
 
 from .errors import BadInputError
+from .lazy import pd
 
 MIN_REPEATS = 5
 DEFAULT_SYNC_RE = re.compile(r"allreduce|all_reduce|allgather|all_gather|reduce_scatter|reducescatter|barrier",

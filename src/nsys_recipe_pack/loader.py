@@ -20,13 +20,13 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from . import nsys_tool
 from .errors import BadInputError, MissingTraceError, UsageError
+from .lazy import pd
 
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
 PID_SHIFT = 24
@@ -93,10 +93,7 @@ class Frame:
         """A numeric column as a read-only NumPy array, nulls replaced by `fill`."""
         key = ("values", column, np.dtype(dtype), fill)
         if key not in self._memo:
-            col = self.table.column(column)
-            if col.null_count:
-                col = col.fill_null(fill)
-            out = col.to_numpy().astype(dtype, copy=False)
+            out = numpy_of(self.table.column(column), fill).astype(dtype, copy=False)
             out.flags.writeable = False
             self._memo[key] = out
         return self._memo[key]
@@ -105,7 +102,7 @@ class Frame:
         col = self.table.column(column)
         if not col.null_count:
             return np.zeros(len(self), bool)
-        return col.is_null().to_numpy(zero_copy_only=False)
+        return ~_concat([_valid(c) for c in col.chunks], bool)
 
     def codes(self, column: str) -> tuple[np.ndarray, np.ndarray]:
         """A string column as read-only (codes, words): words[codes] is the column; the last word is None
@@ -116,15 +113,14 @@ class Frame:
             if not pa.types.is_dictionary(col.type):  # a damaged export's names that are not strings
                 col = col.cast(pa.string()).dictionary_encode()
             col = col.combine_chunks()
-            words = np.append(col.dictionary.to_numpy(zero_copy_only=False), None)
-            indices = col.indices.fill_null(-1) if col.null_count else col.indices
-            codes = indices.to_numpy().astype(np.int64, copy=False)
+            words = np.array([*col.dictionary.to_pylist(), None], object)
+            codes = numpy_of(col.indices, -1).astype(np.int64, copy=False)
             codes.flags.writeable = words.flags.writeable = False
             self._memo[key] = codes, words
         return self._memo[key]
 
     def filter(self, mask: np.ndarray) -> Frame:
-        return Frame(self.table.filter(pa.array(mask)), self.dtypes)
+        return Frame(self.table.filter(arrow_of(np.asarray(mask, bool))), self.dtypes)
 
     def to_pandas(self) -> pd.DataFrame:
         return pd.DataFrame({c: _column_from_arrow(self.table.column(c), t) for c, t in self.dtypes.items()},
@@ -140,8 +136,68 @@ class Frame:
 def dictionary_column(codes: np.ndarray, words) -> pa.DictionaryArray:
     """Codes into a list of strings (-1 = null) as an Arrow dictionary column: per-event results keep
     their names as codes from the workers to the Parquet file."""
-    return pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32), mask=codes < 0),
-                                          pa.array(list(words), pa.large_string()))
+    words = list(words)
+    if any(not isinstance(w, str) for w in words):
+        dictionary = pa.array(words, pa.large_string())
+    else:
+        data = [w.encode() for w in words]
+        offsets = np.zeros(len(data) + 1, np.int64)
+        np.cumsum([len(d) for d in data], out=offsets[1:])
+        dictionary = pa.Array.from_buffers(pa.large_string(), len(data),
+                                           [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+    return pa.DictionaryArray.from_arrays(arrow_of(codes.astype(np.int32), valid=codes >= 0), dictionary)
+
+
+# Arrow <-> NumPy from the buffers. pyarrow's own to_numpy, pa.array and compute functions import pandas
+# (about 0.3 s) even when no pandas object is involved; the per-rank analyses use these instead.
+_NUMPY_TYPES = {pa.int64(): np.int64, pa.int32(): np.int32, pa.int16(): np.int16, pa.int8(): np.int8,
+                pa.uint64(): np.uint64, pa.uint32(): np.uint32, pa.uint16(): np.uint16, pa.uint8(): np.uint8,
+                pa.float64(): np.float64, pa.float32(): np.float32}
+
+
+def numpy_of(col: pa.Array | pa.ChunkedArray, fill=0) -> np.ndarray:
+    """A numeric or boolean Arrow column as NumPy (a view when it has one chunk and no nulls), nulls as
+    `fill`."""
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    return _concat([_chunk_numpy(c, fill) for c in chunks], _NUMPY_TYPES.get(col.type, bool))
+
+
+def _chunk_numpy(arr: pa.Array, fill) -> np.ndarray:
+    n, at = len(arr), arr.offset
+    if pa.types.is_boolean(arr.type):
+        values = _bits(arr.buffers()[1], at, n)
+    elif arr.type in _NUMPY_TYPES:
+        dtype = np.dtype(_NUMPY_TYPES[arr.type])
+        values = np.frombuffer(arr.buffers()[1], dtype, count=n, offset=at * dtype.itemsize) if n else \
+            np.zeros(0, dtype)
+    else:  # no plain NumPy layout
+        return arr.fill_null(fill).to_numpy(zero_copy_only=False)
+    return np.where(_valid(arr), values, fill) if arr.null_count else values
+
+
+def _valid(arr: pa.Array) -> np.ndarray:
+    validity = arr.buffers()[0]
+    return np.ones(len(arr), bool) if validity is None else _bits(validity, arr.offset, len(arr))
+
+
+def _bits(buf: pa.Buffer, at: int, n: int) -> np.ndarray:
+    return np.unpackbits(np.frombuffer(buf, np.uint8), count=at + n, bitorder="little")[at:].astype(bool)
+
+
+def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
+    return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+def arrow_of(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
+    """A NumPy numeric or boolean array as Arrow, numbers without a copy; `valid` False marks nulls."""
+    validity = None
+    if valid is not None and not valid.all():
+        validity = pa.py_buffer(np.packbits(valid, bitorder="little"))
+    if values.dtype == bool:
+        bits = pa.py_buffer(np.packbits(values, bitorder="little"))
+        return pa.Array.from_buffers(pa.bool_(), len(values), [validity, bits])
+    values = np.ascontiguousarray(values)
+    return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [validity, pa.py_buffer(values)])
 
 
 class RankData:
@@ -171,7 +227,7 @@ class RankData:
 
     def frame(self, name: str) -> Frame | None:
         t = self._tables.get(name)
-        if isinstance(t, pd.DataFrame):
+        if t is not None and not isinstance(t, Frame):  # a pandas frame
             try:
                 t = Frame.from_pandas(t)
             except (TypeError, pa.ArrowException):  # values of a damaged export that are not strings: as text

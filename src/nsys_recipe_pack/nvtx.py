@@ -51,9 +51,9 @@ def innermost_of(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, tid:
     ev_tid = np.concatenate([r_tid, r_tid, np.asarray(tid, np.int64)])
     ev_t = np.concatenate([r_start, r_end, start])
     # at one instant: ranges that end, then ranges that start (longer first), then the queries
-    ev_kind = np.repeat(np.array([0, -1, 1], np.int64), [n, n, m])
-    ev_neg_len = np.concatenate([r_start - r_end, np.zeros(n + m, np.int64)])
-    o = np.lexsort((ev_neg_len, ev_kind, ev_t, ev_tid))
+    at_instant = np.concatenate([r_start - r_end, np.full(n, np.iinfo(np.int64).min), np.ones(m, np.int64)])
+    one_thread = ev_tid.min() == ev_tid.max()  # the usual case: one sort key fewer
+    o = np.lexsort((at_instant, ev_t) if one_thread else (at_instant, ev_t, ev_tid))
     depth = np.cumsum(np.repeat(np.array([1, -1, 0], np.int64), [n, n, m])[o])  # per thread: each balances
     tid_sorted = ev_tid[o]
     thread = np.cumsum(np.r_[0, tid_sorted[1:] != tid_sorted[:-1]])

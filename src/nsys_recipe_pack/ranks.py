@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import pandas as pd
+from .lazy import pd
 
 SOURCE_ORDER = ["env", "nvtx", "filename"]
 

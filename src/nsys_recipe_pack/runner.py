@@ -19,12 +19,12 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import datetime
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import analyses, loader, nsys_tool, progress, resources
 from .errors import BadInputError, MissingToolError, MissingTraceError, PackError, UsageError
+from .lazy import pd
 from .ranks import assign_ranks
 
 FILES_COLUMNS = ["rank", "file", "rank_source", "host", "local_rank", "gpu", "pid"]
@@ -256,6 +256,7 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = {pool.submit(_map_files, args[first:first + size], spill): first
                        for first, size in task_sizes(len(args), workers)}
+            pd.DataFrame  # noqa: B018 - import pandas for the reduce now, while the workers (forked without it) map
             bar = progress.Counter(total=len(args), desc=recipe)
             for fut in as_completed(futures):
                 first = futures[fut]

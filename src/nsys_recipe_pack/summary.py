@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pandas as pd
+from .lazy import pd
 
 
 def _ms(ns) -> str:

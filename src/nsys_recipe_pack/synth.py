@@ -30,11 +30,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .errors import UsageError
+from .lazy import pd
 
 SCHEMA_FILE = Path(__file__).with_name("data") / "nsys_2023_4_schema.json"
 MS = 1_000_000

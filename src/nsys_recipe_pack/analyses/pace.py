@@ -9,13 +9,13 @@ Statistics are exact: quantiles over all rows, not approximations.
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from ..errors import BadInputError
 from ..gpu import gpu_intervals
 from ..intervals import split_into_windows
 from ..iterations import closest_names, find_iterations
+from ..lazy import pd
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
 

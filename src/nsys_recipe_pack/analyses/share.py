@@ -8,12 +8,12 @@ overlaps given to the higher-priority category (compute > communication > memcpy
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from ..errors import BadInputError
 from ..gpu import PRIORITY, gpu_ops
 from ..intervals import split_into_windows, union_length
 from ..iterations import closed_ranges
+from ..lazy import pd
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
 CATEGORIES = [*PRIORITY, "idle"]

@@ -11,11 +11,11 @@ range, GPU compute, memcpy, host sync) that accounts for at least half of the ex
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 from ..gpu import gpu_intervals
 from ..intervals import split_into_windows, union_length
 from ..iterations import DEFAULT_SYNC_RE, NCCL_KERNEL_RE, closed_ranges, find_iterations, sync_points
+from ..lazy import pd
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "mpi"}
 DEFAULT_THRESHOLD = 0.10

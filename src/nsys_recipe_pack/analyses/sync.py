@@ -13,13 +13,13 @@ import functools
 import re
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from ..gpu import PAGEABLE, gpu_intervals
 from ..gpu import call_key as _call_key
 from ..intervals import covered_length, union_segments
-from ..loader import dictionary_column
+from ..lazy import pd
+from ..loader import arrow_of, dictionary_column
 from ..nvtx import innermost_of
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
@@ -75,14 +75,23 @@ def _classify(rt, mem, mset) -> np.ndarray:
         src, dst = _column(mem, "src_device", -1), _column(mem, "dst_device", -1)
         same_device = (src >= 0) & (src == dst)
         pageable = (_column(mem, "src_kind", -1) == PAGEABLE) | (_column(mem, "dst_kind", -1) == PAGEABLE)
-        returns_early = np.isin(key, mkey[small_htod | same_device])
-        has_copy = np.isin(key, mkey)
+        has_copy, returns_early, touched_pageable = _any_row(key, mkey, small_htod | same_device, pageable)
         kind[copy_call[is_memcpy & ~is_async & has_copy & ~returns_early]] = _KIND["memcpy_sync"]
-        kind[copy_call[is_memcpy & is_async & np.isin(key, mkey[pageable])]] = _KIND["memcpy_pageable"]
+        kind[copy_call[is_memcpy & is_async & touched_pageable]] = _KIND["memcpy_pageable"]
     if mset is not None and len(mset):
         host = np.isin(_column(mset, "mem_kind", -1), HOST_MEMSET_KINDS)
         kind[copy_call[is_memset & ~is_async & np.isin(key, _call_key(mset)[host])]] = _KIND["memset_sync"]
     return kind
+
+
+def _any_row(key: np.ndarray, row_key: np.ndarray, *traits: np.ndarray) -> list[np.ndarray]:
+    """For each key: whether any row has it, and for each trait whether any row with that key has the
+    trait (one sort of the rows, not one np.isin per trait)."""
+    order = np.argsort(row_key, kind="stable")
+    sorted_key = row_key[order]
+    low, high = np.searchsorted(sorted_key, key, "left"), np.searchsorted(sorted_key, key, "right")
+    counts = [np.r_[0, np.cumsum(t[order])] for t in traits]
+    return [high > low, *(c[high] - c[low] > 0 for c in counts)]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -137,12 +146,11 @@ def map_rank(rd, options: dict) -> dict:
 def _map_result(api_codes, api_words, range_codes, range_words, cols: dict, wall_ns: int) -> dict:
     """The rank's blocking calls as an Arrow table, its per-(kind, API) summary and its findings."""
     duration = cols["end_ns"] - cols["start_ns"]
-    calls = pa.table({
-        "pid": cols["pid"], "tid": cols["tid"], "api": dictionary_column(api_codes, api_words),
-        "kind": dictionary_column(cols["kind"], KINDS), "start_ns": cols["start_ns"], "end_ns": cols["end_ns"],
-        "duration_ns": duration, "nvtx_range": dictionary_column(range_codes, range_words),
-        "gpu_idle_ns": cols["gpu_idle_ns"],
-    })
+    calls = pa.Table.from_arrays([
+        arrow_of(cols["pid"]), arrow_of(cols["tid"]), dictionary_column(api_codes, api_words),
+        dictionary_column(cols["kind"], KINDS), arrow_of(cols["start_ns"]), arrow_of(cols["end_ns"]),
+        arrow_of(duration), dictionary_column(range_codes, range_words), arrow_of(cols["gpu_idle_ns"]),
+    ], names=map_columns())
     c = {"kind": cols["kind"], "duration": duration, "idle": cols["gpu_idle_ns"], "start": cols["start_ns"],
          "api": api_codes, "api_words": api_words, "range": range_codes, "range_words": range_words}
     return {"calls": calls, "wall_ns": wall_ns, "summary": _summary(c), "findings": _findings(c, wall_ns)}
@@ -155,16 +163,28 @@ def map_columns() -> list[str]:
 SUMMARY_COLUMNS = ["kind", "api", "count", "total_ns", "mean_ns", "max_ns"]
 
 
-def _groups(*keys: np.ndarray, within: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Order that sorts rows by the integer keys (first key most significant; then by `within` inside a
-    group), and where each group of equal keys starts in that order."""
+def _groups(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Order that sorts rows by the integer keys (first key most significant), and where each group of
+    equal keys starts in that order."""
     key = np.zeros(len(keys[0]), np.int64)
     for k in keys:  # a few small codes: one integer key, so one sort
         key = key * (int(k.max()) + 1 if len(k) else 1) + k
-    order = np.argsort(key, kind="stable") if within is None else np.lexsort((within, key))
+    order = np.argsort(key, kind="stable")
     key = key[order]
     first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(order) else np.zeros(0, int)
     return order, first
+
+
+def _sort_pairs(key: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(key, value) pairs sorted by key, then value: one sort of the pairs packed in one integer when they
+    fit in 62 bits (a few range names and durations always do), else a lexsort."""
+    low = int(values.min())
+    span = int(values.max()) - low + 1
+    if (int(key.max()) + 1) * span < 1 << 62:
+        packed = np.sort(key * span + (values - low))
+        return packed // span, packed % span + low
+    order = np.lexsort((values, key))
+    return key[order], values[order]
 
 
 def _sorted_codes(words: list) -> np.ndarray:
@@ -212,12 +232,12 @@ def _findings(c: dict, wall_ns: int) -> list[tuple]:
     host = np.flatnonzero(np.isin(kind, _HOST_SYNCS) & (c["range"] >= 0))
     if len(host):
         names = np.array(c["range_words"], object)
-        order, first = _groups(_sorted_codes(c["range_words"])[c["range"][host]], within=dur[host])
-        d = dur[host][order]
+        group, d = _sort_pairs(_sorted_codes(c["range_words"])[c["range"][host]], dur[host])
+        first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
         size = np.diff(np.r_[first, len(d)])
         median = (d[first + (size - 1) // 2] + d[first + size // 2]) / 2
         total = np.add.reduceat(d, first)
-        rng = names[c["range"][host][order][first]]
+        rng = names[np.argsort(names, kind="stable")][group[first]]  # group: the name's place in sorted order
         frequent = np.flatnonzero((size >= MANY_SYNCS) & (median < SHORT_SYNC_NS))
         for i in frequent[_descending(size[frequent])][:5]:  # at most 5 rows
             rows.append(("medium", f"frequent short syncs in {rng[i]!r}", SUGGESTIONS["short_syncs"],
