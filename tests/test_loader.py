@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from conftest import MPI_SET
 
-from nsys_recipe_pack import loader, nsys_tool, runner
+from nsys_recipe_pack import analyses, loader, nsys_tool, runner
 from nsys_recipe_pack.errors import BadInputError, UsageError
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "sync", "mpi"}
@@ -248,19 +248,22 @@ def test_numpy_and_arrow_conversions_from_buffers_match_pyarrow_s_own():
     assert list(got_words[got_codes]) == [words[c] if c >= 0 else None for c in codes[100:]]
 
 
-def test_a_warm_sync_summary_map_does_not_import_pandas(nsys, tmp_path):
-    # the pool forks its workers before pandas is imported (it costs about 0.3 s of CPU) and the parent
-    # imports it while they map: that only pays if the per-rank work over a warm cache never needs it
+def test_recipes_whose_map_is_arrow_only_do_not_import_pandas_on_a_warm_run(nsys, tmp_path):
+    # the pool forks their workers before pandas is imported (it costs about 0.3 s of CPU) and the parent
+    # imports it while they map: that only pays if their per-rank work over a warm cache never needs it
     report = sorted(MPI_SET.glob("*.qdrep"))[0]
-    runner.map_file(str(report), "sync_summary", {}, None)  # exports and fills the loaded cache
-    args = (str(report), "sync_summary", {}, None)
-    code = "\n".join([
-        "import sys",
-        "from nsys_recipe_pack import cli, runner",
-        f"assert runner.map_file(*{args!r})[0]['calls'].num_rows > 0",
-        f"runner._map_files([{args!r}], {str(tmp_path)!r})",
-        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas')[:3])",
-    ])
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
-    assert res.returncode == 0, res.stderr
-    assert res.stdout.strip() == "[]"
+    recipes = [name for name, spec in analyses.RECIPES.items() if spec.map_without_pandas]
+    assert {"sync_summary", "nvtx_gpu_proj"} <= set(recipes)
+    for recipe in recipes:
+        args = (str(report), recipe, {}, None)
+        runner.map_file(*args)  # exports and fills the loaded cache
+        code = "\n".join([
+            "import sys",
+            "from nsys_recipe_pack import cli, runner",
+            f"assert any(v.num_rows for v in runner.map_file(*{args!r})[0].values() if hasattr(v, 'num_rows'))",
+            f"runner._map_files([{args!r}], {str(tmp_path)!r})",
+            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas')[:3])",
+        ])
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+        assert res.returncode == 0, res.stderr
+        assert res.stdout.strip() == "[]", recipe

@@ -43,6 +43,13 @@ def union_length(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pd.
     """Total length of the union of intervals within each group (index = group value, sorted)."""
     if len(starts) == 0:
         return pd.Series(dtype="int64")
+    return pd.Series(*reversed(union_lengths(group, starts, ends)))
+
+
+def union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(groups, lengths): each group value (sorted) and the total length of the union of its intervals."""
+    if len(starts) == 0:
+        return np.zeros(0, np.asarray(group).dtype), np.zeros(0, np.int64)
     groups, g = np.unique(np.asarray(group), return_inverse=True)
     s = np.asarray(starts, np.int64)
     e = np.asarray(ends, np.int64)
@@ -59,7 +66,7 @@ def union_length(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pd.
     seg_len = reach[np.r_[firsts[1:] - 1, len(s) - 1]] - s[firsts]
     seg_group = g[firsts]
     group_first = np.flatnonzero(np.r_[True, seg_group[1:] != seg_group[:-1]])
-    return pd.Series(np.add.reduceat(seg_len, group_first), index=groups[seg_group[group_first]])
+    return groups[seg_group[group_first]], np.add.reduceat(seg_len, group_first)
 
 
 def union_segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -250,13 +250,19 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
     if mode == "dask-futures":
         return _run_dask(args, options, jobs)
     workers = max(1, min(jobs or os.cpu_count() or 1, len(files)))
+    # pandas takes about 0.3 s of CPU to import. Workers that need it inherit it when it is imported before
+    # they fork; when they do not (a recipe whose map is Arrow only, over reports whose exports are cached
+    # or will be), the parent imports it for the reduce while they map.
+    lazy_pandas = analyses.get(recipe).map_without_pandas and all(loader.input_kind(f) == "report" for f in files)
+    if not lazy_pandas:
+        pd.DataFrame  # noqa: B018
     results: list = [None] * len(args)
     spill = tempfile.mkdtemp(prefix="nsys-recipe-map-")
     try:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = {pool.submit(_map_files, args[first:first + size], spill): first
                        for first, size in task_sizes(len(args), workers)}
-            pd.DataFrame  # noqa: B018 - import pandas for the reduce now, while the workers (forked without it) map
+            pd.DataFrame  # noqa: B018 (imported now if not before: the reduce needs it)
             bar = progress.Counter(total=len(args), desc=recipe)
             for fut in as_completed(futures):
                 first = futures[fut]

@@ -19,6 +19,7 @@ class RecipeSpec:
     add_arguments: Callable  # add_arguments(add, framework) with add(*flags, **argparse kwargs)
     per_iteration: bool  # whether ranks must agree on one iteration delimiter
     needs_for: Callable | None = None  # needs_for(options): fewer needs for some options (read less)
+    map_without_pandas: bool = False  # its map over a warm cache works on Arrow and NumPy only
 
     def needs_given(self, options: dict) -> frozenset:
         return frozenset(self.needs_for(options)) if self.needs_for else self.needs
@@ -101,6 +102,7 @@ RECIPES = {
         reduce=sync.reduce,
         add_arguments=_no_args,
         per_iteration=False,
+        map_without_pandas=True,
     ),
     "nvtx_gpu_proj": RecipeSpec(
         name="nvtx_gpu_proj",
@@ -112,6 +114,7 @@ RECIPES = {
         reduce=proj.reduce,
         add_arguments=_no_args,
         per_iteration=False,
+        map_without_pandas=True,
     ),
 }
 OPTION_NAMES = {

@@ -12,8 +12,8 @@ import numpy as np
 import pyarrow as pa
 
 from ..gpu import call_key, gpu_frames, gpu_intervals
-from ..intervals import union_length
-from ..loader import Frame, dictionary_column
+from ..intervals import union_lengths
+from ..loader import Frame, arrow_of, dictionary_column
 from ..nvtx import innermost_of, parents_of, stack_levels_of
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
@@ -65,19 +65,19 @@ def map_rank(rd, options: dict) -> dict:
         gpu_start[idx] = np.minimum.reduceat(s[order], firsts)
         gpu_end[idx] = np.maximum.reduceat(e[order], firsts)
         count[idx] = np.diff(np.r_[firsts, len(ri_sorted)])
-        u = union_length(ri, s, e)
-        busy[u.index.to_numpy()] = u.to_numpy()
-    no_op = count == 0
+        in_range, length = union_lengths(ri, s, e)
+        busy[in_range] = length
     name_codes, name_words = nv.codes("name")
     domain_codes, domain_words = nv.codes("domain")
-    ranges = pa.table({
-        "name": dictionary_column(name_codes[r], name_words[:-1]),
-        "domain": dictionary_column(domain_codes[r], domain_words[:-1]),
-        "pid": nv.values("pid")[r], "tid": tid, "range_id": np.arange(n, dtype=np.int64),
-        "parent_id": pa.array(np.maximum(parent, 0), mask=parent < 0), "stack_level": levels,
-        "cpu_start_ns": start, "cpu_end_ns": end, "gpu_start_ns": pa.array(gpu_start, mask=no_op),
-        "gpu_end_ns": pa.array(gpu_end, mask=no_op), "gpu_busy_ns": pa.array(busy, mask=no_op), "gpu_ops": count,
-    })
+    has_op = count > 0
+    ranges = pa.Table.from_arrays([
+        dictionary_column(name_codes[r], name_words[:-1]), dictionary_column(domain_codes[r], domain_words[:-1]),
+        arrow_of(nv.values("pid")[r]), arrow_of(tid), arrow_of(np.arange(n, dtype=np.int64)),
+        arrow_of(np.maximum(parent, 0), valid=parent >= 0), arrow_of(levels), arrow_of(start), arrow_of(end),
+        arrow_of(gpu_start, valid=has_op), arrow_of(gpu_end, valid=has_op), arrow_of(busy, valid=has_op),
+        arrow_of(count),
+    ], names=["name", "domain", "pid", "tid", "range_id", "parent_id", "stack_level", "cpu_start_ns", "cpu_end_ns",
+              "gpu_start_ns", "gpu_end_ns", "gpu_busy_ns", "gpu_ops"])
     return {"ranges": ranges, "unlinked_ops": int(len(op_key) - len(op))}
 
 
