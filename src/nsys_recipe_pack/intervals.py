@@ -43,7 +43,8 @@ def union_length(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pd.
     """Total length of the union of intervals within each group (index = group value, sorted)."""
     if len(starts) == 0:
         return pd.Series(dtype="int64")
-    return pd.Series(*reversed(union_lengths(group, starts, ends)))
+    groups, lengths = union_lengths(group, starts, ends)
+    return pd.Series(lengths, index=groups)
 
 
 def union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

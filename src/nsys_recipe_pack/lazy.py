@@ -1,7 +1,7 @@
 """pandas imported on first use, not when the pack is imported.
 
-Importing pandas takes about 0.3 s of CPU. A run over cached exports forks its workers before any pandas
-is needed (the per-rank analyses work on Arrow and NumPy) and imports it in the parent while they work.
+Importing pandas takes about 0.3 s of CPU. For a recipe whose per-rank map works on Arrow and NumPy only,
+the runner forks its workers before pandas is imported and imports it in the parent while they map.
 """
 
 from __future__ import annotations

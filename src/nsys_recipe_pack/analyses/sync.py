@@ -177,7 +177,7 @@ def _groups(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def _sort_pairs(key: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(key, value) pairs sorted by key, then value: one sort of the pairs packed in one integer when they
-    fit in 62 bits (a few range names and durations always do), else a lexsort."""
+    fit in 62 bits (a few range names and durations usually do), else a lexsort."""
     low = int(values.min())
     span = int(values.max()) - low + 1
     if (int(key.max()) + 1) * span < 1 << 62:
