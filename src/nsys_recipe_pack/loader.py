@@ -123,8 +123,18 @@ class Frame:
         return Frame(self.table.filter(arrow_of(np.asarray(mask, bool))), self.dtypes)
 
     def to_pandas(self) -> pd.DataFrame:
-        return pd.DataFrame({c: _column_from_arrow(self.table.column(c), t) for c, t in self.dtypes.items()},
-                            copy=False)
+        return pd.DataFrame({c: self._pandas_column(c, t) for c, t in self.dtypes.items()}, copy=False)
+
+    def _pandas_column(self, column: str, dtype: str):
+        """A column back to exactly the pandas dtype it was written from, without pandas' generic conversion."""
+        if dtype in ("object", "str"):  # dictionary-encoded: index the few distinct strings, no new string per row
+            codes, words = self.codes(column)
+            return words[codes] if dtype == "object" else pd.array(words[codes], dtype="str")
+        col = self.table.column(column).combine_chunks()
+        if dtype == "Int64":
+            values = col.fill_null(0).to_numpy()
+            return pd.arrays.IntegerArray(values.astype(np.int64, copy=False), col.is_null().to_numpy(zero_copy_only=False))
+        return col.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
     @classmethod
     def from_pandas(cls, df: pd.DataFrame) -> Frame:
@@ -146,6 +156,12 @@ def dictionary_column(codes: np.ndarray, words) -> pa.DictionaryArray:
         dictionary = pa.Array.from_buffers(pa.large_string(), len(data),
                                            [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
     return pa.DictionaryArray.from_arrays(arrow_of(codes.astype(np.int32), valid=codes >= 0), dictionary)
+
+
+def ranked_tables(per_rank: list[dict], key: str) -> pa.Table:
+    """The ranks' per-event Arrow tables `key` one after another, with a leading int64 `rank` column."""
+    return pa.concat_tables([r[key].add_column(0, "rank", arrow_of(np.full(r[key].num_rows, r["rank"], np.int64)))
+                             for r in per_rank])
 
 
 # Arrow <-> NumPy from the buffers. pyarrow's own to_numpy, pa.array and compute functions import pandas
@@ -898,19 +914,6 @@ def _to_frames(frames: dict) -> dict:
         except (TypeError, pa.ArrowException):
             out[attr] = df
     return out
-
-
-def _column_from_arrow(col: pa.ChunkedArray, dtype: str):
-    """A column back to exactly the pandas dtype it was written from, without pandas' generic conversion."""
-    col = col.combine_chunks()
-    if dtype in ("object", "str"):  # dictionary-encoded: index the few distinct strings, no new string per row
-        words = np.append(col.dictionary.to_numpy(zero_copy_only=False), None)
-        codes = col.indices.fill_null(-1).to_numpy()
-        return words[codes] if dtype == "object" else pd.array(words[codes], dtype="str")
-    if dtype == "Int64":
-        values = col.fill_null(0).to_numpy()
-        return pd.arrays.IntegerArray(values.astype(np.int64, copy=False), col.is_null().to_numpy(zero_copy_only=False))
-    return col.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
 
 def _column_to_arrow(series: pd.Series) -> tuple[pa.Array, str]:

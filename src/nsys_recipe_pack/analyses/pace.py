@@ -9,13 +9,13 @@ Statistics are exact: quantiles over all rows, not approximations.
 from __future__ import annotations
 
 import numpy as np
-import pyarrow as pa
 
 from ..errors import BadInputError
 from ..gpu import gpu_intervals
 from ..intervals import split_into_windows
 from ..iterations import closest_names, find_iterations
 from ..lazy import pd
+from ..loader import dictionary_column
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
 
@@ -85,8 +85,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     # the delimiter's name on every row, from the ranks' few names (no Python string per row)
     names, name_of_rank = np.unique(np.array([r["delimiter"]["name"] for r in per_rank], dtype=object),
                                     return_inverse=True)
-    kernel = pa.DictionaryArray.from_arrays(np.repeat(name_of_rank.astype(np.int32), counts),
-                                            pa.array(names, pa.string())).dictionary_decode()
+    kernel = dictionary_column(np.repeat(name_of_rank, counts), names).dictionary_decode()
     pace = pd.DataFrame({
         "rank": np.repeat([int(r["rank"]) for r in per_rank], counts).astype(np.int64),
         "iteration": iteration,

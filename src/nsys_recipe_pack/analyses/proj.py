@@ -13,7 +13,8 @@ import pyarrow as pa
 
 from ..gpu import call_key, gpu_frames, gpu_intervals
 from ..intervals import union_lengths
-from ..loader import Frame, arrow_of, dictionary_column
+from ..iterations import closed_range_mask
+from ..loader import Frame, arrow_of, dictionary_column, ranked_tables
 from ..nvtx import innermost_of, parents_of, stack_levels_of
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
@@ -28,8 +29,7 @@ def map_rank(rd, options: dict) -> dict:
     rd.require("runtime", "nvtx_gpu_proj")
     nv = rd.frame("nvtx")
     start_all, end_all = nv.values("start_ns"), nv.values("end_ns")
-    closed = np.flatnonzero(np.isin(nv.values("event_type"), [59, 60]) & ~nv.is_null("end_ns")
-                            & (end_all >= start_all))
+    closed = np.flatnonzero(closed_range_mask(nv))
     r = closed[np.lexsort((-end_all[closed], start_all[closed]))]  # by start, longer first; stable
     start, end, tid = start_all[r], end_all[r], nv.values("tid")[r]
     n = len(r)
@@ -94,9 +94,7 @@ def _launches(op_key: np.ndarray, call_keys: np.ndarray) -> tuple[np.ndarray, np
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
-    table = pa.concat_tables([r["ranges"].add_column(0, "rank", pa.array(np.full(r["ranges"].num_rows, r["rank"],
-                                                                                  np.int64)))
-                              for r in per_rank]).unify_dictionaries()
+    table = ranked_tables(per_rank, "ranges").unify_dictionaries()
     ranges = Frame(table, {"rank": "int64", **RANGE_DTYPES}).to_pandas()
     g = ranges.assign(cpu=ranges["cpu_end_ns"] - ranges["cpu_start_ns"],
                       proj=(ranges["gpu_end_ns"] - ranges["gpu_start_ns"]).astype("Int64"))

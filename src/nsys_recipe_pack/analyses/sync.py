@@ -18,8 +18,9 @@ import pyarrow as pa
 from ..gpu import PAGEABLE, gpu_intervals
 from ..gpu import call_key as _call_key
 from ..intervals import covered_length, union_segments
+from ..iterations import closed_range_mask
 from ..lazy import pd
-from ..loader import arrow_of, dictionary_column
+from ..loader import arrow_of, dictionary_column, ranked_tables
 from ..nvtx import innermost_of
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
@@ -107,7 +108,7 @@ def _innermost_ranges(rd, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -
     if nv is None or not len(nv) or not len(tid):
         return np.full(len(tid), -1, np.int64), []
     r_start, r_end = nv.values("start_ns"), nv.values("end_ns")
-    closed = np.isin(nv.values("event_type"), [59, 60]) & ~nv.is_null("end_ns") & (r_end >= r_start)
+    closed = closed_range_mask(nv)
     pos = innermost_of(nv.values("tid")[closed], r_start[closed], r_end[closed], tid, start, end)
     name_codes, words = nv.codes("name")
     range_codes = np.where(pos >= 0, name_codes[closed][np.maximum(pos, 0)] if closed.any() else -1, -1)
@@ -259,9 +260,7 @@ def _findings(c: dict, wall_ns: int) -> list[tuple]:
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
     per_rank = sorted(per_rank, key=lambda r: r["rank"])
-    calls = pa.concat_tables([r["calls"].add_column(0, "rank", pa.array(np.full(r["calls"].num_rows, r["rank"],
-                                                                                   np.int64)))
-                              for r in per_rank])
+    calls = ranked_tables(per_rank, "calls")
     wall = pd.Series({r["rank"]: r["wall_ns"] for r in per_rank})
     summary = pd.DataFrame({
         "rank": np.concatenate([np.full(len(r["summary"]["kind"]), r["rank"], np.int64) for r in per_rank]),
