@@ -98,7 +98,11 @@ def test_export_cache_is_reused_across_copies_and_renewed_on_change(nsys, mpi_co
 
 def test_a_warm_load_reads_back_exactly_what_the_first_load_made(nsys, report_copy, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))
+    assert not loader.frames_cached(report_copy, NEEDS)
     (cold,) = loader.load_file(report_copy, NEEDS)
+    assert loader.frames_cached(report_copy, NEEDS)  # what the runner asks before forking its workers
+    assert not loader.frames_cached(report_copy, {"nvtx"})  # other needs, other frames
+    assert not loader.frames_cached(tmp_path / "gone.nsys-rep", NEEDS)
     (entry,) = [p for p in loader.export_cache_dir().iterdir() if p.is_dir() and not p.name.startswith(".")]
     (cache,) = entry.glob(f"loaded-v{loader.LOADED_FORMAT}-*")
     assert {p.name for p in cache.iterdir()} == {"meta.json", loader.LOADED_FILE}  # one file for all frames
@@ -252,15 +256,19 @@ def test_recipes_whose_map_is_arrow_only_do_not_import_pandas_on_a_warm_run(nsys
     # the pool forks their workers before pandas is imported (it costs about 0.3 s of CPU) and the parent
     # imports it while they map: that only pays if their per-rank work over a warm cache never needs it
     report = sorted(MPI_SET.glob("*.qdrep"))[0]
-    recipes = [name for name, spec in analyses.RECIPES.items() if spec.map_without_pandas]
-    assert {"sync_summary", "nvtx_gpu_proj"} <= set(recipes)
-    for recipe in recipes:
-        args = (str(report), recipe, {}, None)
+    runs = [(name, options) for name, spec in analyses.RECIPES.items() for options in ({}, {"kernel": "jacobi_kernel"})
+            if spec.map_is_arrow_only(options) and (not options or "kernel" in analyses.OPTION_NAMES[name])]
+    assert {"sync_summary", "nvtx_gpu_proj"} <= {name for name, options in runs if not options}
+    assert ("kernel_pace", {"kernel": "jacobi_kernel"}) in runs and ("kernel_pace", {}) not in runs
+    for recipe, options in runs:
+        args = (str(report), recipe, options, None)
         runner.map_file(*args)  # exports and fills the loaded cache
         code = "\n".join([
             "import sys",
             "from nsys_recipe_pack import cli, runner",
-            f"assert any(v.num_rows for v in runner.map_file(*{args!r})[0].values() if hasattr(v, 'num_rows'))",
+            f"res = runner.map_file(*{args!r})[0]",
+            "assert 'missing' not in res and 'bad_file' not in res, res",
+            "assert any(getattr(v, 'num_rows', 0) or getattr(v, 'size', 0) for v in res.values()), res",
             f"runner._map_files([{args!r}], {str(tmp_path)!r})",
             "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas')[:3])",
         ])

@@ -25,7 +25,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from . import nsys_tool
-from .errors import BadInputError, MissingTraceError, UsageError
+from .errors import BadInputError, MissingTraceError, PackError, UsageError
 from .lazy import pd
 
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
@@ -868,7 +868,21 @@ LOADED_FILE = "frames.arrows"
 def _loaded_dir(src: ExportSource, needs: set[str]) -> Path | None:
     if src.kind != "parquetdir" or src.origin == src.path:
         return None  # only report exports in the pack's cache; user exports are read as they are
-    return src.path / f"loaded-v{LOADED_FORMAT}-{'-'.join(sorted(needs))}"
+    return _loaded_path(src.path, needs)
+
+
+def _loaded_path(entry: Path, needs: set[str]) -> Path:
+    return entry / f"loaded-v{LOADED_FORMAT}-{'-'.join(sorted(needs))}"
+
+
+def frames_cached(report: Path, needs: set[str], nsys_path: str | None = None) -> bool:
+    """Whether a warm read of this report needs neither nsys nor the export's Parquet: its loaded frames are
+    in the cache. False, never an error, when that cannot be told (no nsys, an unreadable report)."""
+    try:
+        nsys = nsys_tool.find_nsys(nsys_path, required=False)
+        return nsys is not None and _loaded_path(export_cache_dir() / _report_key(report, nsys), needs).is_dir()
+    except (OSError, PackError):
+        return False
 
 
 def write_arrow_streams(path: str | Path, tables: list[pa.Table]) -> list[tuple[int, int]]:

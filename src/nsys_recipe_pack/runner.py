@@ -251,9 +251,12 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
         return _run_dask(args, options, jobs)
     workers = max(1, min(jobs or os.cpu_count() or 1, len(files)))
     # pandas takes about 0.3 s of CPU to import. Workers that need it inherit it when it is imported before
-    # they fork; when they do not (a recipe whose map is Arrow only, over reports whose exports are cached
-    # or will be), the parent imports it for the reduce while they map.
-    lazy_pandas = analyses.get(recipe).map_without_pandas and all(loader.input_kind(f) == "report" for f in files)
+    # they fork; when they do not (a recipe whose map is Arrow only, over reports whose frames are cached:
+    # reading an export uses pandas), the parent imports it for the reduce while they map. The first
+    # report tells whether the run is warm.
+    spec = analyses.get(recipe)
+    lazy_pandas = (spec.map_is_arrow_only(options) and all(loader.input_kind(f) == "report" for f in files)
+                   and loader.frames_cached(files[0], set(spec.needs_given(options)), nsys_path))
     if not lazy_pandas:
         pd.DataFrame  # noqa: B018
     results: list = [None] * len(args)

@@ -25,6 +25,11 @@ def needs_for(options: dict) -> set:
     return {"kernel"} if options.get("kernel") else NEEDS
 
 
+def map_is_arrow_only(options: dict) -> bool:
+    """Launches of one named kernel come from the kernel table's Arrow columns; iterations need pandas."""
+    return bool(options.get("kernel"))
+
+
 def map_rank(rd, options: dict) -> dict:
     kernel = options.get("kernel")
     if kernel:
