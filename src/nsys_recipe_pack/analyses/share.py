@@ -10,47 +10,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import BadInputError
-from ..gpu import PRIORITY, gpu_ops
-from ..intervals import split_into_windows, union_length
-from ..iterations import closed_ranges
+from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY
+from ..intervals import split_into_windows, union_lengths
+from ..iterations import NCCL_KERNEL_RE, closed_range_mask
 from ..lazy import pd
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
 CATEGORIES = [*PRIORITY, "idle"]
-
-
-def _split(ops: pd.DataFrame, keys: list[str], windows: pd.DataFrame | None = None) -> pd.DataFrame:
-    """ops, sum, union, bytes and pageable copies per keys + category, and idle: the rest of each window.
-
-    `windows` (keys + lo_ns + hi_ns) defaults to each group's active span, first op start to last op end.
-    """
-    ops = ops.assign(dur=ops["end_ns"] - ops["start_ns"])
-    if windows is None:
-        windows = ops.groupby(keys, as_index=False).agg(lo_ns=("start_ns", "min"), hi_ns=("end_ns", "max"))
-    windows = windows.reset_index(drop=True)
-    plain = ops.groupby([*keys, "category"]).agg(
-        ops=("dur", "size"), sum_ns=("dur", "sum"), bytes=("bytes", lambda b: b.sum(min_count=1)),
-        pageable_ops=("pageable", "sum")).reset_index()
-    group = ops[keys].merge(windows[keys].reset_index(), on=keys, how="left")["index"].to_numpy()
-    level = ops["category"].map({c: i for i, c in enumerate(PRIORITY)}).to_numpy()
-    covered_before = pd.Series(0, index=windows.index, dtype="int64")
-    rows = []
-    for i, cat in enumerate(PRIORITY):  # a pass per category, each vectorised over all ops
-        sel = level <= i
-        u = union_length(group[sel], ops["start_ns"].to_numpy()[sel], ops["end_ns"].to_numpy()[sel])
-        u = u.reindex(windows.index, fill_value=0)
-        rows.append(windows[keys].assign(category=cat, union_ns=(u - covered_before).to_numpy()))
-        covered_before = u
-    rows.append(windows[keys].assign(category="idle",
-                                     union_ns=(windows["hi_ns"] - windows["lo_ns"] - covered_before).to_numpy()))
-    out = pd.concat(rows, ignore_index=True).merge(plain, on=[*keys, "category"], how="left")
-    out = out[(out["union_ns"] > 0) | out["ops"].notna() | (out["category"] == "idle")].copy()
-    out["ops"] = out["ops"].fillna(0).astype("int64")
-    out["sum_ns"] = out["sum_ns"].fillna(0).astype("int64")
-    out["pageable_ops"] = out["pageable_ops"].fillna(0).astype("int64")
-    out["bytes"] = out["bytes"].astype("Int64")
-    out["union_ns"] = out["union_ns"].astype("int64")
-    return out.reset_index(drop=True)
 
 
 def _percentages(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
@@ -69,37 +35,176 @@ def _percentages(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
                           kind="mergesort").reset_index(drop=True)
 
 
+LEVEL = {c: i for i, c in enumerate(PRIORITY)}  # a category's place in PRIORITY
+SPLIT_COLUMNS = ["category", "union_ns", "ops", "sum_ns", "bytes", "pageable_ops"]
+
+
+def _ops(rd) -> dict:
+    """The rank's kernels, copies and memsets (in `gpu_ops` order) as arrays: times, device, priority level,
+    bytes and whether a copy touched pageable memory."""
+    parts = []
+    k = rd.frame("kernels")
+    if k is not None and len(k):
+        codes, words = k.codes("name")  # the regex on the few distinct names, spread by code
+        nccl = np.array([w is not None and bool(NCCL_KERNEL_RE.search(str(w))) for w in words])
+        parts.append((k, np.where(nccl[codes], LEVEL["communication"], LEVEL["compute"]), None, None))
+    m = rd.frame("memcpy")
+    if m is not None and len(m):
+        kind = m.values("copy_kind", fill=0)
+        level = np.full(len(m), LEVEL["memcpy_other"])
+        for copy_kind, category in MEMCPY_CATEGORY.items():
+            level[kind == copy_kind] = LEVEL[category]
+        pageable = (m.values("src_kind", fill=-1) == PAGEABLE) | (m.values("dst_kind", fill=-1) == PAGEABLE)
+        parts.append((m, level, "bytes", pageable))
+    s = rd.frame("memset")
+    if s is not None and len(s):
+        parts.append((s, np.full(len(s), LEVEL["memset"]), "bytes" if "bytes" in s else None, None))
+
+    def column(frame, col, fill, dtype=np.int64):
+        return frame.values(col, fill=fill) if col in frame else np.full(len(frame), fill, dtype)
+
+    def known(frame, col):
+        return ~frame.is_null(col) if col in frame else np.zeros(len(frame), bool)
+
+    return {
+        "start": np.concatenate([f.values("start_ns") for f, *_ in parts]),
+        "end": np.concatenate([f.values("end_ns") for f, *_ in parts]),
+        "device": np.concatenate([column(f, "device", 0) for f, *_ in parts]),
+        "has_device": np.concatenate([known(f, "device") for f, *_ in parts]),
+        "level": np.concatenate([level for _, level, _, _ in parts]).astype(np.int64),
+        "bytes": np.concatenate([column(f, b, 0) if b else np.zeros(len(f), np.int64) for f, _, b, _ in parts]),
+        "has_bytes": np.concatenate([known(f, b) if b else np.zeros(len(f), bool) for f, _, b, _ in parts]),
+        "pageable": np.concatenate([np.zeros(len(f), bool) if p is None else p for f, _, _, p in parts]),
+    }
+
+
+def _split(ops: dict, group: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, dict]:
+    """Per window (group 0..len(lo)-1) and category: ops, sum, union, bytes and pageable copies, and idle: the
+    rest of the window. Rows by category (PRIORITY order, then idle), then window; a category's row is kept
+    when it has ops or union time. Returns each row's window and the columns."""
+    n, c = len(lo), len(PRIORITY)
+    cell = group * c + ops["level"]
+    ops_n = np.bincount(cell, minlength=n * c)
+    sum_ns = _sum_by(cell, ops["end"] - ops["start"], n * c)
+    has_bytes = ops["has_bytes"]
+    bytes_n = np.bincount(cell[has_bytes], minlength=n * c)
+    bytes_sum = _sum_by(cell[has_bytes], ops["bytes"][has_bytes], n * c)
+    pageable = np.bincount(cell[ops["pageable"]], minlength=n * c)
+    covered = np.zeros((c + 1, n), np.int64)  # covered[i]: union of the first i categories, per window
+    for i in range(c):  # a pass per category, each vectorised over all ops
+        sel = ops["level"] <= i
+        groups, lengths = union_lengths(group[sel], ops["start"][sel], ops["end"][sel])
+        covered[i + 1] = covered[i]
+        covered[i + 1][groups] = lengths
+    union = np.concatenate([(covered[1:] - covered[:-1]).ravel(), hi - lo - covered[c]])
+    window = np.tile(np.arange(n), c + 1)
+    category = np.repeat(np.arange(c + 1), n)  # c: idle
+    at = np.where(category < c, window * c + np.minimum(category, c - 1), 0)
+    real = category < c
+    count = np.where(real, ops_n[at], 0)
+    keep = (union > 0) | (count > 0) | ~real
+    at, real, count = at[keep], real[keep], count[keep]
+    with_bytes = real & (bytes_n[at] > 0)
+    return window[keep], {
+        "category": np.array(CATEGORIES, object)[category[keep]],
+        "union_ns": union[keep],
+        "ops": count,
+        "sum_ns": np.where(real, sum_ns[at], 0),
+        "bytes": _nullable(np.where(with_bytes, bytes_sum[at], 0), with_bytes),
+        "pageable_ops": np.where(real, pageable[at], 0),
+    }
+
+
+def _sum_by(cell: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """Exact integer sums of values per cell (np.bincount's weights would go through float)."""
+    out = np.zeros(size, np.int64)
+    np.add.at(out, cell, values.astype(np.int64, copy=False))
+    return out
+
+
+def _nullable(values: np.ndarray, valid: np.ndarray):
+    return pd.arrays.IntegerArray(values.astype(np.int64, copy=False), ~valid)
+
+
+def _frame(key_name: str, key, columns: dict) -> pd.DataFrame:
+    return pd.DataFrame({key_name: key, **{c: columns[c] for c in SPLIT_COLUMNS}}).astype({"category": "str"})
+
+
 def map_rank(rd, options: dict) -> dict:
     rd.require("gpu", "compute_memory_share")
-    ops = gpu_ops(rd)
-    share = _split(ops, ["device"]) if len(ops) else None
+    frames = [f for f in (rd.frame("kernels"), rd.frame("memcpy"), rd.frame("memset")) if f is not None and len(f)]
+    if not frames:
+        return {"share": None, "by_range": None}
+    ops = _ops(rd)
+    # per device: windows from each device's first op start to its last op end (ops with no device: none)
+    on = ops["has_device"]
+    devices, group = np.unique(ops["device"][on], return_inverse=True)
+    dev_ops = {k: v[on] for k, v in ops.items()}
+    lo = np.full(len(devices), np.iinfo(np.int64).max)
+    hi = np.full(len(devices), np.iinfo(np.int64).min)
+    np.minimum.at(lo, group, dev_ops["start"])
+    np.maximum.at(hi, group, dev_ops["end"])
+    window, cols = _split(dev_ops, group.astype(np.int64), lo, hi)
+    share = _frame("device", _nullable(devices[window], np.ones(len(window), bool)), cols)
     by_range = None
-    ranges = closed_ranges(rd.nvtx)
-    if len(ranges) and len(ops):
-        top = _top_level(ranges)
-        ev, win, cs, ce = split_into_windows(ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy(),
-                                             top["start_ns"].to_numpy(), top["end_ns"].to_numpy())
-        clipped = ops.iloc[ev].assign(start_ns=cs, end_ns=ce, range_index=win).reset_index(drop=True)
-        windows = pd.DataFrame({"range_index": np.arange(len(top)), "lo_ns": top["start_ns"].to_numpy(),
-                                "hi_ns": top["end_ns"].to_numpy()})
-        inst = _split(clipped, ["range_index"], windows)
-        inst["range_name"] = top["name"].to_numpy()[inst["range_index"].to_numpy()]
-        by_range = inst.groupby(["range_name", "category"], as_index=False).agg(
-            instances=("range_index", "nunique"), ops=("ops", "sum"), sum_ns=("sum_ns", "sum"),
-            union_ns=("union_ns", "sum"), bytes=("bytes", lambda b: b.sum(min_count=1)),
-            pageable_ops=("pageable_ops", "sum"))
+    nv = rd.frame("nvtx")
+    closed = closed_range_mask(nv) if nv is not None and len(nv) else np.zeros(0, bool)
+    if closed.any():
+        top = _top_level(nv.values("tid")[closed], nv.values("start_ns")[closed], nv.values("end_ns")[closed])
+        top_start, top_end = nv.values("start_ns")[closed][top], nv.values("end_ns")[closed][top]
+        name_codes, words = nv.codes("name")
+        names = words[name_codes[closed][top]]
+        ev, win, cs, ce = split_into_windows(ops["start"], ops["end"], top_start, top_end)
+        clipped = {**{k: v[ev] for k, v in ops.items()}, "start": cs, "end": ce}
+        window, cols = _split(clipped, win, top_start, top_end)
+        by_range = _by_name(names[window], cols)
     return {"share": share, "by_range": by_range}
 
 
-def _top_level(ranges: pd.DataFrame) -> pd.DataFrame:
-    """Ranges not enclosed by another range on the same thread, in time order, made non-overlapping
-    across threads by keeping the earliest of any overlap (so each GPU op is counted once)."""
-    r = ranges.sort_values(["tid", "start_ns", "end_ns"], ascending=[True, True, False], kind="mergesort")
-    reach = r.groupby("tid", sort=False)["end_ns"].cummax()
-    prev = reach.groupby(r["tid"], sort=False).shift(1)
-    top = r[prev.isna() | (r["start_ns"] >= prev)].sort_values("start_ns", kind="mergesort")
-    prev_all = top["end_ns"].cummax().shift(1)
-    return top[prev_all.isna() | (top["start_ns"] >= prev_all)].reset_index(drop=True)
+def _by_name(names: np.ndarray, cols: dict) -> pd.DataFrame:
+    """The windows' rows summed per (range name, category), both in sorted order; instances: how many
+    windows of that name had the category (a window has one row per category)."""
+    distinct, name_code = np.unique(names.astype(object), return_inverse=True)
+    cat_names, cat_code = np.unique(cols["category"].astype(object), return_inverse=True)
+    key = name_code.astype(np.int64) * len(cat_names) + cat_code
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, np.int64)
+    lead = order[first]
+    bytes_ = cols["bytes"]
+    with_bytes = np.add.reduceat((~bytes_.isna()).astype(np.int64)[order], first) > 0 if len(first) else \
+        np.zeros(0, bool)
+
+    def total(values):
+        return np.add.reduceat(np.asarray(values, np.int64)[order], first) if len(first) else np.zeros(0, np.int64)
+
+    return pd.DataFrame({
+        "range_name": pd.array(distinct[name_code[lead]], dtype="str"),
+        "category": pd.array(cat_names[cat_code[lead]], dtype="str"),
+        "instances": np.diff(np.r_[first, len(key)]).astype(np.int64),
+        "ops": total(cols["ops"]), "sum_ns": total(cols["sum_ns"]), "union_ns": total(cols["union_ns"]),
+        "bytes": _nullable(total(bytes_.fillna(0).to_numpy(np.int64)), with_bytes),
+        "pageable_ops": total(cols["pageable_ops"]),
+    })
+
+
+def _top_level(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Positions of the ranges not enclosed by another range on the same thread, in time order, made
+    non-overlapping across threads by keeping the earliest of any overlap (so each GPU op is counted once)."""
+    order = np.lexsort((-end, start, tid))
+    t, s, e = tid[order], start[order], end[order]
+    new_thread = np.r_[True, t[1:] != t[:-1]]
+    # running maximum of the end within each thread: shift each thread's ends above all earlier threads'
+    thread = np.cumsum(new_thread) - 1
+    ends, rank = np.unique(e, return_inverse=True)
+    shift = thread * len(ends)
+    reach = ends[np.maximum.accumulate(rank.reshape(-1) + shift) - shift]
+    keep = new_thread | (s >= np.r_[s[:1], reach[:-1]])
+    top = order[keep]
+    top = top[np.argsort(start[top], kind="stable")]
+    s, e = start[top], end[top]
+    reach_all = np.maximum.accumulate(e)
+    return top[np.r_[True, s[1:] >= reach_all[:-1]]] if len(top) else top
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
