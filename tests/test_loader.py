@@ -256,10 +256,9 @@ def test_recipes_whose_map_is_arrow_only_do_not_import_pandas_on_a_warm_run(nsys
     # the pool forks their workers before pandas is imported (it costs about 0.3 s of CPU) and the parent
     # imports it while they map: that only pays if their per-rank work over a warm cache never needs it
     report = sorted(MPI_SET.glob("*.qdrep"))[0]
-    runs = [(name, options) for name, spec in analyses.RECIPES.items() for options in ({}, {"kernel": "jacobi_kernel"})
-            if spec.map_is_arrow_only(options) and (not options or "kernel" in analyses.OPTION_NAMES[name])]
-    assert {"sync_summary", "nvtx_gpu_proj"} <= {name for name, options in runs if not options}
-    assert ("kernel_pace", {"kernel": "jacobi_kernel"}) in runs and ("kernel_pace", {}) not in runs
+    flagged = [name for name, spec in analyses.RECIPES.items() if spec.map_without_pandas]
+    assert {"sync_summary", "nvtx_gpu_proj", "kernel_pace"} <= set(flagged)
+    runs = [(name, {}) for name in flagged] + [("kernel_pace", {"kernel": "jacobi_kernel"})]
     for recipe, options in runs:
         args = (str(report), recipe, options, None)
         runner.map_file(*args)  # exports and fills the loaded cache

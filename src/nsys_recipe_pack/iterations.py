@@ -62,121 +62,184 @@ def closest_names(wanted: str, names, n: int = 5) -> str:
     return ", ".join(repr(c) for c in close) if close else "none"
 
 
-def _non_overlapping(df: pd.DataFrame) -> pd.DataFrame:
-    """Keep instances that start after the previous kept one ended (outermost of nested repeats)."""
-    df = df.sort_values(["start_ns", "end_ns"], ascending=[True, False], kind="mergesort")
-    prev_reach = df["end_ns"].cummax().shift(1)
-    return df[prev_reach.isna() | (df["start_ns"] >= prev_reach)]
+@dataclass
+class Ranges:
+    """A rank's closed NVTX ranges as arrays, in the NVTX table's order; names and domains as codes into
+    their few distinct words (-1: none)."""
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    tid: np.ndarray
+    name: np.ndarray
+    domain: np.ndarray
+    names: np.ndarray
+    domains: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.start_ns)
+
+    def name_is(self, wanted: str) -> np.ndarray:
+        return _is(self.name, self.names, wanted)
+
+    def domain_is(self, wanted: str) -> np.ndarray:
+        return _is(self.domain, self.domains, wanted)
 
 
-def _auto_nvtx(ranges: pd.DataFrame) -> tuple[str, str] | None:
-    if ranges.empty:
+def _is(codes: np.ndarray, words: np.ndarray, wanted: str) -> np.ndarray:
+    """Where codes into words (the last one None) stand for the string `wanted`."""
+    return np.isin(codes, np.flatnonzero(words[:-1] == wanted))
+
+
+def range_arrays(nvtx) -> Ranges:
+    """The closed ranges (`closed_range_mask`) of a loader Frame of NVTX events, or of none."""
+    if nvtx is None or not len(nvtx):
+        empty, none = np.zeros(0, np.int64), np.array([None], object)
+        return Ranges(empty, empty, empty, empty, empty, none, none)
+    closed = closed_range_mask(nvtx)
+    name, names = nvtx.codes("name")
+    domain, domains = nvtx.codes("domain")
+    return Ranges(nvtx.values("start_ns")[closed], nvtx.values("end_ns")[closed], nvtx.values("tid")[closed],
+                  name[closed], domain[closed], names, domains)
+
+
+def most_common(values: np.ndarray):
+    """The value pandas' value_counts() lists first: the most frequent, ties going to the first seen."""
+    distinct, first, counts = np.unique(values, return_index=True, return_counts=True)
+    top = np.flatnonzero(counts == counts.max())
+    return distinct[top[np.argmin(first[top])]]
+
+
+def _non_overlapping(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Positions of the instances that start after the previous kept one ended (outermost of nested
+    repeats), in time order."""
+    order = np.lexsort((-end, start))
+    s, e = start[order], end[order]
+    return order[np.r_[True, s[1:] >= np.maximum.accumulate(e)[:-1]]] if len(order) else order
+
+
+def _auto_nvtx(r: Ranges) -> tuple[int, int] | None:
+    """(name code, domain code) of the repeating range that delimits iterations, found on the busiest thread."""
+    if not len(r):
         return None
-    busiest = ranges["tid"].value_counts().index[0]
-    on_thread = ranges[ranges["tid"] == busiest].sort_values("start_ns", kind="mergesort")
+    on_thread = np.flatnonzero(r.tid == most_common(r.tid))
+    on_thread = on_thread[np.argsort(r.start_ns[on_thread], kind="stable")]
+    name, domain = r.name[on_thread], r.domain[on_thread]
+    key = (name + 1) * (len(r.domains) + 1) + domain + 1
+    keys, first, group = np.unique(key, return_index=True, return_inverse=True)
     cand = []
-    for (name, domain), grp in on_thread.groupby(["name", "domain"], sort=False):
-        if len(grp) < MIN_REPEATS or name == "":
+    for g in np.argsort(first, kind="stable"):  # groups in order of first appearance
+        at = on_thread[group.reshape(-1) == g]
+        n, d = int(r.name[at[0]]), int(r.domain[at[0]])
+        if len(at) < MIN_REPEATS or n < 0 or d < 0 or r.names[n] == "":
             continue
-        overlaps = (grp["start_ns"].to_numpy()[1:] < grp["end_ns"].to_numpy()[:-1]).any()
-        if not overlaps:
-            cand.append((name, domain, len(grp), grp))
-    if not cand:
-        return None
+        if not (r.start_ns[at][1:] < r.end_ns[at][:-1]).any():
+            cand.append((n, d, at))
     # Drop candidates whose instances sit inside another candidate's: the delimiter is the outermost.
     keep = []
-    for name, domain, count, grp in cand:
+    for n, d, at in cand:
         nested = False
-        for other_name, other_domain, _, other in cand:
-            if (other_name, other_domain) == (name, domain):
+        for other_n, other_d, other in cand:
+            if (other_n, other_d) == (n, d):
                 continue
-            idx = np.searchsorted(other["start_ns"].to_numpy(), grp["start_ns"].to_numpy(), side="right") - 1
+            idx = np.searchsorted(r.start_ns[other], r.start_ns[at], side="right") - 1
             ok = idx >= 0
-            inside = np.zeros(len(grp), bool)
-            inside[ok] = grp["end_ns"].to_numpy()[ok] <= other["end_ns"].to_numpy()[idx[ok]]
+            inside = np.zeros(len(at), bool)
+            inside[ok] = r.end_ns[at][ok] <= r.end_ns[other][idx[ok]]
             if inside.mean() > 0.5:
                 nested = True
                 break
         if not nested:
-            keep.append((count, int((grp["end_ns"] - grp["start_ns"]).sum()), name, domain))
+            keep.append((len(at), int((r.end_ns[at] - r.start_ns[at]).sum()), n, d))
     # The delimiter covers the most time: "most frequent" alone picks per-op ranges such as aten::zeros
     # in reports made with torch's emit_nvtx.
     keep.sort(key=lambda k: (k[1], k[0]), reverse=True)
     return (keep[0][2], keep[0][3]) if keep else None
 
 
-def find_iterations(nvtx: pd.DataFrame | None, kernels: pd.DataFrame | None, iteration: str | None = None,
-                    iteration_kernel: str | None = None, file: str = "") -> Iterations:
-    ranges = closed_ranges(nvtx)
+def find_iterations(rd, iteration: str | None = None, iteration_kernel: str | None = None) -> Iterations:
+    """The rank's iterations: instances of the delimiting NVTX range on its busiest thread (outermost of
+    nested repeats), or launches of the delimiting kernel."""
+    kernels = rd.frame("kernels")
     if iteration_kernel:
-        return _kernel_iterations(kernels, iteration_kernel, "--iteration-kernel", file)
+        return _kernel_iterations(kernels, iteration_kernel, "--iteration-kernel", rd.file)
+    r = range_arrays(rd.frame("nvtx"))
     if iteration:
         name, domain = parse_name_domain(iteration)
-        sel = ranges[ranges["name"] == name]
+        sel = r.name_is(name)
         if domain is not None:
-            sel = sel[sel["domain"] == domain]
-        if sel.empty:
-            raise BadInputError(f"{file}: no NVTX range named {iteration!r}; closest names: "
-                                f"{closest_names(name, ranges['name'])}")
+            sel &= r.domain_is(domain)
+        if not sel.any():
+            raise BadInputError(f"{rd.file}: no NVTX range named {iteration!r}; closest names: "
+                                f"{closest_names(name, r.names[r.name])}")
         delim = Delimiter("nvtx", name, domain, "--iteration")
     else:
-        found = _auto_nvtx(ranges)
+        found = _auto_nvtx(r)
         if found is None:
             if kernels is not None and len(kernels):
-                counts = kernels["name"].value_counts()
-                if counts.iloc[0] >= MIN_REPEATS:
-                    return _kernel_iterations(kernels, str(counts.index[0]), "auto", file)
+                codes, words = kernels.codes("name")
+                named = codes[codes >= 0]
+                if len(named) and (named == most_common(named)).sum() >= MIN_REPEATS:
+                    return _kernel_iterations(kernels, str(words[most_common(named)]), "auto", rd.file)
             what = "has no NVTX ranges or CUDA kernels (profile with `nsys profile -t cuda,nvtx`)" if (
-                ranges.empty and (kernels is None or kernels.empty)) else \
+                not len(r) and (kernels is None or not len(kernels))) else \
                 "has no NVTX range or kernel that repeats at least 5 times"
-            raise BadInputError(f"{file}: cannot find iterations: the report {what}; or pass --iteration NAME "
+            raise BadInputError(f"{rd.file}: cannot find iterations: the report {what}; or pass --iteration NAME "
                                 "(an NVTX range) or --iteration-kernel NAME")
-        name, domain = found
-        sel = ranges[(ranges["name"] == name) & (ranges["domain"] == domain)]
-        delim = Delimiter("nvtx", name, domain or None, "auto")
-    tid = int(sel["tid"].value_counts().index[0])
-    sel = _non_overlapping(sel[sel["tid"] == tid])
-    return Iterations(delim, sel["start_ns"].to_numpy(np.int64), sel["end_ns"].to_numpy(np.int64), tid)
+        n, d = found
+        sel = (r.name == n) & (r.domain == d)
+        delim = Delimiter("nvtx", str(r.names[n]), r.domains[d] or None, "auto")
+    sel = np.flatnonzero(sel)
+    tid = int(most_common(r.tid[sel]))
+    sel = sel[r.tid[sel] == tid]
+    sel = sel[_non_overlapping(r.start_ns[sel], r.end_ns[sel])]
+    return Iterations(delim, r.start_ns[sel].astype(np.int64), r.end_ns[sel].astype(np.int64), tid)
 
 
-def _kernel_iterations(kernels: pd.DataFrame | None, name: str, source: str, file: str) -> Iterations:
-    if kernels is None or kernels.empty:
+def _kernel_iterations(kernels, name: str, source: str, file: str) -> Iterations:
+    if kernels is None or not len(kernels):
         raise BadInputError(f"{file}: --iteration-kernel needs CUDA kernels and this report has none; profile "
                             "with `nsys profile -t cuda` (add cuda to the -t list) or use --iteration")
-    match = (kernels["name"] == name) | (kernels["full_name"] == name) | \
-        kernels["full_name"].str.startswith(name + "(", na=False)
-    sel = kernels[match].sort_values("start_ns", kind="mergesort")
-    if sel.empty:
+    codes, words = kernels.codes("name")
+    full_codes, full_words = kernels.codes("full_name")
+    full_hit = np.array([w is not None and (w == name or str(w).startswith(name + "(")) for w in full_words])
+    match = _is(codes, words, name) | full_hit[full_codes]
+    sel = np.flatnonzero(match)
+    if not len(sel):
         raise BadInputError(f"{file}: no kernel named {name!r}; closest names: "
-                            f"{closest_names(name, kernels['name'])}")
-    starts = sel["start_ns"].to_numpy(np.int64)
+                            f"{closest_names(name, words[codes])}")
+    sel = sel[np.argsort(kernels.values("start_ns")[sel], kind="stable")]
+    starts = kernels.values("start_ns")[sel].astype(np.int64)
     ends = np.empty_like(starts)
     ends[:-1] = starts[1:]
     period = int(np.median(np.diff(starts))) if len(starts) > 1 else 0
-    ends[-1] = max(int(sel["end_ns"].iloc[-1]), starts[-1] + period)
+    ends[-1] = max(int(kernels.values("end_ns")[sel][-1]), starts[-1] + period)
     return Iterations(Delimiter("kernel", name, None, source), starts, ends, None)
 
 
-def sync_points(rd, sync_names: list[str] | None = None) -> pd.DataFrame:
-    """Intervals where this rank sits in a collective or sync point: NCCL kernels, NVTX ranges of the
-    NCCL domain or with collective names, and MPI calls. Columns start_ns, end_ns, origin."""
-    frames = []
-    ranges = closed_ranges(rd.nvtx)
+def matching(words: np.ndarray, pattern) -> np.ndarray:
+    """Whether each of a column's distinct words (the last one None) matches a regex, to index by code."""
+    return np.array([w is not None and re.search(pattern, str(w)) is not None for w in words], bool)
+
+
+def sync_intervals(rd, ranges: Ranges, sync_names: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(start, end) of where this rank sits in a collective or sync point: NVTX ranges of the NCCL domain
+    or with collective names, NCCL kernels, and MPI calls."""
+    starts, ends = [], []
     if len(ranges):
-        is_sync = ranges["name"].str.contains(DEFAULT_SYNC_RE, na=False) | (ranges["domain"] == "NCCL")
+        is_sync = matching(ranges.names, DEFAULT_SYNC_RE)[ranges.name] | ranges.domain_is("NCCL")
         if sync_names:
-            is_sync |= ranges["name"].isin(sync_names)
-        frames.append(ranges.loc[is_sync, ["start_ns", "end_ns"]].assign(origin="nvtx"))
-    if rd.kernels is not None and len(rd.kernels):
-        nccl = rd.kernels["name"].str.contains(NCCL_KERNEL_RE, na=False)
-        frames.append(rd.kernels.loc[nccl, ["start_ns", "end_ns"]].assign(origin="nccl"))
-    if rd.mpi is not None and len(rd.mpi):
-        frames.append(rd.mpi[["start_ns", "end_ns"]].assign(origin="mpi"))
-    frames = [f for f in frames if len(f)]
-    if not frames:
-        return pd.DataFrame({"start_ns": pd.Series(dtype="int64"), "end_ns": pd.Series(dtype="int64"),
-                             "origin": pd.Series(dtype=object)})
-    out = pd.concat(frames, ignore_index=True)
-    out["start_ns"] = out["start_ns"].astype("int64")
-    out["end_ns"] = out["end_ns"].astype("int64")
-    return out
+            is_sync |= np.isin(ranges.names, list(sync_names))[ranges.name]
+        starts.append(ranges.start_ns[is_sync])
+        ends.append(ranges.end_ns[is_sync])
+    k = rd.frame("kernels")
+    if k is not None and len(k):
+        codes, words = k.codes("name")
+        nccl = matching(words, NCCL_KERNEL_RE)[codes]
+        starts.append(k.values("start_ns")[nccl])
+        ends.append(k.values("end_ns")[nccl])
+    mpi = rd.frame("mpi")
+    if mpi is not None and len(mpi):
+        starts.append(mpi.values("start_ns"))
+        ends.append(mpi.values("end_ns"))
+    if not starts:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(starts).astype(np.int64), np.concatenate(ends).astype(np.int64)

@@ -255,7 +255,7 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
     # reading an export uses pandas), the parent imports it for the reduce while they map. The first
     # report tells whether the run is warm.
     spec = analyses.get(recipe)
-    lazy_pandas = (spec.map_is_arrow_only(options) and all(loader.input_kind(f) == "report" for f in files)
+    lazy_pandas = (spec.map_without_pandas and all(loader.input_kind(f) == "report" for f in files)
                    and loader.frames_cached(files[0], set(spec.needs_given(options)), nsys_path))
     if not lazy_pandas:
         pd.DataFrame  # noqa: B018

@@ -19,15 +19,10 @@ class RecipeSpec:
     add_arguments: Callable  # add_arguments(add, framework) with add(*flags, **argparse kwargs)
     per_iteration: bool  # whether ranks must agree on one iteration delimiter
     needs_for: Callable | None = None  # needs_for(options): fewer needs for some options (read less)
-    # whether its map over a warm cache works on Arrow and NumPy only (or a function of the options that says)
-    map_without_pandas: bool | Callable = False
+    map_without_pandas: bool = False  # its map over a warm cache works on Arrow and NumPy only
 
     def needs_given(self, options: dict) -> frozenset:
         return frozenset(self.needs_for(options)) if self.needs_for else self.needs
-
-    def map_is_arrow_only(self, options: dict) -> bool:
-        f = self.map_without_pandas
-        return bool(f(options)) if callable(f) else f
 
 
 def _comma_list(text: str) -> list[str]:
@@ -85,7 +80,7 @@ RECIPES = {
         add_arguments=_pace_args,
         per_iteration=True,
         needs_for=pace.needs_for,
-        map_without_pandas=pace.map_is_arrow_only,
+        map_without_pandas=True,
     ),
     "compute_memory_share": RecipeSpec(
         name="compute_memory_share",

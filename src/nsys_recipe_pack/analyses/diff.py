@@ -45,7 +45,7 @@ def run_metrics(ranks) -> pd.DataFrame:
     durations = []
     for rd in ranks:
         try:
-            it = find_iterations(rd.nvtx, rd.kernels, file=rd.file)
+            it = find_iterations(rd)
         except Exception:  # noqa: BLE001 - a run without iterations simply has no such metric
             continue
         durations.append(it.end_ns - it.start_ns)

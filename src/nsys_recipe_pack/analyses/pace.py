@@ -25,11 +25,6 @@ def needs_for(options: dict) -> set:
     return {"kernel"} if options.get("kernel") else NEEDS
 
 
-def map_is_arrow_only(options: dict) -> bool:
-    """Launches of one named kernel come from the kernel table's Arrow columns; iterations need pandas."""
-    return bool(options.get("kernel"))
-
-
 def map_rank(rd, options: dict) -> dict:
     kernel = options.get("kernel")
     if kernel:
@@ -46,8 +41,7 @@ def map_rank(rd, options: dict) -> dict:
         start, end = start[order], end[order]
         delimiter = {"kind": "kernel", "name": kernel, "domain": None, "source": "--kernel"}
     else:
-        it = find_iterations(rd.nvtx, rd.kernels, options.get("iteration"), options.get("iteration_kernel"),
-                             rd.file)
+        it = find_iterations(rd, options.get("iteration"), options.get("iteration_kernel"))
         delimiter = it.delimiter.as_dict()
         start, end = it.start_ns.copy(), it.end_ns.copy()
         op_start, op_end = gpu_intervals(rd)

@@ -13,8 +13,15 @@ from __future__ import annotations
 import numpy as np
 
 from ..gpu import gpu_intervals
-from ..intervals import split_into_windows, union_length
-from ..iterations import DEFAULT_SYNC_RE, NCCL_KERNEL_RE, closed_ranges, find_iterations, sync_points
+from ..intervals import split_into_windows, union_lengths
+from ..iterations import (
+    DEFAULT_SYNC_RE,
+    NCCL_KERNEL_RE,
+    find_iterations,
+    matching,
+    range_arrays,
+    sync_intervals,
+)
 from ..lazy import pd
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "mpi"}
@@ -31,75 +38,69 @@ def _windowed_union(win_start, win_end, starts, ends, n) -> np.ndarray:
     ev, win, cs, ce = split_into_windows(starts, ends, win_start, win_end)
     out = np.zeros(n, np.int64)
     if len(ev):
-        u = union_length(win, cs, ce)
-        out[u.index.to_numpy()] = u.to_numpy()
+        groups, lengths = union_lengths(win, cs, ce)
+        out[groups] = lengths
     return out
 
 
 def map_rank(rd, options: dict) -> dict:
     """Per-iteration busy/wait/GPU time and per-component times for one rank. No cross-rank logic."""
-    it = find_iterations(rd.nvtx, rd.kernels, options.get("iteration"), options.get("iteration_kernel"),
-                         rd.file)
+    it = find_iterations(rd, options.get("iteration"), options.get("iteration_kernel"))
     ws, we = it.start_ns, it.end_ns
     n = len(ws)
-    sync = sync_points(rd, options.get("sync"))
-    wait = _windowed_union(ws, we, sync["start_ns"].to_numpy(), sync["end_ns"].to_numpy(), n)
+    ranges = range_arrays(rd.frame("nvtx"))
+    sync_start, sync_end = sync_intervals(rd, ranges, options.get("sync"))
+    wait = _windowed_union(ws, we, sync_start, sync_end, n)
 
     # arrival: the start of the last collective that begins inside the iteration
     arrival = np.full(n, -1, np.int64)
-    if len(sync):
-        s = np.sort(sync["start_ns"].to_numpy())
+    if len(sync_start):
+        s = np.sort(sync_start)
         idx = np.searchsorted(s, we, side="left") - 1
         ok = idx >= 0
         ok[ok] = s[idx[ok]] >= ws[ok]
         arrival[ok] = s[idx[ok]]
 
-    components = []  # (iteration, component, ns)
+    components = []  # (component, ns per iteration)
     gpu_busy = None
     if rd.has_cuda:
         op_start, op_end = gpu_intervals(rd)
         gpu_busy = _windowed_union(ws, we, op_start, op_end, n) if len(op_start) else np.zeros(n, np.int64)
-        if rd.kernels is not None and len(rd.kernels):
-            comp = rd.kernels[~rd.kernels["name"].str.contains(NCCL_KERNEL_RE, na=False)]
-            components.append(("gpu_compute", _windowed_union(ws, we, comp["start_ns"].to_numpy(),
-                                                              comp["end_ns"].to_numpy(), n)))
-        if rd.memcpy is not None and len(rd.memcpy):
-            components.append(("memcpy", _windowed_union(ws, we, rd.memcpy["start_ns"].to_numpy(),
-                                                         rd.memcpy["end_ns"].to_numpy(), n)))
-        if rd.runtime is not None and len(rd.runtime):
-            rt = rd.runtime[rd.runtime["name"].str.contains(SYNC_API_RE, na=False)]
-            components.append(("sync", _windowed_union(ws, we, rt["start_ns"].to_numpy(),
-                                                       rt["end_ns"].to_numpy(), n)))
+        for table, component, pattern, keep_matches in [("kernels", "gpu_compute", NCCL_KERNEL_RE, False),
+                                                        ("memcpy", "memcpy", None, True),
+                                                        ("runtime", "sync", SYNC_API_RE, True)]:
+            f = rd.frame(table)
+            if f is None or not len(f):
+                continue
+            sel = np.ones(len(f), bool)
+            if pattern is not None:
+                codes, words = f.codes("name")
+                sel = matching(words, pattern)[codes] == keep_matches
+            components.append((component, _windowed_union(ws, we, f.values("start_ns")[sel], f.values("end_ns")[sel], n)))
 
-    child_rows = pd.DataFrame(columns=["iteration", "component", "ns"])
+    child = (np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0, np.int64))
     if it.delimiter.kind == "nvtx":
-        ranges = closed_ranges(rd.nvtx)
-        ranges = ranges[ranges["tid"] == it.tid]
+        on = np.flatnonzero(ranges.tid == it.tid)
+        start, end, name = ranges.start_ns[on], ranges.end_ns[on], ranges.name[on]
         # ranges strictly inside an iteration (not the iteration range itself)
-        idx = np.searchsorted(ws, ranges["start_ns"].to_numpy(), side="right") - 1
+        idx = np.searchsorted(ws, start, side="right") - 1
         ok = idx >= 0
-        inside = np.zeros(len(ranges), bool)
-        inside[ok] = ranges["end_ns"].to_numpy()[ok] <= we[idx[ok]]
-        is_delim = np.isin(ranges["start_ns"].to_numpy(), ws) & (ranges["name"].to_numpy() == it.delimiter.name)
-        kids = ranges[inside & ~is_delim].assign(iteration=idx[inside & ~is_delim])
-        if len(kids):
-            kids = kids.sort_values(["iteration", "start_ns", "end_ns"], ascending=[True, True, False],
-                                    kind="mergesort")
-            reach = kids.groupby("iteration", sort=False)["end_ns"].cummax()
-            prev = reach.groupby(kids["iteration"], sort=False).shift(1)
-            top = kids[prev.isna() | (kids["start_ns"] >= prev)]
-            child_rows = (top.assign(ns=top["end_ns"] - top["start_ns"])
-                          .groupby(["iteration", "name"], as_index=False)["ns"].sum()
-                          .rename(columns={"name": "component"}))
-            covered = pd.concat([top[["start_ns", "end_ns"]], sync[["start_ns", "end_ns"]]], ignore_index=True)
-            cov = _windowed_union(ws, we, covered["start_ns"].to_numpy(), covered["end_ns"].to_numpy(), n)
+        inside = np.zeros(len(on), bool)
+        inside[ok] = end[ok] <= we[idx[ok]]
+        is_delim = np.isin(start, ws) & (ranges.names[name] == it.delimiter.name)
+        kid = np.flatnonzero(inside & ~is_delim)
+        if len(kid):
+            top = kid[_outermost(idx[kid], start[kid], end[kid])]
+            child = _child_sums(idx[top], name[top], end[top] - start[top], ranges.names)
+            cov = _windowed_union(ws, we, np.concatenate([start[top], sync_start]),
+                                  np.concatenate([end[top], sync_end]), n)
             components.append(("host_gap", (we - ws) - cov))
 
-    comp_frames = [child_rows] + [pd.DataFrame({"iteration": np.arange(n), "component": name, "ns": vals})
-                                  for name, vals in components]
-    comps = pd.concat([c for c in comp_frames if len(c)], ignore_index=True) if any(
-        len(c) for c in comp_frames) else pd.DataFrame(columns=["iteration", "component", "ns"])
-
+    iteration = np.concatenate([child[0], *[np.arange(n, dtype=np.int64) for _ in components]])
+    component = np.concatenate([child[1], *[np.full(n, c, object) for c, _ in components]])
+    comps = pd.DataFrame({"iteration": iteration.astype(np.int64),
+                          "component": pd.array(component, dtype="str") if len(component) else component,
+                          "ns": np.concatenate([child[2], *[v for _, v in components]]).astype(np.int64)})
     iters = pd.DataFrame({
         "iteration": np.arange(n, dtype=np.int64),
         "start_ns": ws,
@@ -108,11 +109,37 @@ def map_rank(rd, options: dict) -> dict:
         "wait_ns": wait,
         "busy_ns": (we - ws) - wait,
         "gpu_busy_ns": pd.array(gpu_busy if gpu_busy is not None else [None] * n, dtype="Int64"),
-        "arrival_ns": pd.array(np.where(arrival >= 0, arrival, 0), dtype="Int64"),
+        "arrival_ns": pd.arrays.IntegerArray(np.where(arrival >= 0, arrival, 0), arrival < 0),
     })
-    iters.loc[arrival < 0, "arrival_ns"] = pd.NA
-    return {"iterations": iters, "components": comps.astype({"iteration": "int64", "ns": "int64"}),
-            "delimiter": it.delimiter.as_dict()}
+    return {"iterations": iters, "components": comps, "delimiter": it.delimiter.as_dict()}
+
+
+def _outermost(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Positions of the ranges not inside an earlier one of the same group (iteration), ordered by group,
+    start, longest first."""
+    order = np.lexsort((-end, start, group))
+    g, s, e = group[order], start[order], end[order]
+    new_group = np.r_[True, g[1:] != g[:-1]]
+    ends, rank = np.unique(e, return_inverse=True)
+    shift = (np.cumsum(new_group) - 1) * len(ends)  # each group's running maximum above all earlier groups'
+    reach = ends[np.maximum.accumulate(rank.reshape(-1) + shift) - shift]
+    return order[new_group | (s >= np.r_[s[:1], reach[:-1]])]
+
+
+def _child_sums(iteration: np.ndarray, name: np.ndarray, ns: np.ndarray, names: np.ndarray):
+    """(iteration, name, ns) summed per iteration and range name, sorted by both (ranges with no name left
+    out)."""
+    named = name >= 0
+    iteration, name, ns = iteration[named], name[named], ns[named]
+    words = names[:-1]
+    place = np.empty(len(words), np.int64)
+    place[np.argsort(words.astype(object), kind="stable")] = np.arange(len(words))  # a name's sorted place
+    key = iteration * max(len(words), 1) + place[name]
+    order = np.argsort(key, kind="stable")
+    key = key[order]
+    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+    lead = order[first]
+    return iteration[lead], words[name[lead]].astype(object), np.add.reduceat(ns[order], first)
 
 
 def _robust_scale(x: pd.Series) -> float:
@@ -138,9 +165,14 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     threshold = float(options.get("threshold", DEFAULT_THRESHOLD))
     sigma = float(options.get("sigma", DEFAULT_SIGMA))
     sync_names = set(options.get("sync") or [])
-    iters = pd.concat([r["iterations"].assign(rank=r["rank"], offset=r["offset_ns"]) for r in per_rank],
-                      ignore_index=True)
-    comps = pd.concat([r["components"].assign(rank=r["rank"]) for r in per_rank], ignore_index=True)
+    iters = pd.concat([r["iterations"] for r in per_rank], ignore_index=True)
+    counts = np.array([len(r["iterations"]) for r in per_rank], np.int64)
+    iters["rank"] = np.repeat(np.array([r["rank"] for r in per_rank], np.int64), counts)
+    iters["offset"] = np.repeat(np.array([r["offset_ns"] for r in per_rank], np.int64), counts)
+    comps = pd.concat([r["components"] for r in per_rank], ignore_index=True)
+    # each component row's (rank, iteration) row in iters: its rank's first row plus its iteration
+    comp_cell = np.repeat(np.cumsum(counts) - counts, [len(r["components"]) for r in per_rank]) + \
+        comps["iteration"].to_numpy(np.int64)
 
     iters["start_aligned_ns"] = iters["start_ns"] + iters["offset"]
     arrival_aligned = iters["arrival_ns"] + iters["offset"]
@@ -158,11 +190,13 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     key = ["rank", "iteration"]
     cells = iters[key]
     if len(comps):
-        wide = comps.pivot_table(index=key, columns="component", values="ns", aggfunc="sum", fill_value=0)
-        wide = wide.reindex(pd.MultiIndex.from_frame(cells), fill_value=0)
-        comp_names = [c for c in wide.columns
-                      if not (DEFAULT_SYNC_RE.search(str(c)) or c in sync_names)]
-        wide = wide[comp_names].astype("float64")
+        # ns per (rank, iteration) and component, summed, 0 where a cell has none (a pivot table)
+        code, names = pd.factorize(comps["component"], sort=True)
+        table = np.bincount(comp_cell * len(names) + code, weights=comps["ns"].to_numpy(np.float64),
+                            minlength=len(cells) * len(names)).reshape(len(cells), len(names))
+        kept = [i for i, c in enumerate(names) if not (DEFAULT_SYNC_RE.search(str(c)) or c in sync_names)]
+        comp_names = [names[i] for i in kept]
+        wide = pd.DataFrame(table[:, kept], index=pd.MultiIndex.from_frame(cells), columns=comp_names)
         med = wide.groupby(level="iteration").transform("median")
         comp_excess = wide - med
         comp_floor = max(1000.0, 0.001 * typical)
