@@ -86,7 +86,7 @@ def test_sync_intervals_collect_collective_ranges_nccl_kernels_and_named_syncs()
     rd = RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx(rows), kernels=ks)
     ranges = iterations.range_arrays(rd.frame("nvtx"))
     start, end = iterations.sync_intervals(rd, ranges)
-    assert sorted(zip(start.tolist(), end.tolist())) == [(0, 10), (40, 45), (50, 60)]
+    assert sorted(zip(start.tolist(), end.tolist(), strict=True)) == [(0, 10), (40, 45), (50, 60)]
     start, _ = iterations.sync_intervals(rd, ranges, ["mine"])
     assert sorted(start.tolist()) == [0, 20, 40, 50]
 

@@ -127,6 +127,6 @@ def test_host_gap_is_time_outside_child_ranges():
     rows = [("step", 0, 100 * MS), ("forward", 0, 30 * MS), ("allreduce", 60 * MS, 100 * MS)]
     rows = [(n, s + k * 200 * MS, e + k * 200 * MS) for k in range(5) for n, s, e in rows]
     res = straggler.map_rank(make(rows), {})
-    comps = res["components"].set_index(["iteration", "component"])["ns"]
+    comps = res["components"].to_pandas().set_index(["iteration", "component"])["ns"]
     assert comps.loc[(0, "host_gap")] == 30 * MS  # 30..60 ms is covered by nothing
     assert comps.loc[(0, "forward")] == 30 * MS

@@ -68,6 +68,7 @@ RECIPES = {
         reduce=straggler.reduce,
         add_arguments=_straggler_args,
         per_iteration=True,
+        map_without_pandas=True,
     ),
     "kernel_pace": RecipeSpec(
         name="kernel_pace",

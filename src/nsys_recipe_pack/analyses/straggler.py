@@ -11,6 +11,7 @@ range, GPU compute, memcpy, host sync) that accounts for at least half of the ex
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..gpu import gpu_intervals
 from ..intervals import split_into_windows, union_lengths
@@ -23,6 +24,7 @@ from ..iterations import (
     sync_intervals,
 )
 from ..lazy import pd
+from ..loader import Frame, arrow_of, dictionary_column
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "mpi"}
 DEFAULT_THRESHOLD = 0.10
@@ -78,7 +80,7 @@ def map_rank(rd, options: dict) -> dict:
                 sel = matching(words, pattern)[codes] == keep_matches
             components.append((component, _windowed_union(ws, we, f.values("start_ns")[sel], f.values("end_ns")[sel], n)))
 
-    child = (np.zeros(0, np.int64), np.zeros(0, object), np.zeros(0, np.int64))
+    child = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))  # iteration, name code, ns
     if it.delimiter.kind == "nvtx":
         on = np.flatnonzero(ranges.tid == it.tid)
         start, end, name = ranges.start_ns[on], ranges.end_ns[on], ranges.name[on]
@@ -96,22 +98,27 @@ def map_rank(rd, options: dict) -> dict:
                                   np.concatenate([end[top], sync_end]), n)
             components.append(("host_gap", (we - ws) - cov))
 
-    iteration = np.concatenate([child[0], *[np.arange(n, dtype=np.int64) for _ in components]])
-    component = np.concatenate([child[1], *[np.full(n, c, object) for c, _ in components]])
-    comps = pd.DataFrame({"iteration": iteration.astype(np.int64),
-                          "component": pd.array(component, dtype="str") if len(component) else component,
-                          "ns": np.concatenate([child[2], *[v for _, v in components]]).astype(np.int64)})
-    iters = pd.DataFrame({
-        "iteration": np.arange(n, dtype=np.int64),
-        "start_ns": ws,
-        "end_ns": we,
-        "duration_ns": we - ws,
-        "wait_ns": wait,
-        "busy_ns": (we - ws) - wait,
-        "gpu_busy_ns": pd.array(gpu_busy if gpu_busy is not None else [None] * n, dtype="Int64"),
-        "arrival_ns": pd.arrays.IntegerArray(np.where(arrival >= 0, arrival, 0), arrival < 0),
-    })
+    # components as codes into the range names followed by the fixed component names
+    words = [*ranges.names[:-1], *(c for c, _ in components)]
+    first_fixed = len(ranges.names) - 1
+    comps = pa.Table.from_arrays([
+        arrow_of(np.concatenate([child[0], *[np.arange(n, dtype=np.int64) for _ in components]])),
+        dictionary_column(np.concatenate([child[1], *[np.full(n, first_fixed + i) for i in range(len(components))]]),
+                          words),
+        arrow_of(np.concatenate([child[2], *[v for _, v in components]]).astype(np.int64)),
+    ], names=list(COMPONENT_DTYPES))
+    no_gpu = np.zeros(n, bool) if gpu_busy is None else None
+    iters = pa.Table.from_arrays([
+        arrow_of(np.arange(n, dtype=np.int64)), arrow_of(ws), arrow_of(we), arrow_of(we - ws), arrow_of(wait),
+        arrow_of((we - ws) - wait), arrow_of(np.zeros(n, np.int64) if gpu_busy is None else gpu_busy, valid=no_gpu),
+        arrow_of(np.where(arrival >= 0, arrival, 0), valid=arrival >= 0),
+    ], names=list(ITERATION_DTYPES))
     return {"iterations": iters, "components": comps, "delimiter": it.delimiter.as_dict()}
+
+
+ITERATION_DTYPES = {"iteration": "int64", "start_ns": "int64", "end_ns": "int64", "duration_ns": "int64",
+                    "wait_ns": "int64", "busy_ns": "int64", "gpu_busy_ns": "Int64", "arrival_ns": "Int64"}
+COMPONENT_DTYPES = {"iteration": "int64", "component": "str", "ns": "int64"}
 
 
 def _outermost(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -127,8 +134,8 @@ def _outermost(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndar
 
 
 def _child_sums(iteration: np.ndarray, name: np.ndarray, ns: np.ndarray, names: np.ndarray):
-    """(iteration, name, ns) summed per iteration and range name, sorted by both (ranges with no name left
-    out)."""
+    """(iteration, name code, ns) summed per iteration and range name, sorted by both (ranges with no name
+    left out)."""
     named = name >= 0
     iteration, name, ns = iteration[named], name[named], ns[named]
     words = names[:-1]
@@ -139,7 +146,7 @@ def _child_sums(iteration: np.ndarray, name: np.ndarray, ns: np.ndarray, names: 
     key = key[order]
     first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     lead = order[first]
-    return iteration[lead], words[name[lead]].astype(object), np.add.reduceat(ns[order], first)
+    return iteration[lead], name[lead], np.add.reduceat(ns[order], first)
 
 
 def _robust_scale(x: pd.Series) -> float:
@@ -165,14 +172,14 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     threshold = float(options.get("threshold", DEFAULT_THRESHOLD))
     sigma = float(options.get("sigma", DEFAULT_SIGMA))
     sync_names = set(options.get("sync") or [])
-    iters = pd.concat([r["iterations"] for r in per_rank], ignore_index=True)
-    counts = np.array([len(r["iterations"]) for r in per_rank], np.int64)
+    iters = Frame(pa.concat_tables([r["iterations"] for r in per_rank]), ITERATION_DTYPES).to_pandas()
+    counts = np.array([r["iterations"].num_rows for r in per_rank], np.int64)
     iters["rank"] = np.repeat(np.array([r["rank"] for r in per_rank], np.int64), counts)
     iters["offset"] = np.repeat(np.array([r["offset_ns"] for r in per_rank], np.int64), counts)
-    comps = pd.concat([r["components"] for r in per_rank], ignore_index=True)
+    comps = Frame(pa.concat_tables([r["components"] for r in per_rank]), COMPONENT_DTYPES)
     # each component row's (rank, iteration) row in iters: its rank's first row plus its iteration
-    comp_cell = np.repeat(np.cumsum(counts) - counts, [len(r["components"]) for r in per_rank]) + \
-        comps["iteration"].to_numpy(np.int64)
+    comp_cell = np.repeat(np.cumsum(counts) - counts, [r["components"].num_rows for r in per_rank]) + \
+        comps.values("iteration")
 
     iters["start_aligned_ns"] = iters["start_ns"] + iters["offset"]
     arrival_aligned = iters["arrival_ns"] + iters["offset"]
@@ -191,8 +198,14 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     cells = iters[key]
     if len(comps):
         # ns per (rank, iteration) and component, summed, 0 where a cell has none (a pivot table)
-        code, names = pd.factorize(comps["component"], sort=True)
-        table = np.bincount(comp_cell * len(names) + code, weights=comps["ns"].to_numpy(np.float64),
+        codes, words = comps.codes("component")
+        present = np.unique(codes)  # the names in sorted order, as a pivot table's columns
+        present = present[np.argsort(words[present], kind="stable")]
+        names = words[present]
+        column = np.empty(len(words), np.int64)
+        column[present] = np.arange(len(present))
+        code = column[codes]
+        table = np.bincount(comp_cell * len(names) + code, weights=comps.values("ns").astype(np.float64),
                             minlength=len(cells) * len(names)).reshape(len(cells), len(names))
         kept = [i for i, c in enumerate(names) if not (DEFAULT_SYNC_RE.search(str(c)) or c in sync_names)]
         comp_names = [names[i] for i in kept]
