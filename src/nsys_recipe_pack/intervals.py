@@ -100,3 +100,15 @@ def covered_length(seg_start: np.ndarray, seg_end: np.ndarray, starts: np.ndarra
         return np.where(i >= 0, before[np.maximum(i, 0)] + inside, 0)
 
     return up_to(np.asarray(ends, np.int64)) - up_to(np.asarray(starts, np.int64))
+
+
+def outermost(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Positions of the intervals not inside an earlier one of the same group (thread, iteration), ordered
+    by group, start, longest first."""
+    order = np.lexsort((-end, start, group))
+    g, s, e = group[order], start[order], end[order]
+    new_group = np.r_[True, g[1:] != g[:-1]]
+    ends, rank = np.unique(e, return_inverse=True)
+    shift = (np.cumsum(new_group) - 1) * len(ends)  # each group's running maximum above all earlier groups'
+    reach = ends[np.maximum.accumulate(rank.reshape(-1) + shift) - shift]
+    return order[new_group | (s >= np.r_[s[:1], reach[:-1]])]

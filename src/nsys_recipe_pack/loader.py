@@ -158,6 +158,14 @@ def dictionary_column(codes: np.ndarray, words) -> pa.DictionaryArray:
     return pa.DictionaryArray.from_arrays(arrow_of(codes.astype(np.int32), valid=codes >= 0), dictionary)
 
 
+def sorted_place(words) -> np.ndarray:
+    """Each word's position in sorted order: codes into `words` mapped through it sort and group by the
+    strings themselves, as pandas does, not by the codes."""
+    place = np.empty(len(words), np.int64)
+    place[np.argsort(np.array(words, dtype=object), kind="stable")] = np.arange(len(words))
+    return place
+
+
 def ranked_tables(per_rank: list[dict], key: str) -> pa.Table:
     """The ranks' per-event Arrow tables `key` one after another, with a leading int64 `rank` column."""
     return pa.concat_tables([r[key].add_column(0, "rank", arrow_of(np.full(r[key].num_rows, r["rank"], np.int64)))

@@ -93,6 +93,7 @@ RECIPES = {
         reduce=share.reduce,
         add_arguments=_no_args,
         per_iteration=False,
+        map_without_pandas=True,
     ),
     "sync_summary": RecipeSpec(
         name="sync_summary",

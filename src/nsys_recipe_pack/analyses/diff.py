@@ -14,6 +14,7 @@ import pandas as pd
 
 from ..errors import MissingTraceError
 from ..iterations import closed_ranges, find_iterations
+from ..loader import Frame
 from . import share
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
@@ -34,11 +35,13 @@ def run_metrics(ranks) -> pd.DataFrame:
         t = (k["end_ns"] - k["start_ns"]).groupby(k["name"]).sum()
         rows.append(pd.DataFrame({"metric": "kernel_total_ns", "key": t.index, "value": t.to_numpy(np.float64)}))
     parts = []
-    for i, rd in enumerate(ranks):
+    for rd in ranks:
         try:
-            parts.append(share.map_rank(rd, {})["share"].assign(rank=i))
+            table = share.map_rank(rd, {})["share"]
         except MissingTraceError:  # a rank without GPU work has no shares
             continue
+        if table is not None:
+            parts.append(Frame(table, share.SHARE_DTYPES).to_pandas())
     if parts:
         s = pd.concat(parts, ignore_index=True).groupby("category")["union_ns"].sum()
         rows.append(pd.DataFrame({"metric": "share_pct", "key": s.index, "value": (100.0 * s / s.sum()).to_numpy()}))

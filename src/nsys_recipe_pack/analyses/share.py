@@ -8,12 +8,14 @@ overlaps given to the higher-priority category (compute > communication > memcpy
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import BadInputError
 from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY
-from ..intervals import split_into_windows, union_lengths
+from ..intervals import outermost, split_into_windows, union_lengths
 from ..iterations import NCCL_KERNEL_RE, closed_range_mask
 from ..lazy import pd
+from ..loader import Frame, arrow_of, dictionary_column, sorted_place
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
 CATEGORIES = [*PRIORITY, "idle"]
@@ -91,11 +93,13 @@ def _split(ops: dict, group: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tupl
     bytes_sum = _sum_by(cell[has_bytes], ops["bytes"][has_bytes], n * c)
     pageable = np.bincount(cell[ops["pageable"]], minlength=n * c)
     covered = np.zeros((c + 1, n), np.int64)  # covered[i]: union of the first i categories, per window
-    for i in range(c):  # a pass per category, each vectorised over all ops
-        sel = ops["level"] <= i
-        groups, lengths = union_lengths(group[sel], ops["start"][sel], ops["end"][sel])
+    present = np.bincount(ops["level"], minlength=c) > 0
+    for i in range(c):  # a pass per category present, each vectorised over all ops
         covered[i + 1] = covered[i]
-        covered[i + 1][groups] = lengths
+        if present[i]:
+            sel = ops["level"] <= i
+            groups, lengths = union_lengths(group[sel], ops["start"][sel], ops["end"][sel])
+            covered[i + 1][groups] = lengths
     union = np.concatenate([(covered[1:] - covered[:-1]).ravel(), hi - lo - covered[c]])
     window = np.tile(np.arange(n), c + 1)
     category = np.repeat(np.arange(c + 1), n)  # c: idle
@@ -106,11 +110,12 @@ def _split(ops: dict, group: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tupl
     at, real, count = at[keep], real[keep], count[keep]
     with_bytes = real & (bytes_n[at] > 0)
     return window[keep], {
-        "category": np.array(CATEGORIES, object)[category[keep]],
+        "category": category[keep],  # codes into CATEGORIES
         "union_ns": union[keep],
         "ops": count,
         "sum_ns": np.where(real, sum_ns[at], 0),
-        "bytes": _nullable(np.where(with_bytes, bytes_sum[at], 0), with_bytes),
+        "bytes": np.where(with_bytes, bytes_sum[at], 0),
+        "has_bytes": with_bytes,
         "pageable_ops": np.where(real, pageable[at], 0),
     }
 
@@ -122,12 +127,22 @@ def _sum_by(cell: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
-def _nullable(values: np.ndarray, valid: np.ndarray):
-    return pd.arrays.IntegerArray(values.astype(np.int64, copy=False), ~valid)
+def _table(columns: dict, words: dict) -> pa.Table:
+    """A split's columns (`bytes` null where `has_bytes` is false; string columns as codes into `words`)
+    as an Arrow table."""
+    arrays = {}
+    for name, values in columns.items():
+        if name in words:
+            arrays[name] = dictionary_column(values, words[name])
+        elif name != "has_bytes":
+            arrays[name] = arrow_of(np.asarray(values, np.int64), valid=columns["has_bytes"] if name == "bytes" else None)
+    return pa.Table.from_arrays(list(arrays.values()), names=list(arrays))
 
 
-def _frame(key_name: str, key, columns: dict) -> pd.DataFrame:
-    return pd.DataFrame({key_name: key, **{c: columns[c] for c in SPLIT_COLUMNS}}).astype({"category": "str"})
+SHARE_DTYPES = {"device": "Int64", "category": "str", "union_ns": "int64", "ops": "int64", "sum_ns": "int64",
+                "bytes": "Int64", "pageable_ops": "int64"}
+BY_RANGE_DTYPES = {"range_name": "str", "category": "str", "instances": "int64", "ops": "int64", "sum_ns": "int64",
+                   "union_ns": "int64", "bytes": "Int64", "pageable_ops": "int64"}
 
 
 def map_rank(rd, options: dict) -> dict:
@@ -145,7 +160,7 @@ def map_rank(rd, options: dict) -> dict:
     np.minimum.at(lo, group, dev_ops["start"])
     np.maximum.at(hi, group, dev_ops["end"])
     window, cols = _split(dev_ops, group.astype(np.int64), lo, hi)
-    share = _frame("device", _nullable(devices[window], np.ones(len(window), bool)), cols)
+    share = _table({"device": devices[window], **cols}, {"category": CATEGORIES})
     by_range = None
     nv = rd.frame("nvtx")
     closed = closed_range_mask(nv) if nv is not None and len(nv) else np.zeros(0, bool)
@@ -153,73 +168,61 @@ def map_rank(rd, options: dict) -> dict:
         top = _top_level(nv.values("tid")[closed], nv.values("start_ns")[closed], nv.values("end_ns")[closed])
         top_start, top_end = nv.values("start_ns")[closed][top], nv.values("end_ns")[closed][top]
         name_codes, words = nv.codes("name")
-        names = words[name_codes[closed][top]]
+        names = name_codes[closed][top]
         ev, win, cs, ce = split_into_windows(ops["start"], ops["end"], top_start, top_end)
         clipped = {**{k: v[ev] for k, v in ops.items()}, "start": cs, "end": ce}
         window, cols = _split(clipped, win, top_start, top_end)
-        by_range = _by_name(names[window], cols)
+        by_range = _by_name(names[window], words, cols)
     return {"share": share, "by_range": by_range}
 
 
-def _by_name(names: np.ndarray, cols: dict) -> pd.DataFrame:
+def _by_name(names: np.ndarray, words: np.ndarray, cols: dict) -> pa.Table:
     """The windows' rows summed per (range name, category), both in sorted order; instances: how many
-    windows of that name had the category (a window has one row per category)."""
-    distinct, name_code = np.unique(names.astype(object), return_inverse=True)
-    cat_names, cat_code = np.unique(cols["category"].astype(object), return_inverse=True)
-    key = name_code.astype(np.int64) * len(cat_names) + cat_code
+    windows of that name had the category (a window has one row per category). names: codes into words."""
+    key = sorted_place(words[:-1])[names] * len(CATEGORIES) + sorted_place(CATEGORIES)[cols["category"]]
     order = np.argsort(key, kind="stable")
     key = key[order]
     first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, np.int64)
     lead = order[first]
-    bytes_ = cols["bytes"]
-    with_bytes = np.add.reduceat((~bytes_.isna()).astype(np.int64)[order], first) > 0 if len(first) else \
-        np.zeros(0, bool)
 
     def total(values):
         return np.add.reduceat(np.asarray(values, np.int64)[order], first) if len(first) else np.zeros(0, np.int64)
 
-    return pd.DataFrame({
-        "range_name": pd.array(distinct[name_code[lead]], dtype="str"),
-        "category": pd.array(cat_names[cat_code[lead]], dtype="str"),
-        "instances": np.diff(np.r_[first, len(key)]).astype(np.int64),
-        "ops": total(cols["ops"]), "sum_ns": total(cols["sum_ns"]), "union_ns": total(cols["union_ns"]),
-        "bytes": _nullable(total(bytes_.fillna(0).to_numpy(np.int64)), with_bytes),
-        "pageable_ops": total(cols["pageable_ops"]),
-    })
+    return _table({"range_name": names[lead], "category": cols["category"][lead],
+                   "instances": np.diff(np.r_[first, len(key)]), "ops": total(cols["ops"]),
+                   "sum_ns": total(cols["sum_ns"]), "union_ns": total(cols["union_ns"]), "bytes": total(cols["bytes"]),
+                   "has_bytes": total(cols["has_bytes"]) > 0, "pageable_ops": total(cols["pageable_ops"])},
+                  {"range_name": words[:-1], "category": CATEGORIES})
 
 
 def _top_level(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Positions of the ranges not enclosed by another range on the same thread, in time order, made
     non-overlapping across threads by keeping the earliest of any overlap (so each GPU op is counted once)."""
-    order = np.lexsort((-end, start, tid))
-    t, s, e = tid[order], start[order], end[order]
-    new_thread = np.r_[True, t[1:] != t[:-1]]
-    # running maximum of the end within each thread: shift each thread's ends above all earlier threads'
-    thread = np.cumsum(new_thread) - 1
-    ends, rank = np.unique(e, return_inverse=True)
-    shift = thread * len(ends)
-    reach = ends[np.maximum.accumulate(rank.reshape(-1) + shift) - shift]
-    keep = new_thread | (s >= np.r_[s[:1], reach[:-1]])
-    top = order[keep]
+    top = outermost(tid, start, end)
     top = top[np.argsort(start[top], kind="stable")]
     s, e = start[top], end[top]
-    reach_all = np.maximum.accumulate(e)
-    return top[np.r_[True, s[1:] >= reach_all[:-1]]] if len(top) else top
+    return top[np.r_[True, s[1:] >= np.maximum.accumulate(e)[:-1]]] if len(top) else top
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
-    parts = [r["share"].assign(rank=r["rank"]) for r in per_rank if r["share"] is not None]
+    parts = [r for r in per_rank if r["share"] is not None]
     if not parts:
         raise BadInputError("no GPU work in any input: compute_memory_share needs CUDA kernels, memcpy or "
                             "memset; profile with `nsys profile -t cuda,nvtx`")
-    share = pd.concat(parts, ignore_index=True)
-    share = _percentages(share, ["rank", "device"])
+    share = _percentages(_ranked_frame(parts, "share", SHARE_DTYPES), ["rank", "device"])
     share = share[["rank", "device", "category", "ops", "sum_ns", "union_ns", "pct_sum", "pct_union", "bytes",
                    "bandwidth_gbps", "pageable_ops"]]
     tables = {"share": share}
-    ranges = [r["by_range"].assign(rank=r["rank"]) for r in per_rank if r["by_range"] is not None]
+    ranges = [r for r in per_rank if r["by_range"] is not None]
     if ranges:
-        by_range = _percentages(pd.concat(ranges, ignore_index=True), ["rank", "range_name"])
+        by_range = _percentages(_ranked_frame(ranges, "by_range", BY_RANGE_DTYPES), ["rank", "range_name"])
         tables["by_range"] = by_range[["rank", "range_name", "category", "instances", "ops", "sum_ns", "union_ns",
                                        "pct_sum", "pct_union", "bytes", "bandwidth_gbps", "pageable_ops"]]
     return tables
+
+
+def _ranked_frame(per_rank: list[dict], key: str, dtypes: dict) -> pd.DataFrame:
+    """The ranks' Arrow tables `key` as one pandas frame, with a trailing rank column."""
+    df = Frame(pa.concat_tables([r[key] for r in per_rank]), dtypes).to_pandas()
+    df["rank"] = np.repeat(np.array([r["rank"] for r in per_rank], np.int64), [r[key].num_rows for r in per_rank])
+    return df

@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..gpu import gpu_intervals
-from ..intervals import split_into_windows, union_lengths
+from ..intervals import outermost, split_into_windows, union_lengths
 from ..iterations import (
     DEFAULT_SYNC_RE,
     NCCL_KERNEL_RE,
@@ -24,7 +24,7 @@ from ..iterations import (
     sync_intervals,
 )
 from ..lazy import pd
-from ..loader import Frame, arrow_of, dictionary_column
+from ..loader import Frame, arrow_of, dictionary_column, sorted_place
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "mpi"}
 DEFAULT_THRESHOLD = 0.10
@@ -92,7 +92,7 @@ def map_rank(rd, options: dict) -> dict:
         is_delim = np.isin(start, ws) & (ranges.names[name] == it.delimiter.name)
         kid = np.flatnonzero(inside & ~is_delim)
         if len(kid):
-            top = kid[_outermost(idx[kid], start[kid], end[kid])]
+            top = kid[outermost(idx[kid], start[kid], end[kid])]
             child = _child_sums(idx[top], name[top], end[top] - start[top], ranges.names)
             cov = _windowed_union(ws, we, np.concatenate([start[top], sync_start]),
                                   np.concatenate([end[top], sync_end]), n)
@@ -121,27 +121,12 @@ ITERATION_DTYPES = {"iteration": "int64", "start_ns": "int64", "end_ns": "int64"
 COMPONENT_DTYPES = {"iteration": "int64", "component": "str", "ns": "int64"}
 
 
-def _outermost(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Positions of the ranges not inside an earlier one of the same group (iteration), ordered by group,
-    start, longest first."""
-    order = np.lexsort((-end, start, group))
-    g, s, e = group[order], start[order], end[order]
-    new_group = np.r_[True, g[1:] != g[:-1]]
-    ends, rank = np.unique(e, return_inverse=True)
-    shift = (np.cumsum(new_group) - 1) * len(ends)  # each group's running maximum above all earlier groups'
-    reach = ends[np.maximum.accumulate(rank.reshape(-1) + shift) - shift]
-    return order[new_group | (s >= np.r_[s[:1], reach[:-1]])]
-
-
 def _child_sums(iteration: np.ndarray, name: np.ndarray, ns: np.ndarray, names: np.ndarray):
     """(iteration, name code, ns) summed per iteration and range name, sorted by both (ranges with no name
     left out)."""
     named = name >= 0
     iteration, name, ns = iteration[named], name[named], ns[named]
-    words = names[:-1]
-    place = np.empty(len(words), np.int64)
-    place[np.argsort(words.astype(object), kind="stable")] = np.arange(len(words))  # a name's sorted place
-    key = iteration * max(len(words), 1) + place[name]
+    key = iteration * max(len(names) - 1, 1) + sorted_place(names[:-1])[name]
     order = np.argsort(key, kind="stable")
     key = key[order]
     first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])

@@ -20,7 +20,7 @@ from ..gpu import call_key as _call_key
 from ..intervals import covered_length, union_segments
 from ..iterations import closed_range_mask
 from ..lazy import pd
-from ..loader import arrow_of, dictionary_column, ranked_tables
+from ..loader import arrow_of, dictionary_column, ranked_tables, sorted_place
 from ..nvtx import innermost_of
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
@@ -188,19 +188,12 @@ def _sort_pairs(key: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.nda
     return key[order], values[order]
 
 
-def _sorted_codes(words: list) -> np.ndarray:
-    """For each word, its position in sorted order (to group by the strings, not by the codes)."""
-    rank = np.empty(len(words), np.int64)
-    rank[np.argsort(np.array(words, dtype=object), kind="stable")] = np.arange(len(words))
-    return rank
-
-
 def _summary(c: dict) -> dict:
     """count, total, mean and max duration per (kind, API), sorted by kind then API name."""
     if not len(c["kind"]):
         return {"kind": np.zeros(0, object), "api": np.zeros(0, object), "count": np.zeros(0, np.int64),
                 "total_ns": np.zeros(0, np.int64), "mean_ns": np.zeros(0), "max_ns": np.zeros(0, np.int64)}
-    order, first = _groups(_sorted_codes(KINDS)[c["kind"]], _sorted_codes(c["api_words"])[c["api"]])
+    order, first = _groups(sorted_place(KINDS)[c["kind"]], sorted_place(c["api_words"])[c["api"]])
     d = c["duration"][order]
     count = np.diff(np.r_[first, len(d)])
     total = np.add.reduceat(d, first)
@@ -233,7 +226,7 @@ def _findings(c: dict, wall_ns: int) -> list[tuple]:
     host = np.flatnonzero(np.isin(kind, _HOST_SYNCS) & (c["range"] >= 0))
     if len(host):
         names = np.array(c["range_words"], object)
-        group, d = _sort_pairs(_sorted_codes(c["range_words"])[c["range"][host]], dur[host])
+        group, d = _sort_pairs(sorted_place(c["range_words"])[c["range"][host]], dur[host])
         first = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
         size = np.diff(np.r_[first, len(d)])
         median = (d[first + (size - 1) // 2] + d[first + size // 2]) / 2
