@@ -122,12 +122,14 @@ def _auto_nvtx(r: Ranges) -> tuple[int, int] | None:
         return None
     on_thread = np.flatnonzero(r.tid == most_common(r.tid))
     on_thread = on_thread[np.argsort(r.start_ns[on_thread], kind="stable")]
-    name, domain = r.name[on_thread], r.domain[on_thread]
-    key = (name + 1) * (len(r.domains) + 1) + domain + 1
-    keys, first, group = np.unique(key, return_index=True, return_inverse=True)
+    key = (r.name[on_thread] + 1) * (len(r.domains) + 1) + r.domain[on_thread] + 1
+    _, first, group = np.unique(key, return_index=True, return_inverse=True)
+    group = group.reshape(-1)
+    by_group = np.argsort(group, kind="stable")  # each (name, domain)'s ranges together, in time order
+    bounds = np.r_[0, np.cumsum(np.bincount(group, minlength=len(first)))]
     cand = []
     for g in np.argsort(first, kind="stable"):  # groups in order of first appearance
-        at = on_thread[group.reshape(-1) == g]
+        at = on_thread[by_group[bounds[g]:bounds[g + 1]]]
         n, d = int(r.name[at[0]]), int(r.domain[at[0]])
         if len(at) < MIN_REPEATS or n < 0 or d < 0 or r.names[n] == "":
             continue

@@ -159,8 +159,8 @@ def dictionary_column(codes: np.ndarray, words) -> pa.DictionaryArray:
 
 
 def sorted_place(words) -> np.ndarray:
-    """Each word's position in sorted order: codes into `words` mapped through it sort and group by the
-    strings themselves, as pandas does, not by the codes."""
+    """Each word's position in sorted order. Codes into `words` mapped through it sort and group rows by
+    their strings, as pandas does, rather than by the codes."""
     place = np.empty(len(words), np.int64)
     place[np.argsort(np.array(words, dtype=object), kind="stable")] = np.arange(len(words))
     return place
