@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from .lazy import pd
-
 
 def split_into_windows(
     starts: np.ndarray, ends: np.ndarray, win_start: np.ndarray, win_end: np.ndarray
@@ -37,14 +35,6 @@ def split_into_windows(
     ce = np.minimum(ends[ev], win_end[win])
     keep = ce > cs
     return ev[keep], win[keep], cs[keep], ce[keep]
-
-
-def union_length(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> pd.Series:
-    """Total length of the union of intervals within each group (index = group value, sorted)."""
-    if len(starts) == 0:
-        return pd.Series(dtype="int64")
-    groups, lengths = union_lengths(group, starts, ends)
-    return pd.Series(lengths, index=groups)
 
 
 def union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

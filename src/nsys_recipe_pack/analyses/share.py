@@ -13,7 +13,7 @@ import pyarrow as pa
 from ..errors import BadInputError
 from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY
 from ..intervals import outermost, split_into_windows, union_lengths
-from ..iterations import NCCL_KERNEL_RE, closed_range_mask
+from ..iterations import NCCL_KERNEL_RE, closed_range_mask, matching
 from ..lazy import pd
 from ..loader import Frame, arrow_of, dictionary_column, sorted_place
 
@@ -38,18 +38,17 @@ def _percentages(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 LEVEL = {c: i for i, c in enumerate(PRIORITY)}  # a category's place in PRIORITY
-SPLIT_COLUMNS = ["category", "union_ns", "ops", "sum_ns", "bytes", "pageable_ops"]
 
 
 def _ops(rd) -> dict:
-    """The rank's kernels, copies and memsets (in `gpu_ops` order) as arrays: times, device, priority level,
+    """The rank's kernels, copies and memsets (kernels, then copies, then memsets) as arrays: times, device, priority level,
     bytes and whether a copy touched pageable memory."""
     parts = []
     k = rd.frame("kernels")
     if k is not None and len(k):
         codes, words = k.codes("name")  # the regex on the few distinct names, spread by code
-        nccl = np.array([w is not None and bool(NCCL_KERNEL_RE.search(str(w))) for w in words])
-        parts.append((k, np.where(nccl[codes], LEVEL["communication"], LEVEL["compute"]), None, None))
+        nccl = matching(words, NCCL_KERNEL_RE)[codes]
+        parts.append((k, np.where(nccl, LEVEL["communication"], LEVEL["compute"]), None, None))
     m = rd.frame("memcpy")
     if m is not None and len(m):
         kind = m.values("copy_kind", fill=0)
