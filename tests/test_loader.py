@@ -252,13 +252,13 @@ def test_numpy_and_arrow_conversions_from_buffers_match_pyarrow_s_own():
     assert list(got_words[got_codes]) == [words[c] if c >= 0 else None for c in codes[100:]]
 
 
-def test_recipes_whose_map_is_arrow_only_do_not_import_pandas_on_a_warm_run(nsys, tmp_path):
-    # the pool forks their workers before pandas is imported (it costs about 0.3 s of CPU) and the parent
-    # imports it while they map: that only pays if their per-rank work over a warm cache never needs it
+def test_no_recipe_map_imports_pandas_on_a_warm_run(nsys, tmp_path):
+    # on a warm run the pool forks the workers before pandas is imported (it costs about 0.3 s of CPU) and
+    # the parent imports it while they map: that only pays if no per-rank work over a warm cache needs it
     report = sorted(MPI_SET.glob("*.qdrep"))[0]
-    flagged = [name for name, spec in analyses.RECIPES.items() if spec.map_without_pandas]
-    assert {"sync_summary", "nvtx_gpu_proj", "kernel_pace"} <= set(flagged)
-    runs = [(name, {}) for name in flagged] + [("kernel_pace", {"kernel": "jacobi_kernel"})]
+    assert set(analyses.RECIPES) == {"straggler_heatmap", "kernel_pace", "compute_memory_share", "sync_summary",
+                                     "nvtx_gpu_proj"}
+    runs = [(name, {}) for name in analyses.RECIPES] + [("kernel_pace", {"kernel": "jacobi_kernel"})]
     for recipe, options in runs:
         args = (str(report), recipe, options, None)
         runner.map_file(*args)  # exports and fills the loaded cache

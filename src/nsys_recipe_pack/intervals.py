@@ -96,6 +96,8 @@ def outermost(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarr
     """Positions of the intervals not inside an earlier one of the same group (thread, iteration), ordered
     by group, start, longest first."""
     order = np.lexsort((-end, start, group))
+    if not len(order):
+        return order
     g, s, e = group[order], start[order], end[order]
     new_group = np.r_[True, g[1:] != g[:-1]]
     ends, rank = np.unique(e, return_inverse=True)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import BadInputError
+from .intervals import outermost
 from .lazy import pd
 
 MIN_REPEATS = 5
@@ -108,14 +109,6 @@ def most_common(values: np.ndarray):
     return distinct[top[np.argmin(first[top])]]
 
 
-def _non_overlapping(start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Positions of the instances that start after the previous kept one ended (outermost of nested
-    repeats), in time order."""
-    order = np.lexsort((-end, start))
-    s, e = start[order], end[order]
-    return order[np.r_[True, s[1:] >= np.maximum.accumulate(e)[:-1]]] if len(order) else order
-
-
 def _auto_nvtx(r: Ranges) -> tuple[int, int] | None:
     """(name code, domain code) of the repeating range that delimits iterations, found on the busiest thread."""
     if not len(r):
@@ -157,13 +150,15 @@ def _auto_nvtx(r: Ranges) -> tuple[int, int] | None:
     return (keep[0][2], keep[0][3]) if keep else None
 
 
-def find_iterations(rd, iteration: str | None = None, iteration_kernel: str | None = None) -> Iterations:
+def find_iterations(rd, iteration: str | None = None, iteration_kernel: str | None = None,
+                    ranges: Ranges | None = None) -> Iterations:
     """The rank's iterations: instances of the delimiting NVTX range on its busiest thread (outermost of
-    nested repeats), or launches of the delimiting kernel."""
+    nested repeats), or launches of the delimiting kernel. `ranges`: the rank's `range_arrays`, when the
+    caller has them already."""
     kernels = rd.frame("kernels")
     if iteration_kernel:
         return _kernel_iterations(kernels, iteration_kernel, "--iteration-kernel", rd.file)
-    r = range_arrays(rd.frame("nvtx"))
+    r = ranges if ranges is not None else range_arrays(rd.frame("nvtx"))
     if iteration:
         name, domain = parse_name_domain(iteration)
         sel = r.name_is(name)
@@ -192,7 +187,8 @@ def find_iterations(rd, iteration: str | None = None, iteration_kernel: str | No
     sel = np.flatnonzero(sel)
     tid = int(most_common(r.tid[sel]))
     sel = sel[r.tid[sel] == tid]
-    sel = sel[_non_overlapping(r.start_ns[sel], r.end_ns[sel])]
+    # outermost of nested repeats, in time order: one group
+    sel = sel[outermost(np.zeros(len(sel), np.int64), r.start_ns[sel], r.end_ns[sel])]
     return Iterations(delim, r.start_ns[sel].astype(np.int64), r.end_ns[sel].astype(np.int64), tid)
 
 

@@ -130,11 +130,9 @@ class Frame:
         if dtype in ("object", "str"):  # dictionary-encoded: index the few distinct strings, no new string per row
             codes, words = self.codes(column)
             return words[codes] if dtype == "object" else pd.array(words[codes], dtype="str")
-        col = self.table.column(column).combine_chunks()
         if dtype == "Int64":
-            values = col.fill_null(0).to_numpy()
-            return pd.arrays.IntegerArray(values.astype(np.int64, copy=False), col.is_null().to_numpy(zero_copy_only=False))
-        return col.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+            return pd.arrays.IntegerArray(numpy_of(self.table.column(column), 0).astype(np.int64), self.is_null(column))
+        return self.table.column(column).combine_chunks().to_numpy(zero_copy_only=False).astype(dtype, copy=False)
 
     @classmethod
     def from_pandas(cls, df: pd.DataFrame) -> Frame:
@@ -451,6 +449,10 @@ def export_cache_dir() -> Path:
     return nsys_tool.cache_root() / "exports"
 
 
+def _export_entry(report: Path, nsys: nsys_tool.Nsys) -> Path:
+    return export_cache_dir() / _report_key(report, nsys)
+
+
 def _check_report_file(report: Path) -> None:
     size = report.stat().st_size
     if size == 0:
@@ -463,7 +465,7 @@ def export_report(report: Path, tables: list[str], nsys: nsys_tool.Nsys) -> Path
     Tables are exported on demand: a later recipe needing more tables adds them to the same entry.
     """
     _check_report_file(report)
-    entry = export_cache_dir() / _report_key(report, nsys)
+    entry = _export_entry(report, nsys)
     manifest_path = entry / "manifest.json"
     if set(tables) <= set(_read_manifest(manifest_path).get("requested", [])):
         return entry  # the usual warm case: the manifest is replaced whole, so it is read without the lock
@@ -888,7 +890,7 @@ def frames_cached(report: Path, needs: set[str], nsys_path: str | None = None) -
     in the cache. False, never an error, when that cannot be told (no nsys, an unreadable report)."""
     try:
         nsys = nsys_tool.find_nsys(nsys_path, required=False)
-        return nsys is not None and _loaded_path(export_cache_dir() / _report_key(report, nsys), needs).is_dir()
+        return nsys is not None and _loaded_path(_export_entry(report, nsys), needs).is_dir()
     except (OSError, PackError):
         return False
 

@@ -250,13 +250,13 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
     if mode == "dask-futures":
         return _run_dask(args, options, jobs)
     workers = max(1, min(jobs or os.cpu_count() or 1, len(files)))
-    # pandas takes about 0.3 s of CPU to import. Workers that need it inherit it when it is imported before
-    # they fork; when they do not (a recipe whose map is Arrow only, over reports whose frames are cached:
-    # reading an export uses pandas), the parent imports it for the reduce while they map. The first
-    # report tells whether the run is warm.
-    spec = analyses.get(recipe)
-    lazy_pandas = (spec.map_without_pandas and all(loader.input_kind(f) == "report" for f in files)
-                   and loader.frames_cached(files[0], set(spec.needs_given(options)), nsys_path))
+    # pandas takes about 0.3 s of CPU to import. The maps work on Arrow and NumPy only, but reading an export
+    # (a cold run, or a user's export) uses pandas: then workers inherit it, imported before they fork.
+    # Over reports whose frames are cached (the first report tells) the parent imports it for the reduce
+    # while they map.
+    needs = set(analyses.get(recipe).needs_given(options))
+    lazy_pandas = (all(loader.input_kind(f) == "report" for f in files)
+                   and loader.frames_cached(files[0], needs, nsys_path))
     if not lazy_pandas:
         pd.DataFrame  # noqa: B018
     results: list = [None] * len(args)

@@ -19,7 +19,6 @@ class RecipeSpec:
     add_arguments: Callable  # add_arguments(add, framework) with add(*flags, **argparse kwargs)
     per_iteration: bool  # whether ranks must agree on one iteration delimiter
     needs_for: Callable | None = None  # needs_for(options): fewer needs for some options (read less)
-    map_without_pandas: bool = False  # its map over a warm cache works on Arrow and NumPy only
 
     def needs_given(self, options: dict) -> frozenset:
         return frozenset(self.needs_for(options)) if self.needs_for else self.needs
@@ -68,7 +67,6 @@ RECIPES = {
         reduce=straggler.reduce,
         add_arguments=_straggler_args,
         per_iteration=True,
-        map_without_pandas=True,
     ),
     "kernel_pace": RecipeSpec(
         name="kernel_pace",
@@ -81,7 +79,6 @@ RECIPES = {
         add_arguments=_pace_args,
         per_iteration=True,
         needs_for=pace.needs_for,
-        map_without_pandas=True,
     ),
     "compute_memory_share": RecipeSpec(
         name="compute_memory_share",
@@ -93,7 +90,6 @@ RECIPES = {
         reduce=share.reduce,
         add_arguments=_no_args,
         per_iteration=False,
-        map_without_pandas=True,
     ),
     "sync_summary": RecipeSpec(
         name="sync_summary",
@@ -105,7 +101,6 @@ RECIPES = {
         reduce=sync.reduce,
         add_arguments=_no_args,
         per_iteration=False,
-        map_without_pandas=True,
     ),
     "nvtx_gpu_proj": RecipeSpec(
         name="nvtx_gpu_proj",
@@ -117,7 +112,6 @@ RECIPES = {
         reduce=proj.reduce,
         add_arguments=_no_args,
         per_iteration=False,
-        map_without_pandas=True,
     ),
 }
 OPTION_NAMES = {

@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import BadInputError
-from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY
+from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY, gpu_frames
 from ..intervals import outermost, split_into_windows, union_lengths
-from ..iterations import NCCL_KERNEL_RE, closed_range_mask, matching
+from ..iterations import NCCL_KERNEL_RE, matching, range_arrays
 from ..lazy import pd
 from ..loader import Frame, arrow_of, dictionary_column, sorted_place
 
@@ -41,8 +41,8 @@ LEVEL = {c: i for i, c in enumerate(PRIORITY)}  # a category's place in PRIORITY
 
 
 def _ops(rd) -> dict:
-    """The rank's kernels, copies and memsets (kernels, then copies, then memsets) as arrays: times, device, priority level,
-    bytes and whether a copy touched pageable memory."""
+    """The rank's kernels, then copies, then memsets as arrays: times, device, priority level, bytes and
+    whether a copy touched pageable memory."""
     parts = []
     k = rd.frame("kernels")
     if k is not None and len(k):
@@ -146,8 +146,7 @@ BY_RANGE_DTYPES = {"range_name": "str", "category": "str", "instances": "int64",
 
 def map_rank(rd, options: dict) -> dict:
     rd.require("gpu", "compute_memory_share")
-    frames = [f for f in (rd.frame("kernels"), rd.frame("memcpy"), rd.frame("memset")) if f is not None and len(f)]
-    if not frames:
+    if not gpu_frames(rd):
         return {"share": None, "by_range": None}
     ops = _ops(rd)
     # per device: windows from each device's first op start to its last op end (ops with no device: none)
@@ -161,17 +160,14 @@ def map_rank(rd, options: dict) -> dict:
     window, cols = _split(dev_ops, group.astype(np.int64), lo, hi)
     share = _table({"device": devices[window], **cols}, {"category": CATEGORIES})
     by_range = None
-    nv = rd.frame("nvtx")
-    closed = closed_range_mask(nv) if nv is not None and len(nv) else np.zeros(0, bool)
-    if closed.any():
-        top = _top_level(nv.values("tid")[closed], nv.values("start_ns")[closed], nv.values("end_ns")[closed])
-        top_start, top_end = nv.values("start_ns")[closed][top], nv.values("end_ns")[closed][top]
-        name_codes, words = nv.codes("name")
-        names = name_codes[closed][top]
+    r = range_arrays(rd.frame("nvtx"))
+    if len(r):
+        top = _top_level(r.tid, r.start_ns, r.end_ns)
+        top_start, top_end = r.start_ns[top], r.end_ns[top]
         ev, win, cs, ce = split_into_windows(ops["start"], ops["end"], top_start, top_end)
         clipped = {**{k: v[ev] for k, v in ops.items()}, "start": cs, "end": ce}
         window, cols = _split(clipped, win, top_start, top_end)
-        by_range = _by_name(names[window], words, cols)
+        by_range = _by_name(r.name[top][window], r.names, cols)
     return {"share": share, "by_range": by_range}
 
 

@@ -47,10 +47,10 @@ def _windowed_union(win_start, win_end, starts, ends, n) -> np.ndarray:
 
 def map_rank(rd, options: dict) -> dict:
     """Per-iteration busy/wait/GPU time and per-component times for one rank. No cross-rank logic."""
-    it = find_iterations(rd, options.get("iteration"), options.get("iteration_kernel"))
+    ranges = range_arrays(rd.frame("nvtx"))
+    it = find_iterations(rd, options.get("iteration"), options.get("iteration_kernel"), ranges)
     ws, we = it.start_ns, it.end_ns
     n = len(ws)
-    ranges = range_arrays(rd.frame("nvtx"))
     sync_start, sync_end = sync_intervals(rd, ranges, options.get("sync"))
     wait = _windowed_union(ws, we, sync_start, sync_end, n)
 

@@ -18,7 +18,7 @@ import pyarrow as pa
 from ..gpu import PAGEABLE, gpu_intervals
 from ..gpu import call_key as _call_key
 from ..intervals import covered_length, union_segments
-from ..iterations import closed_range_mask
+from ..iterations import range_arrays
 from ..lazy import pd
 from ..loader import arrow_of, dictionary_column, ranked_tables, sorted_place
 from ..nvtx import innermost_of
@@ -107,12 +107,10 @@ def _innermost_ranges(rd, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -
     nv = rd.frame("nvtx")
     if nv is None or not len(nv) or not len(tid):
         return np.full(len(tid), -1, np.int64), []
-    r_start, r_end = nv.values("start_ns"), nv.values("end_ns")
-    closed = closed_range_mask(nv)
-    pos = innermost_of(nv.values("tid")[closed], r_start[closed], r_end[closed], tid, start, end)
-    name_codes, words = nv.codes("name")
-    range_codes = np.where(pos >= 0, name_codes[closed][np.maximum(pos, 0)] if closed.any() else -1, -1)
-    return range_codes, list(words[:-1])
+    r = range_arrays(nv)
+    pos = innermost_of(r.tid, r.start_ns, r.end_ns, tid, start, end)
+    range_codes = np.where(pos >= 0, r.name[np.maximum(pos, 0)] if len(r) else -1, -1)
+    return range_codes, list(r.names[:-1])
 
 
 def _gpu_busy(rd, start: np.ndarray, end: np.ndarray) -> np.ndarray:
