@@ -222,6 +222,17 @@ def arrow_of(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:
     return pa.Array.from_buffers(pa.from_numpy_dtype(values.dtype), len(values), [validity, pa.py_buffer(values)])
 
 
+def as_frame(table: pd.DataFrame | Frame) -> Frame:
+    """A table as a Frame; values of a damaged export that are not strings become text."""
+    if isinstance(table, Frame):
+        return table
+    try:
+        return Frame.from_pandas(table)
+    except (TypeError, pa.ArrowException):
+        return Frame.from_pandas(table.apply(lambda c: c.astype(str).where(c.notna(), None)
+                                             if c.dtype == object else c))
+
+
 class RankData:
     """One rank's events, with names resolved and times exactly as exported (ns).
 
@@ -250,12 +261,7 @@ class RankData:
     def frame(self, name: str) -> Frame | None:
         t = self._tables.get(name)
         if t is not None and not isinstance(t, Frame):  # a pandas frame
-            try:
-                t = Frame.from_pandas(t)
-            except (TypeError, pa.ArrowException):  # values of a damaged export that are not strings: as text
-                t = Frame.from_pandas(t.apply(lambda c: c.astype(str).where(c.notna(), None)
-                                              if c.dtype == object else c))
-            self._tables[name] = t
+            t = self._tables[name] = as_frame(t)
         return t
 
     def _pandas(self, name: str) -> pd.DataFrame | None:
@@ -575,14 +581,29 @@ class StringTable:
         return self._words(values)
 
     def _words(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        distinct, where = np.unique(ids, return_inverse=True)
+        distinct, where = _distinct(ids)
         words = np.full(len(distinct), None, dtype=object)
         if len(self._ids):
             pos = np.minimum(np.searchsorted(self._ids, distinct), len(self._ids) - 1)
             known = self._ids[pos] == distinct
             if known.any():
                 words[known] = self._values.take(pa.array(self._rows[pos[known]])).to_numpy(zero_copy_only=False)
-        return words, where.reshape(-1)
+        return words, where
+
+
+def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True). String ids are small integers, so when their span is not much
+    larger than their count a table of the span does it without a sort (several times faster)."""
+    if not len(values):
+        return np.zeros(0, values.dtype), np.zeros(0, np.int64)
+    low, high = int(values.min()), int(values.max())
+    if high - low > 4 * len(values) + 1024:
+        distinct, where = np.unique(values, return_inverse=True)
+        return distinct, where.reshape(-1)
+    present = np.zeros(high - low + 1, bool)
+    present[values - low] = True
+    distinct = np.flatnonzero(present) + low
+    return distinct.astype(values.dtype), (np.cumsum(present) - 1)[values - low]
 
 
 def _strings(src: ExportSource) -> StringTable:
@@ -592,15 +613,22 @@ def _strings(src: ExportSource) -> StringTable:
     return StringTable(s.column("id").to_numpy().astype(np.int64), s.column("value").combine_chunks())
 
 
-def _env(src: ExportSource) -> dict:
-    if not src.has("TARGET_INFO_SYSTEM_ENV"):
+def _small_table(src: ExportSource, table: str, cols: list[str]) -> dict[str, list]:
+    """A few-row table's columns as Python lists (a missing column is left out)."""
+    if not src.has(table):
         return {}
-    env = src.read("TARGET_INFO_SYSTEM_ENV", ["name", "value"])
-    row = env.loc[env["name"] == "DeviceEnvironment", "value"]
-    if row.empty:
+    if src.kind == "sqlite":
+        return {c: list(v) for c, v in src.read(table, cols).to_dict("list").items()}
+    return src.read_arrow(table, [c for c in cols if c in src.columns(table)]).to_pydict()
+
+
+def _env(src: ExportSource) -> dict:
+    env = _small_table(src, "TARGET_INFO_SYSTEM_ENV", ["name", "value"])
+    row = [v for n, v in zip(env.get("name", []), env.get("value", []), strict=False) if n == "DeviceEnvironment"]
+    if not row:
         return {}
     out = {}
-    for item in str(row.iloc[0]).split(";"):
+    for item in str(row[0]).split(";"):
         key, sep, value = item.partition("=")
         if sep:
             out[key.strip()] = value
@@ -608,11 +636,99 @@ def _env(src: ExportSource) -> dict:
 
 
 def _session_start(src: ExportSource) -> int:
-    if not src.has("TARGET_INFO_SESSION_START_TIME"):
-        return 0
-    t = src.read("TARGET_INFO_SESSION_START_TIME", ["utcEpochNs"])
-    vals = pd.to_numeric(t["utcEpochNs"], errors="coerce").dropna()
-    return int(vals.iloc[0]) if len(vals) else 0
+    for value in _small_table(src, "TARGET_INFO_SESSION_START_TIME", ["utcEpochNs"]).get("utcEpochNs", []):
+        number = pd.to_numeric(value, errors="coerce") if isinstance(value, str) else value
+        if number is not None and number == number:  # not null, not NaN
+            return int(number)
+    return 0
+
+
+NVTX_DTYPES = {"start_ns": "int64", "end_ns": "Int64", "event_type": "int64", "name": "object", "domain": "object",
+               "tid": "int64", "pid": "int64"}
+RUNTIME_DTYPES = {"start_ns": "int64", "end_ns": "int64", "tid": "int64", "pid": "int64", "correlation_id": "int64",
+                  "name": "str"}  # as the general path's frame has them when every call has a correlation id
+MPI_DTYPES = {"start_ns": "int64", "end_ns": "int64", "tid": "int64", "pid": "int64"}
+
+
+def _clean_arrow(src: ExportSource, table: str, cols: list[str], times: tuple[str, ...] = ("start", "end")
+                 ) -> pa.Table | None:
+    """The columns of a table of a Parquet export when the fast readers can take it as it is: not empty,
+    numbers as integers and text as strings, and the columns `times` present with no nulls. None sends the
+    table down the general (pandas) path, which reads what it can of anything else."""
+    if src.kind != "parquetdir" or not src.has(table):
+        return None
+    raw = src.read_arrow(table, [c for c in cols if c in src.columns(table)])
+    if raw.num_rows == 0 or not set(times) <= set(raw.column_names):
+        return None
+    for field in raw.schema:
+        text = pa.types.is_string(field.type) or pa.types.is_large_string(field.type)
+        if not (pa.types.is_integer(field.type) or text and field.name == "text"):
+            return None
+    if any(raw.column(c).null_count for c in times):
+        return None
+    return raw
+
+
+def _ints(raw: pa.Table, column: str, fill: int = 0) -> np.ndarray:
+    """An integer column as int64, nulls (and a missing column) as `fill`."""
+    if column not in raw.column_names:
+        return np.full(raw.num_rows, fill, np.int64)
+    return numpy_of(raw.column(column), fill).astype(np.int64)
+
+
+def _tids(raw: pa.Table) -> np.ndarray:
+    """globalTid as the general path gives it: nulls 0, read as unsigned, kept as int64."""
+    return _ints(raw, "globalTid").astype(np.uint64).astype(np.int64)
+
+
+def _nullable(raw: pa.Table, column: str) -> pa.Array:
+    """An integer column as int64 with its nulls (all null when missing): an `Int64` column of a Frame."""
+    if column not in raw.column_names:
+        return pa.nulls(raw.num_rows, pa.int64())
+    return raw.column(column).cast(pa.int64()).combine_chunks()
+
+
+def _read_nvtx_fast(src: ExportSource, strings: StringTable) -> Frame | None:
+    """`_read_nvtx` for a clean Parquet export, straight to Arrow."""
+    raw = _clean_arrow(src, "NVTX_EVENTS", TABLES["nvtx"]["NVTX_EVENTS"], times=("start", "eventType"))
+    if raw is None or not {"end", "globalTid"} <= set(raw.column_names):  # an end may be null: never closed
+        return None
+    n = raw.num_rows
+    # a range's name: its text when it has one, else the string its textId names ("" when neither)
+    if "text" in raw.column_names:
+        text = raw.column("text").combine_chunks().dictionary_encode()
+        text_words = np.array(text.dictionary.to_pylist(), object)
+        has_text = ~numpy_of(text.is_null())
+        text_at = numpy_of(text.indices, 0).astype(np.int64)
+    else:
+        text_words, has_text, text_at = np.zeros(0, object), np.zeros(n, bool), np.zeros(n, np.int64)
+    if "textId" in raw.column_names:
+        id_words, id_at = strings.distinct(raw.column("textId"))
+    else:
+        id_words, id_at = np.array([None], object), np.zeros(n, np.int64)
+    words = np.concatenate([text_words, id_words])
+    unnamed = np.equal(words, None)
+    words[unnamed] = ""
+    at = np.where(has_text, text_at, len(text_words) + id_at)
+    event_type = _ints(raw, "eventType")
+    domain_id = _ints(raw, "domainId")
+    # a range's domain: the name of the first domain-create event (type 75) with its domainId
+    create = np.flatnonzero(event_type == 75)
+    domain_at = np.full(n, len(words))
+    if len(create):
+        ids, first = np.unique(domain_id[create], return_index=True)
+        pos = np.minimum(np.searchsorted(ids, domain_id), len(ids) - 1)
+        known = ids[pos] == domain_id
+        domain_at[known] = at[create[first[pos[known]]]]
+    keep = event_type != 75
+    tid = _tids(raw)
+    arrays = {"start_ns": arrow_of(_ints(raw, "start")[keep]), "end_ns": _nullable(raw, "end").filter(arrow_of(keep)),
+              "event_type": arrow_of(event_type[keep]), "name": _dictionary_of(words, at[keep]),
+              "domain": _dictionary_of(np.r_[words, [""]].astype(object), domain_at[keep]),
+              "tid": arrow_of(tid[keep]), "pid": arrow_of(_pid_of(tid[keep]))}
+    # the general path's domain column is `str` when some event (a create event included) has a named domain
+    named_domain = bool(len(create)) and not np.r_[unnamed, True][domain_at].all()
+    return Frame(pa.table(arrays), {**NVTX_DTYPES, "domain": "str" if named_domain else "object"})
 
 
 def _read_nvtx(src: ExportSource, strings: StringTable) -> pd.DataFrame:
@@ -723,6 +839,28 @@ def _read_gpu(src: ExportSource, table: str, cols: list[str], strings: StringTab
     return out
 
 
+def _read_runtime_fast(src: ExportSource, strings: StringTable) -> Frame | None:
+    """`_read_runtime` for a clean Parquet export, straight to Arrow."""
+    raw = _clean_arrow(src, "CUPTI_ACTIVITY_KIND_RUNTIME", TABLES["runtime"]["CUPTI_ACTIVITY_KIND_RUNTIME"],
+                       times=("start", "end", "correlationId"))
+    if raw is None:
+        return None
+    tid = _tids(raw)
+    arrays = {"start_ns": arrow_of(_ints(raw, "start")), "end_ns": arrow_of(_ints(raw, "end")),
+              "tid": arrow_of(tid), "pid": arrow_of(_pid_of(tid)),
+              "correlation_id": arrow_of(_ints(raw, "correlationId")), "name": _id_names(raw, "nameId", strings, "")}
+    return Frame(pa.table(arrays), dict(RUNTIME_DTYPES))
+
+
+def _id_names(raw: pa.Table, column: str, strings: StringTable, missing: str) -> pa.DictionaryArray:
+    """The strings a column of string ids names, `missing` for a null or unknown id or a missing column."""
+    if column not in raw.column_names:
+        return _dictionary_of(np.array([missing], object), np.zeros(raw.num_rows, np.int64))
+    words, at = strings.distinct(raw.column(column))
+    words[np.equal(words, None)] = missing
+    return _dictionary_of(words, at)
+
+
 def _read_runtime(src: ExportSource, strings: StringTable) -> pd.DataFrame:
     raw = src.read("CUPTI_ACTIVITY_KIND_RUNTIME", TABLES["runtime"]["CUPTI_ACTIVITY_KIND_RUNTIME"])
     _require_times(src, "CUPTI_ACTIVITY_KIND_RUNTIME", raw)
@@ -741,9 +879,31 @@ def _read_runtime(src: ExportSource, strings: StringTable) -> pd.DataFrame:
     })
 
 
+def _mpi_tables(src: ExportSource) -> list[str]:
+    return sorted(t for t in src.tables if t.startswith(MPI_PREFIX) and t.endswith("_EVENTS"))
+
+
+def _read_mpi_fast(src: ExportSource, strings: StringTable) -> Frame | None:
+    """`_read_mpi` for a clean Parquet export, straight to Arrow; None when any MPI table is not clean."""
+    raws = [_clean_arrow(src, t, ["start", "end", "globalTid", "textId"]) for t in _mpi_tables(src)]
+    if not raws or any(raw is None for raw in raws):
+        return None
+    tid = np.concatenate([_tids(raw) for raw in raws])
+    names = [_id_names(raw, "textId", strings, "MPI") for raw in raws]
+    words = np.concatenate([np.array(nm.dictionary.to_pylist(), object) for nm in names])
+    base = np.cumsum([0] + [len(nm.dictionary) for nm in names[:-1]])
+    at = np.concatenate([numpy_of(nm.indices).astype(np.int64) + b for nm, b in zip(names, base, strict=True)])
+    arrays = {"start_ns": arrow_of(np.concatenate([_ints(raw, "start") for raw in raws])),
+              "end_ns": arrow_of(np.concatenate([_ints(raw, "end") for raw in raws])),
+              "tid": arrow_of(tid), "pid": arrow_of(_pid_of(tid)), "name": _dictionary_of(words, at)}
+    # the general path's names are `str` when every table lacks textId (all "MPI"), else `object`
+    named = any("textId" in raw.column_names for raw in raws)
+    return Frame(pa.table(arrays), {**MPI_DTYPES, "name": "object" if named else "str"})
+
+
 def _read_mpi(src: ExportSource, strings: StringTable) -> pd.DataFrame:
     frames = []
-    for table in sorted(t for t in src.tables if t.startswith(MPI_PREFIX) and t.endswith("_EVENTS")):
+    for table in _mpi_tables(src):
         raw = src.read(table, ["start", "end", "globalTid", "textId"])
         if raw.empty:
             continue
@@ -794,9 +954,11 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path) -> tuple[dict, 
                             "TARGET_INFO_* tables); export the report with `nsys export`")
     strings = _strings(src)
     env = _env(src)
-    synthetic = src.has("META_DATA_EXPORT") and "SYNTHETIC" in set(src.read("META_DATA_EXPORT", ["name"])["name"])
-    frames: dict[str, pd.DataFrame] = {}
-    nvtx_all = _read_nvtx(src, strings)
+    synthetic = "SYNTHETIC" in _small_table(src, "META_DATA_EXPORT", ["name"]).get("name", [])
+    frames: dict[str, pd.DataFrame | Frame] = {}
+    nvtx_all = _read_nvtx_fast(src, strings)
+    if nvtx_all is None:
+        nvtx_all = _read_nvtx(src, strings)
     if "nvtx" in needs:
         frames["nvtx"] = nvtx_all
     for need, attr in [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")]:
@@ -804,10 +966,10 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path) -> tuple[dict, 
             (table, cols), = TABLES[need].items()
             fast = _read_gpu_fast(src, table, cols, strings)
             frames[attr] = fast if fast is not None else _read_gpu(src, table, cols, strings)
-    if "runtime" in needs:
-        frames["runtime"] = _read_runtime(src, strings)
-    if "mpi" in needs:
-        frames["mpi"] = _read_mpi(src, strings)
+    for need, fast, general in [("runtime", _read_runtime_fast, _read_runtime), ("mpi", _read_mpi_fast, _read_mpi)]:
+        if need in needs:
+            frame = fast(src, strings)
+            frames[need] = frame if frame is not None else general(src, strings)
     has_cuda = any(src.has(t) for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
                                         "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_RUNTIME"))
     gpu_pids: set[int] = set()
@@ -817,16 +979,31 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path) -> tuple[dict, 
                 gpu_pids.update(int(p) for p in np.unique(_pids(frames[attr])))
         if not gpu_pids and "runtime" in frames:
             gpu_pids.update(int(p) for p in np.unique(_pids(frames["runtime"])))
-    nvtx_ranges = nvtx_all[nvtx_all["event_type"].isin([59, 60])]
-    pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(nvtx_ranges["pid"]))
-    nvtx_rank = {}
-    for pid in pids or [None]:
-        names = nvtx_all["name"] if pid is None else nvtx_all.loc[nvtx_all["pid"] == pid, "name"]
-        hits = names[names.str.contains("rank", case=False, regex=False)].str.extract(NVTX_RANK_RE)[0].dropna()
-        nvtx_rank[str(pid)] = int(hits.iloc[0]) if len(hits) and hits.nunique() == 1 else None
+    nvtx = as_frame(nvtx_all)
+    range_pids = nvtx.values("pid")[np.isin(nvtx.values("event_type"), [59, 60])]
+    pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(range_pids))
     meta = {"env": env, "session_start_ns": _session_start(src), "synthetic": bool(synthetic),
-            "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": nvtx_rank}
+            "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": _nvtx_ranks(nvtx, pids or [None])}
     return frames, meta
+
+
+def _nvtx_ranks(nvtx: Frame, pids: list) -> dict[str, int | None]:
+    """The rank each process's NVTX names give ("rank 3", "MPI Rank 3"), None unless they all agree."""
+    codes, words = nvtx.codes("name")
+    said = np.array([_rank_in_name(w) for w in words], object)[codes]  # the rank a name gives, as text
+    pid = nvtx.values("pid")
+    out = {}
+    for p in pids:
+        hits = said[np.not_equal(said, None) & (True if p is None else pid == p)]
+        out[str(p)] = int(hits[0]) if len(hits) and len(set(hits)) == 1 else None
+    return out
+
+
+def _rank_in_name(name) -> str | None:
+    if not isinstance(name, str) or "RANK" not in name.upper():
+        return None
+    m = NVTX_RANK_RE.search(name)
+    return m.group(1) if m else None
 
 
 def _pids(frame) -> np.ndarray:
