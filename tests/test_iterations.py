@@ -56,6 +56,22 @@ def test_auto_delimiter_is_the_outermost_repeat_on_the_busiest_thread():
     assert it.end_ns.tolist() == [90, 190, 290, 390, 490, 590]
 
 
+def test_auto_delimiter_passes_over_the_range_covering_most_time_when_it_sits_inside_another():
+    # "load" covers the most time (two long ranges of 1000 ns), but four of its six ranges lie inside "step"
+    # ranges, so it is not the outermost repeat: "step" (5 x 50 ns) is. "tick" repeats on its own and covers
+    # less than "step"; "flat" ranges sit side by side with no other range around them
+    rows = [("step", 100 * i, 100 * i + 50, 1) for i in range(5)]
+    rows += [("load", 100 * i + 10, 100 * i + 20, 1) for i in range(4)]
+    rows += [("load", 1000, 2000, 1), ("load", 3000, 4000, 1)]
+    rows += [("tick", 5000 + 20 * i, 5000 + 20 * i + 5, 1) for i in range(5)]
+    it = iterations.find_iterations(RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx(rows)))
+    assert it.delimiter.name == "step" and it.start_ns.tolist() == [0, 100, 200, 300, 400]
+    # many names, each repeating side by side, none inside another: the one covering most time
+    flat = [(f"op{k}", 1000 * (5 * k + i), 1000 * (5 * k + i) + 10 + k, 1) for k in range(300) for i in range(5)]
+    it = iterations.find_iterations(RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx(flat)))
+    assert it.delimiter.name == "op299" and len(it.start_ns) == 5
+
+
 def test_named_delimiter_with_domain_and_its_errors():
     rows = [("step", 100 * i, 100 * i + 50, 1, "train") for i in range(3)] + [("step", 20, 30, 1, "eval")]
     rd = RankData(file="r.nsys-rep", pid=1, session_start_ns=0, nvtx=nvtx(rows))

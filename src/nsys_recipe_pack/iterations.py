@@ -118,36 +118,38 @@ def _auto_nvtx(r: Ranges) -> tuple[int, int] | None:
     key = (r.name[on_thread] + 1) * (len(r.domains) + 1) + r.domain[on_thread] + 1
     _, first, group = np.unique(key, return_index=True, return_inverse=True)
     group = group.reshape(-1)
-    by_group = np.argsort(group, kind="stable")  # each (name, domain)'s ranges together, in time order
-    bounds = np.r_[0, np.cumsum(np.bincount(group, minlength=len(first)))]
-    cand = []
-    for g in np.argsort(first, kind="stable"):  # groups in order of first appearance
-        at = on_thread[by_group[bounds[g]:bounds[g + 1]]]
-        n, d = int(r.name[at[0]]), int(r.domain[at[0]])
-        if len(at) < MIN_REPEATS or n < 0 or d < 0 or r.names[n] == "":
-            continue
-        if not (r.start_ns[at][1:] < r.end_ns[at][:-1]).any():
-            cand.append((n, d, at))
-    # Drop candidates whose instances sit inside another candidate's: the delimiter is the outermost.
-    keep = []
-    for n, d, at in cand:
-        nested = False
-        for other_n, other_d, other in cand:
-            if (other_n, other_d) == (n, d):
-                continue
-            idx = np.searchsorted(r.start_ns[other], r.start_ns[at], side="right") - 1
-            ok = idx >= 0
-            inside = np.zeros(len(at), bool)
-            inside[ok] = r.end_ns[at][ok] <= r.end_ns[other][idx[ok]]
-            if inside.mean() > 0.5:
-                nested = True
-                break
-        if not nested:
-            keep.append((len(at), int((r.end_ns[at] - r.start_ns[at]).sum()), n, d))
-    # The delimiter covers the most time: "most frequent" alone picks per-op ranges such as aten::zeros
-    # in reports made with torch's emit_nvtx.
-    keep.sort(key=lambda k: (k[1], k[0]), reverse=True)
-    return (keep[0][2], keep[0][3]) if keep else None
+    by_group = on_thread[np.argsort(group, kind="stable")]  # each (name, domain)'s ranges together, in time order
+    grouped = np.sort(group)
+    count = np.bincount(group, minlength=len(first))
+    bounds = np.r_[0, np.cumsum(count)]
+    # a candidate repeats, has a non-empty name and a domain, and its ranges do not overlap one another
+    overlaps = np.bincount(grouped[1:][(grouped[1:] == grouped[:-1]) & (r.start_ns[by_group][1:] <
+                                                                         r.end_ns[by_group][:-1])],
+                           minlength=len(first))
+    name, domain = r.name[on_thread[first]], r.domain[on_thread[first]]
+    named = np.array([w not in ("", None) for w in r.names], bool)[name]
+    candidate = (count >= MIN_REPEATS) & (name >= 0) & (domain >= 0) & named & (overlaps == 0)
+    cand = np.flatnonzero(candidate)
+    cand = cand[np.argsort(first[cand], kind="stable")]  # in order of first appearance
+    spans = [(r.start_ns[by_group[bounds[g]:bounds[g + 1]]], r.end_ns[by_group[bounds[g]:bounds[g + 1]]])
+             for g in cand]
+    covered = np.array([int((e - s).sum()) for s, e in spans], np.int64)
+    # The delimiter covers the most time ("most frequent" alone picks per-op ranges such as aten::zeros in
+    # reports made with torch's emit_nvtx), then repeats most, then appears first; and it is the outermost:
+    # a candidate whose ranges sit inside another candidate's is passed over. Checking in that order stops
+    # at the delimiter, instead of checking every pair of candidates.
+    for i in np.lexsort((np.arange(len(cand)), -count[cand], -covered)):
+        if not any(_mostly_inside(spans[i], spans[j]) for j in range(len(cand)) if j != i):
+            return int(name[cand[i]]), int(domain[cand[i]])
+    return None
+
+
+def _mostly_inside(inner: tuple[np.ndarray, np.ndarray], outer: tuple[np.ndarray, np.ndarray]) -> bool:
+    """Whether more than half of the inner ranges lie inside one of the outer ranges (which do not overlap
+    one another, in time order: only the last to start before an inner range can hold it)."""
+    idx = np.searchsorted(outer[0], inner[0], side="right") - 1
+    inside = (idx >= 0) & (inner[1] <= outer[1][np.maximum(idx, 0)])
+    return inside.mean() > 0.5
 
 
 def find_iterations(rd, iteration: str | None = None, iteration_kernel: str | None = None,
