@@ -130,3 +130,79 @@ def test_host_gap_is_time_outside_child_ranges():
     comps = res["components"].to_pandas().set_index(["iteration", "component"])["ns"]
     assert comps.loc[(0, "host_gap")] == 30 * MS  # 30..60 ms is covered by nothing
     assert comps.loc[(0, "forward")] == 30 * MS
+
+
+def op_rank(slow_op: tuple | None, iterations=8, ops=20):
+    """Steps of `ops` 4 ms ranges named as torch's emit_nvtx names them (each op's sequence number, so no
+    name repeats across iterations), then an allreduce until the common barrier. slow_op: (iteration,
+    op) that takes 40 ms more on one rank; every rank's barrier in iteration 3 waits for it."""
+    rows, t = [], 0
+    for i in range(iterations):
+        start = t
+        for k in range(ops):
+            extra = 40 * MS if slow_op == (i, k) else 0
+            rows.append((f"aten::mm, seq = {i * ops + k}", t, t + 4 * MS + extra))
+            t += 4 * MS + extra
+        barrier = start + ops * 4 * MS + (40 * MS if i == 3 else 0) + 2 * MS
+        rows += [("allreduce", t, barrier), ("step", start, barrier)]
+        t = barrier + MS
+    return rows
+
+
+@pytest.mark.parametrize("dense_cells", [straggler.DENSE_CELLS, 0])
+def test_child_ranges_named_once_per_op_point_at_the_slow_op(monkeypatch, dense_cells):
+    # 160 child range names for 32 cells; with dense_cells 0 the table is never built whole
+    monkeypatch.setattr(straggler, "DENSE_CELLS", dense_cells)
+    ranks = [make(op_rank((3, 5) if r == 2 else None)) for r in range(4)]
+    _, out = run(ranks, iteration="step")
+    flagged = out["stragglers"]
+    assert list(zip(flagged["rank"], flagged["iteration"], strict=True)) == [(2, 3)]
+    assert flagged["cause"].tolist() == ["aten::mm, seq = 65"]  # iteration 3, op 5
+    assert flagged["excess_ns"].tolist() == [40 * MS]
+
+
+def test_component_table_whole_or_cell_by_cell_gives_the_same_tables(monkeypatch):
+    # random ranks: child ranges shared by all ranks, named once per rank, or once per iteration, and a
+    # child range named like a fixed component (summed with it)
+    rng = np.random.default_rng(3)
+    for case in range(25):
+        ranks = []
+        for r in range(int(rng.integers(2, 6))):
+            rows, t = [], 0
+            for i in range(int(rng.integers(6, 10))):
+                start = t
+                for k in range(int(rng.integers(1, 6))):
+                    name = str(rng.choice(["fwd", "bwd", f"op{i}-{k}", f"r{r}", "host_gap"]))
+                    d = int(rng.integers(1, 20)) * MS
+                    rows.append((name, t, t + d))
+                    t += d + int(rng.integers(0, 3)) * MS
+                rows.append(("step", start, t))
+                t += MS
+            ranks.append(make(rows))
+        opts = {"iteration": "step", "sigma": float(rng.choice([1.0, 4.0])), "threshold": 0.0}
+        _, whole = run(ranks, **opts)
+        monkeypatch.setattr(straggler, "DENSE_CELLS", 0)
+        _, by_cell = run(ranks, **opts)
+        monkeypatch.undo()
+        for key in ("iterations", "ranks", "stragglers"):
+            pd.testing.assert_frame_equal(whole[key], by_cell[key], check_exact=True, obj=f"case {case} {key}")
+
+
+def test_component_excess_and_noise_from_the_cells_own_components_match_the_whole_table():
+    # the table-free path against the table: each cell's excess over its iteration's median, and each
+    # component's noise scale (_tail_scale over every cell, the cells lacking it at 0)
+    rng = np.random.default_rng(8)
+    for _ in range(200):
+        n_iter, n_names = int(rng.integers(1, 6)), int(rng.integers(1, 8))
+        cell_iteration = np.sort(rng.integers(0, n_iter, int(rng.integers(n_iter, 30))))
+        cell_iteration = np.unique(cell_iteration, return_inverse=True)[1].reshape(-1)
+        n_cells = len(cell_iteration)
+        cell_col = rng.choice(n_cells * n_names, int(rng.integers(1, n_cells * n_names + 1)), replace=False)
+        ns = rng.integers(0, 50, len(cell_col)).astype(np.float64) * rng.choice([1, 1000])
+        table = np.zeros(n_cells * n_names)
+        table[cell_col] = ns
+        table = pd.DataFrame(table.reshape(n_cells, n_names))
+        want = table - table.groupby(cell_iteration).transform("median")
+        cell, col, excess, scale = straggler._sparse_component_excess(cell_iteration, cell_col, ns, n_names)
+        np.testing.assert_array_equal(excess, want.to_numpy()[cell, col])
+        np.testing.assert_array_equal(scale, want.apply(straggler._tail_scale).to_numpy())

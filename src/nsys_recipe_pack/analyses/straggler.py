@@ -152,6 +152,123 @@ def _tail_scale(x: pd.Series) -> float:
     return max(float(MAD_TO_SIGMA * np.median(dev)), float(np.quantile(dev, 0.90) / Q90_TO_SIGMA))
 
 
+DENSE_CELLS = 1 << 22  # up to this many cells x components (32 MB of float64), the table is built whole
+
+
+def _component_causes(cell_iteration: np.ndarray, comp_cell: np.ndarray, comps: Frame, sync_names: set,
+                      cell_excess: np.ndarray, typical: float, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+    """For each cell (rank, iteration): whether one component accounts for its excess and stands out of
+    that component's own noise, and the component furthest above its cross-rank median (None if none is).
+
+    Over a cell x component table, 0 where a cell lacks a component. With torch's emit_nvtx every op's
+    range name carries its sequence number, so a report can have tens of thousands of child range names
+    and that table would not fit in memory: then only the components each cell has are held.
+    """
+    codes, words = comps.codes("component")
+    present = np.unique(codes)
+    present = present[np.argsort(words[present], kind="stable")]  # columns in name order, as a pivot table's
+    kept = np.array([not (DEFAULT_SYNC_RE.search(str(w)) or w in sync_names) for w in words[present]], bool)
+    names = np.asarray(words[present][kept], dtype=object)
+    column = np.full(len(words), -1)
+    column[present[kept]] = np.arange(len(names))
+    take = column[codes] >= 0
+    cell_col = comp_cell[take] * len(names) + column[codes][take]
+    ns = comps.values("ns")[take].astype(np.float64)
+    n_cells = len(cell_iteration)
+    if n_cells * len(names) <= DENSE_CELLS:
+        table = np.bincount(cell_col, weights=ns, minlength=n_cells * len(names)).reshape(n_cells, len(names))
+        excess = pd.DataFrame(table) - pd.DataFrame(table).groupby(cell_iteration).transform("median")
+        scale = excess.apply(_tail_scale).to_numpy()
+        cell, col = np.divmod(np.arange(excess.size), max(len(names), 1))
+        excess = excess.to_numpy().ravel()
+    else:
+        cell, col, excess, scale = _sparse_component_excess(cell_iteration, cell_col, ns, len(names))
+    scale = np.maximum(scale, max(1000.0, 0.001 * typical))
+    explains = (excess >= EXPLAINS * cell_excess[cell]) & (excess / scale[col] > sigma)
+    noise_ok = np.zeros(n_cells, bool)
+    noise_ok[cell[explains]] = True
+    # the cause: the largest excess above 0, the first component in name order among equals
+    above = excess > 0
+    top = np.full(n_cells, -np.inf)
+    np.maximum.at(top, cell[above], excess[above])
+    at_top = above & (excess == top[cell])
+    first_col = np.full(n_cells, len(names))
+    np.minimum.at(first_col, cell[at_top], col[at_top])
+    cause = np.full(n_cells, None, dtype=object)
+    has = first_col < len(names)
+    cause[has] = names[first_col[has]]
+    return noise_ok, cause
+
+
+def _sparse_component_excess(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.ndarray, n_names: int):
+    """The cell x component table's excess over each iteration's median and each component's noise scale
+    (_tail_scale), from the cells' own components only: (cell, component, excess) of each component a cell
+    has, and the scale of each component. Component times are never negative, so a component a cell lacks
+    is at or below the median there: it can neither explain a cell's excess nor be its cause."""
+    n_cells = len(cell_iteration)
+    sorted_cell_col = np.sort(cell_col)
+    if (sorted_cell_col[1:] == sorted_cell_col[:-1]).any():  # a child range named like a fixed component
+        cell_col, at = np.unique(cell_col, return_inverse=True)
+        ns = np.bincount(at.reshape(-1), weights=ns)
+    cell, col = np.divmod(cell_col, max(n_names, 1))
+    # each (iteration, component)'s median over the iteration's cells, the cells without it counting 0
+    per_iteration = np.bincount(cell_iteration)
+    group_key = cell_iteration[cell] * n_names + col
+    order = _by_group(group_key, ns, 1)
+    sorted_ns = ns[order]
+    first = np.flatnonzero(np.r_[True, group_key[order][1:] != group_key[order][:-1]]) if len(order) else \
+        np.zeros(0, np.int64)
+    size = np.diff(np.r_[first, len(order)])
+    cells_in = per_iteration[cell_iteration[cell[order[first]]]]
+    lacking = cells_in - size
+
+    def nth(n):  # the n-th smallest of each group, its missing cells as zeros before its values
+        return np.where(n < lacking, 0.0, sorted_ns[first + np.maximum(n - lacking, 0)])
+
+    median = np.median(np.stack([nth((cells_in - 1) // 2), nth(cells_in // 2)]), axis=0)
+    excess = np.empty(len(ns))
+    excess[order] = sorted_ns - np.repeat(median, size)
+    # each component's excess over all cells: the cells that have it, those of the same iterations that
+    # lack it (0 minus the median), and those of iterations where no cell has it (0)
+    group_col = col[order[first]]
+    covered = np.bincount(group_col, weights=cells_in, minlength=n_names).astype(np.int64)
+    x_col = np.concatenate([col, group_col, np.arange(n_names)])
+    x = np.concatenate([excess, 0.0 - median, np.zeros(n_names)])
+    weight = np.concatenate([np.ones(len(excess), np.int64), lacking, n_cells - covered])
+    middle = [(n_cells - 1) // 2, n_cells // 2]
+    deviation = np.abs(x - np.median(_order_stats(x_col, x, weight, n_cells, middle, 2), axis=0)[x_col])
+    q90 = (n_cells - 1) * 0.90  # where np.quantile finds it: between two values
+    around = [int(np.floor(q90)), min(int(np.floor(q90)) + 1, n_cells - 1)]
+    dev = _order_stats(x_col, deviation, weight, n_cells, middle + around, 4)
+    # np.median and np.quantile on the values they would pick from the whole column: the same to the last bit
+    scale = np.maximum(MAD_TO_SIGMA * np.median(dev[:2], axis=0),
+                       np.quantile(dev[2:], q90 - np.floor(q90), axis=0) / Q90_TO_SIGMA)
+    return cell, col, excess, scale
+
+
+def _order_stats(col: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, positions: list[int],
+                 step: int) -> np.ndarray:
+    """The values at these positions of each column's sorted values, each value repeated `weight` times
+    (every column's weights add up to n)."""
+    order = _by_group(col, x, step)
+    ends = np.cumsum(weight[order])
+    columns = np.arange(int(col.max()) + 1 if len(col) else 0) * n
+    return np.stack([x[order][np.searchsorted(ends, columns + p, side="right")] for p in positions])
+
+
+def _by_group(group: np.ndarray, x: np.ndarray, step: int) -> np.ndarray:
+    """The order that sorts by group, then by x within a group (ties in any order). Times in ns, and their
+    medians and deviations, are whole multiples of 1/step: then one sort of one packed integer key does it,
+    several times faster than np.lexsort on millions of rows."""
+    if len(x):
+        scaled = x * step
+        low = float(scaled.min())
+        span = int(scaled.max() - low) + 1
+        if span < 1 << 52 and (int(group.max()) + 1) * span < 1 << 62 and (scaled == np.floor(scaled)).all():
+            return np.argsort(group * span + (scaled - low).astype(np.int64))
+    return np.lexsort((x, group))
+
+
 def reduce(per_rank: list[dict], options: dict) -> dict:
     """Cross-rank comparison. per_rank items: the map output plus rank and offset_ns (clock alignment)."""
     threshold = float(options.get("threshold", DEFAULT_THRESHOLD))
@@ -180,36 +297,12 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     z_busy = iters["excess_ns"] / busy_scale
 
     key = ["rank", "iteration"]
-    cells = iters[key]
     if len(comps):
-        # ns per (rank, iteration) and component, summed, 0 where a cell has none (a pivot table)
-        codes, words = comps.codes("component")
-        present = np.unique(codes)  # the names in sorted order, as a pivot table's columns
-        present = present[np.argsort(words[present], kind="stable")]
-        names = words[present]
-        column = np.empty(len(words), np.int64)
-        column[present] = np.arange(len(present))
-        code = column[codes]
-        table = np.bincount(comp_cell * len(names) + code, weights=comps.values("ns").astype(np.float64),
-                            minlength=len(cells) * len(names)).reshape(len(cells), len(names))
-        kept = [i for i, c in enumerate(names) if not (DEFAULT_SYNC_RE.search(str(c)) or c in sync_names)]
-        comp_names = [names[i] for i in kept]
-        wide = pd.DataFrame(table[:, kept], index=pd.MultiIndex.from_frame(cells), columns=comp_names)
-        med = wide.groupby(level="iteration").transform("median")
-        comp_excess = wide - med
-        comp_floor = max(1000.0, 0.001 * typical)
-        scales = comp_excess.apply(_tail_scale).clip(lower=comp_floor)
-        comp_z = comp_excess / scales
-        excess_vals = iters["excess_ns"].to_numpy(dtype=float)[:, None]
-        explains = (comp_excess.to_numpy() >= EXPLAINS * excess_vals) & (comp_z.to_numpy() > sigma)
-        noise_ok = explains.any(axis=1)
-        ce = comp_excess.to_numpy()
-        best = ce.argmax(axis=1) if len(comp_names) else np.zeros(len(cells), int)
-        best_val = ce[np.arange(len(cells)), best] if len(comp_names) else np.zeros(len(cells))
-        cause = np.where(best_val > 0, np.asarray(comp_names, dtype=object)[best] if comp_names else None, None)
+        noise_ok, cause = _component_causes(iters["iteration"].to_numpy(), comp_cell, comps, sync_names,
+                                            iters["excess_ns"].to_numpy(dtype=float), typical, sigma)
     else:
-        noise_ok = np.zeros(len(cells), bool)
-        cause = np.full(len(cells), None, dtype=object)
+        noise_ok = np.zeros(len(iters), bool)
+        cause = np.full(len(iters), None, dtype=object)
     iters["cause"] = pd.Series(cause, index=iters.index, dtype=object)
     iters["noise_z"] = z_busy.astype("float64")
     med_duration = iters.groupby("iteration")["duration_ns"].transform("median")
