@@ -118,8 +118,8 @@ def _auto_nvtx(r: Ranges) -> tuple[int, int] | None:
     key = (r.name[on_thread] + 1) * (len(r.domains) + 1) + r.domain[on_thread] + 1
     _, first, group = np.unique(key, return_index=True, return_inverse=True)
     group = group.reshape(-1)
-    by_group = on_thread[np.argsort(group, kind="stable")]  # each (name, domain)'s ranges together, in time order
-    grouped = np.sort(group)
+    order = np.argsort(group, kind="stable")
+    by_group, grouped = on_thread[order], group[order]  # each (name, domain)'s ranges together, in time order
     count = np.bincount(group, minlength=len(first))
     bounds = np.r_[0, np.cumsum(count)]
     # a candidate repeats, has a non-empty name and a domain, and its ranges do not overlap one another

@@ -775,14 +775,10 @@ def _require_times(src: ExportSource, table: str, raw: pd.DataFrame) -> None:
 
 def _read_gpu_fast(src: ExportSource, table: str, cols: list[str], strings: StringTable) -> Frame | None:
     """`_read_gpu` for a clean Parquet export, straight to Arrow; None sends the table down the general path."""
-    if src.kind != "parquetdir" or not src.has(table):
+    raw = _clean_arrow(src, table, cols)
+    if raw is None or "globalPid" not in raw.column_names:
         return None
-    raw = src.read_arrow(table, [c for c in cols if c in src.columns(table)])
     have = set(raw.column_names)
-    numeric = [c for c in have if c not in ("shortName", "demangledName")]
-    if not {"start", "end", "globalPid"} <= have or raw.num_rows == 0 or raw.column("start").null_count \
-            or raw.column("end").null_count or not all(pa.types.is_integer(raw.schema.field(c).type) for c in numeric):
-        return None
     n = raw.num_rows
     arrays = {"start_ns": raw.column("start").cast(pa.int64()), "end_ns": raw.column("end").cast(pa.int64())}
     dtypes = {"start_ns": "int64", "end_ns": "int64"}

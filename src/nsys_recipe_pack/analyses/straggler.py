@@ -176,8 +176,9 @@ def _component_causes(cell_iteration: np.ndarray, comp_cell: np.ndarray, comps: 
     ns = comps.values("ns")[take].astype(np.float64)
     n_cells = len(cell_iteration)
     if n_cells * len(names) <= DENSE_CELLS:
-        table = np.bincount(cell_col, weights=ns, minlength=n_cells * len(names)).reshape(n_cells, len(names))
-        excess = pd.DataFrame(table) - pd.DataFrame(table).groupby(cell_iteration).transform("median")
+        table = pd.DataFrame(np.bincount(cell_col, weights=ns, minlength=n_cells * len(names))
+                             .reshape(n_cells, len(names)))
+        excess = table - table.groupby(cell_iteration).transform("median")
         scale = excess.apply(_tail_scale).to_numpy()
         cell, col = np.divmod(np.arange(excess.size), max(len(names), 1))
         excess = excess.to_numpy().ravel()
