@@ -844,17 +844,19 @@ def _read_runtime_fast(src: ExportSource, strings: StringTable) -> Frame | None:
     tid = _tids(raw)
     arrays = {"start_ns": arrow_of(_ints(raw, "start")), "end_ns": arrow_of(_ints(raw, "end")),
               "tid": arrow_of(tid), "pid": arrow_of(_pid_of(tid)),
-              "correlation_id": arrow_of(_ints(raw, "correlationId")), "name": _id_names(raw, "nameId", strings, "")}
+              "correlation_id": arrow_of(_ints(raw, "correlationId")),
+              "name": _dictionary_of(*_id_words(raw, "nameId", strings, ""))}
     return Frame(pa.table(arrays), dict(RUNTIME_DTYPES))
 
 
-def _id_names(raw: pa.Table, column: str, strings: StringTable, missing: str) -> pa.DictionaryArray:
-    """The strings a column of string ids names, `missing` for a null or unknown id or a missing column."""
+def _id_words(raw: pa.Table, column: str, strings: StringTable, missing: str) -> tuple[np.ndarray, np.ndarray]:
+    """(words, at): words[at] the strings a column of string ids names, `missing` for a null or unknown id or
+    a missing column."""
     if column not in raw.column_names:
-        return _dictionary_of(np.array([missing], object), np.zeros(raw.num_rows, np.int64))
+        return np.array([missing], object), np.zeros(raw.num_rows, np.int64)
     words, at = strings.distinct(raw.column(column))
     words[np.equal(words, None)] = missing
-    return _dictionary_of(words, at)
+    return words, at
 
 
 def _read_runtime(src: ExportSource, strings: StringTable) -> pd.DataFrame:
@@ -885,10 +887,10 @@ def _read_mpi_fast(src: ExportSource, strings: StringTable) -> Frame | None:
     if not raws or any(raw is None for raw in raws):
         return None
     tid = np.concatenate([_tids(raw) for raw in raws])
-    names = [_id_names(raw, "textId", strings, "MPI") for raw in raws]
-    words = np.concatenate([np.array(nm.dictionary.to_pylist(), object) for nm in names])
-    base = np.cumsum([0] + [len(nm.dictionary) for nm in names[:-1]])
-    at = np.concatenate([numpy_of(nm.indices).astype(np.int64) + b for nm, b in zip(names, base, strict=True)])
+    names = [_id_words(raw, "textId", strings, "MPI") for raw in raws]
+    words = np.concatenate([w for w, _ in names])
+    base = np.cumsum([0] + [len(w) for w, _ in names[:-1]])
+    at = np.concatenate([a + b for (_, a), b in zip(names, base, strict=True)])
     arrays = {"start_ns": arrow_of(np.concatenate([_ints(raw, "start") for raw in raws])),
               "end_ns": arrow_of(np.concatenate([_ints(raw, "end") for raw in raws])),
               "tid": arrow_of(tid), "pid": arrow_of(_pid_of(tid)), "name": _dictionary_of(words, at)}
