@@ -252,6 +252,26 @@ def test_numpy_and_arrow_conversions_from_buffers_match_pyarrow_s_own():
     assert list(got_words[got_codes]) == [words[c] if c >= 0 else None for c in codes[100:]]
 
 
+def test_ranked_tables_share_one_dictionary_per_string_column_and_keep_every_value():
+    # each rank codes its names against its own words (other orders, other sets, nulls); the combined
+    # table must decode to the same strings with one dictionary for all chunks
+    rng = np.random.default_rng(5)
+    pool = ["Jacobi solve", "halo", "", "é", "allreduce", "x" * 40]
+    per_rank, want = [], []
+    for rank in rng.permutation(12):
+        words = list(rng.permutation(pool)[:int(rng.integers(1, len(pool) + 1))])
+        codes = rng.integers(-1, len(words), int(rng.integers(0, 50)))
+        per_rank.append({"rank": int(rank), "calls": pa.Table.from_arrays(
+            [loader.dictionary_column(codes, words), loader.arrow_of(codes.astype(np.int64))], names=["name", "n"])})
+        want += [(int(rank), words[c] if c >= 0 else None, int(c)) for c in codes]
+    table = loader.ranked_tables(per_rank, "calls")
+    chunks = [c for c in table.column("name").chunks if len(c)]
+    assert all(c.dictionary.equals(chunks[0].dictionary) for c in chunks)
+    got = list(zip(table.column("rank").to_pylist(), table.column("name").to_pylist(), table.column("n").to_pylist(),
+                   strict=True))
+    assert got == want
+
+
 def test_no_recipe_map_imports_pandas_on_a_warm_run(nsys, tmp_path):
     # on a warm run the pool forks the workers before pandas is imported (it costs about 0.3 s of CPU) and
     # the parent imports it while they map: that only pays if no per-rank work over a warm cache needs it

@@ -165,9 +165,12 @@ def sorted_place(words) -> np.ndarray:
 
 
 def ranked_tables(per_rank: list[dict], key: str) -> pa.Table:
-    """The ranks' per-event Arrow tables `key` one after another, with a leading int64 `rank` column."""
+    """The ranks' per-event Arrow tables `key` one after another, with a leading int64 `rank` column.
+
+    Each rank names its strings with its own dictionary; they are unified into one, as the Parquet writer
+    writes a column whose dictionary changes from chunk to chunk as plain strings."""
     return pa.concat_tables([r[key].add_column(0, "rank", arrow_of(np.full(r[key].num_rows, r["rank"], np.int64)))
-                             for r in per_rank])
+                             for r in per_rank]).unify_dictionaries()
 
 
 # Arrow <-> NumPy from the buffers. pyarrow's own to_numpy, pa.array and compute functions import pandas

@@ -94,7 +94,7 @@ def _launches(op_key: np.ndarray, call_keys: np.ndarray) -> tuple[np.ndarray, np
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
-    table = ranked_tables(per_rank, "ranges").unify_dictionaries()
+    table = ranked_tables(per_rank, "ranges")
     ranges = Frame(table, {"rank": "int64", **RANGE_DTYPES}).to_pandas()
     g = ranges.assign(cpu=ranges["cpu_end_ns"] - ranges["cpu_start_ns"],
                       proj=(ranges["gpu_end_ns"] - ranges["gpu_start_ns"]).astype("Int64"))
