@@ -29,7 +29,7 @@ demo: nsys
 	  --output $(DEMO_OUT)/straggler_heatmap --force-overwrite --report
 
 lint: setup
-	$(BIN)/ruff check src tests recipes scripts
+	$(BIN)/ruff check src tests recipes scripts bench notebooks
 
 # The end-to-end tests also run under Nsight Systems 2024.2 (analysis side only) and compare tables.
 nsys-2024: setup
