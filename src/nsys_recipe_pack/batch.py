@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import html
 import shutil
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import quote
 
 import pandas as pd
 
 from . import analyses, loader, progress, runner
 from .errors import MissingToolError, PackError, UsageError
+from .escape import html_text
 from .notebook import execute_notebook, notebook_to_html
 from .resources import notebook_path
 
@@ -106,7 +107,7 @@ def report(inputs: list[str], output: str, force: bool = False, nsys_path: str |
 
 
 def _index_html(index: pd.DataFrame, runs: list, started: datetime) -> str:
-    e = html.escape
+    e = html_text
     parts = ["<!DOCTYPE html><html><head><meta charset='utf-8'><title>nsys-recipe-pack report</title>",
              "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:6px 10px;vertical-align:top;text-align:left}"
@@ -114,10 +115,10 @@ def _index_html(index: pd.DataFrame, runs: list, started: datetime) -> str:
              f"<h1>nsys-recipe-pack report</h1><p>{len(runs)} run(s), made {e(started.strftime('%Y-%m-%d %H:%M'))}.</p>"]
     for spec, name in runs:
         parts.append(f"<h2>{e(name)}</h2><p>input: <code>{e(spec)}</code> — "
-                     f"<a href='{e(name)}/overview.html'>overview</a></p><table><tr><th>recipe</th><th>headline</th></tr>")
+                     f"<a href='{e(quote(name))}/overview.html'>overview</a></p><table><tr><th>recipe</th><th>headline</th></tr>")
         for r in index[index["run"] == name].itertuples():
             if r.status == "done":
-                cell = f"<a href='{e(name)}/{e(r.recipe)}/report.html'>{e(r.recipe)}</a>"
+                cell = f"<a href='{e(quote(name))}/{e(r.recipe)}/report.html'>{e(r.recipe)}</a>"
                 parts.append(f"<tr><td>{cell}</td><td>{e(r.headline)}</td></tr>")
             else:
                 parts.append(f"<tr class='na'><td>{e(r.recipe)}</td><td>not available: {e(r.headline)}</td></tr>")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from . import analyses, nsys_tool, resources
 from .errors import EXIT_MISSING_TOOL, EXIT_USAGE, MissingToolError, PackError, UsageError
+from .escape import terminal_text
 
 MODES = ["none", "concurrent", "dask-futures"]
 
@@ -327,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
             args.job = job
         return COMMANDS[args.command](args)
     except PackError as exc:
-        print(f"nsys-recipe: error: {exc}", file=sys.stderr)
+        print(terminal_text(f"nsys-recipe: error: {exc}"), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("nsys-recipe: interrupted", file=sys.stderr)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .escape import terminal_text
 from .lazy import pd
 
 
@@ -90,7 +91,7 @@ def print_summary(recipe: str, out: Path) -> None:
     fn = SUMMARIES.get(recipe)
     if fn is not None:
         for line in fn(out):
-            print(line)
+            print(terminal_text(line))
     print(f"output: {out}")
     html = out / "report.html"
     if html.exists():

@@ -2,11 +2,18 @@
 
 `show(fig)` embeds plotly.js in the first figure's HTML output, so an exported HTML report opens on a
 machine with no internet, and also hands JupyterLab plotly's own mimetype for interactive rendering.
+Names from reports reach a page only escaped (`..escape`): figures escape them where they are built,
+`table` renders cells and labels as text, and notes take names through `md_text` or `md_code`.
 """
 
 from __future__ import annotations
 
 import json
+
+from ..escape import markdown_code as md_code
+from ..escape import markdown_text as md_text
+
+__all__ = ["md_code", "md_text", "note", "rank_bins", "scatter_class", "show", "table"]
 
 _state = {"plotlyjs_sent": False}
 CONFIG = {"displaylogo": False, "responsive": True}
@@ -22,9 +29,17 @@ def show(fig) -> None:
 
 
 def note(text: str) -> None:
+    """Markdown written by the notebook; any name inside it must come through md_text or md_code."""
     from IPython.display import Markdown, display
 
     display(Markdown(text))
+
+
+def table(df, index: bool = False):
+    """A DataFrame as an HTML table whose cells and labels are text, never markup; missing values as "—"."""
+    styler = (df.style.format(escape="html", na_rep="—").format_index(escape="html", axis=0)
+              .format_index(escape="html", axis=1))
+    return styler if index else styler.hide(axis="index")
 
 
 WEBGL_ABOVE = 20000

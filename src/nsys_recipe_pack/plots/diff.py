@@ -5,6 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..escape import plotly_text
+
 COLORS = {"regressed": "#E45756", "improved": "#54A24B", "unchanged": "#BBBBBB"}
 
 
@@ -13,7 +15,7 @@ def biggest_changes(d: pd.DataFrame, metric: str, top: int = 20) -> go.Figure:
     moved = (t["new"] - t["base"]).abs()  # largest in time, not in percent: tiny keys swing wildly
     t = t.reindex(moved.sort_values(ascending=False).index).head(top).iloc[::-1]
     fig = go.Figure(go.Bar(
-        x=t["change_pct"], y=t["key"].astype(str).str.slice(0, 60), orientation="h",
+        x=t["change_pct"], y=plotly_text(t["key"].astype(str).str.slice(0, 60)), orientation="h",
         marker_color=[COLORS.get(v, "#888") for v in t["verdict"]],
         customdata=t[["base", "new", "verdict"]].assign(base=t["base"] / 1e6, new=t["new"] / 1e6).to_numpy(),
         hovertemplate="%{y}<br>%{x:+.1f} %<br>%{customdata[0]:,.3f} → %{customdata[1]:,.3f} ms"
@@ -25,7 +27,7 @@ def biggest_changes(d: pd.DataFrame, metric: str, top: int = 20) -> go.Figure:
 
 def shares(d: pd.DataFrame) -> go.Figure:
     t = d[d["metric"] == "share_pct"].set_index("key")
-    fig = go.Figure([go.Bar(x=t.index, y=t["base"], name="base"), go.Bar(x=t.index, y=t["new"], name="new")])
+    fig = go.Figure([go.Bar(x=plotly_text(t.index), y=t["base"], name="base"), go.Bar(x=plotly_text(t.index), y=t["new"], name="new")])
     fig.update_layout(barmode="group", title="Share of GPU wall time by category, base vs new",
                       xaxis_title="category", yaxis_title="% of GPU wall time")
     return fig

@@ -5,6 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..escape import plotly_text
+
 
 def _by_name(summary: pd.DataFrame) -> pd.DataFrame:
     return summary.groupby("name").agg(count=("count", "sum"), cpu_ms=("cpu_total_ns", lambda s: s.sum() / 1e6),
@@ -15,9 +17,9 @@ def _by_name(summary: pd.DataFrame) -> pd.DataFrame:
 def top_ranges(summary: pd.DataFrame, top: int = 20) -> go.Figure:
     t = _by_name(summary).sort_values("gpu_ms").tail(top)
     fig = go.Figure([
-        go.Bar(y=t.index, x=t["gpu_ms"], orientation="h", name="GPU busy (union of its ops)", customdata=t["count"],
+        go.Bar(y=plotly_text(t.index), x=t["gpu_ms"], orientation="h", name="GPU busy (union of its ops)", customdata=t["count"],
                hovertemplate="%{y}<br>GPU busy %{x:,.2f} ms over %{customdata} instances<extra></extra>"),
-        go.Bar(y=t.index, x=t["cpu_ms"], orientation="h", name="CPU (range duration)",
+        go.Bar(y=plotly_text(t.index), x=t["cpu_ms"], orientation="h", name="CPU (range duration)",
                hovertemplate="%{y}<br>CPU %{x:,.2f} ms<extra></extra>"),
     ])
     fig.update_layout(barmode="group", title=f"NVTX ranges with the most GPU time (top {len(t)}, all ranks)",
@@ -31,7 +33,7 @@ def cpu_vs_gpu(summary: pd.DataFrame, top: int = 200) -> go.Figure:
     hi = float(max(t["cpu_ms"].max(), t["gpu_ms"].max())) if len(t) else 1.0
     lo = float(max(min(t["cpu_ms"].min(), t["gpu_ms"].min()), 1e-3)) if len(t) else 1e-3
     fig = go.Figure([
-        go.Scatter(x=t["cpu_ms"], y=t["gpu_ms"], mode="markers", text=t.index, customdata=t["count"],
+        go.Scatter(x=t["cpu_ms"], y=t["gpu_ms"], mode="markers", text=plotly_text(t.index), customdata=t["count"],
                    hovertemplate="%{text}<br>CPU %{x:,.3f} ms<br>GPU busy %{y:,.3f} ms<br>%{customdata} instances"
                                  "<extra></extra>", name="range"),
         go.Scatter(x=[lo, hi], y=[lo, hi], mode="lines", line={"dash": "dot", "color": "gray"}, name="GPU = CPU",
@@ -47,8 +49,9 @@ def rank_spread(summary: pd.DataFrame, top: int = 10) -> go.Figure:
     fig = go.Figure()
     for n in names:
         v = summary.loc[summary["name"] == n, "gpu_busy_total_ns"].astype("float64") / 1e6
-        fig.add_trace(go.Box(y=v, name=str(n)[:40], boxpoints="all" if len(v) <= 64 else False,
-                             hovertemplate=f"{n}<br>%{{y:,.2f}} ms<extra></extra>"))
+        fig.add_trace(go.Box(y=v, name=plotly_text(str(n)[:40]), meta=plotly_text(n),
+                             boxpoints="all" if len(v) <= 64 else False,
+                             hovertemplate="%{meta}<br>%{y:,.2f} ms<extra></extra>"))
     fig.update_layout(title="GPU busy time per rank for the top ranges (one point per rank)",
                       yaxis_title="GPU busy time (ms)", showlegend=False)
     return fig

@@ -6,6 +6,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..escape import plotly_text
+
 MAX_HEATMAP_ROWS = 256
 
 
@@ -33,7 +35,7 @@ def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
         return df.pivot(index="row", columns="iteration", values=col).reindex(order)[cols].map(fn).to_numpy()
     custom = np.stack([
         grid("rank"), grid("duration_ns", lambda v: v / 1e6), grid("wait_ns", lambda v: v / 1e6),
-        grid("busy_ns", lambda v: v / 1e6), grid("cause", lambda v: v if isinstance(v, str) else "—"),
+        grid("busy_ns", lambda v: v / 1e6), grid("cause", lambda v: plotly_text(v) if isinstance(v, str) else "—"),
         grid("is_straggler", lambda v: "yes" if v is True else "no"),
     ], axis=-1)
     fig = go.Figure(go.Heatmap(
@@ -60,7 +62,7 @@ def straggler_bars(ranks: pd.DataFrame, top: int = 50) -> go.Figure:
     r = ranks[ranks["straggler_iterations"] > 0].head(top)
     fig = go.Figure(go.Bar(
         x=r["rank"].astype(str), y=r["straggler_iterations"], customdata=np.stack(
-            [_ms(r["excess_total_ns"]), r["worst_score"], r["top_cause"].fillna("—")], axis=-1),
+            [_ms(r["excess_total_ns"]), r["worst_score"], plotly_text(r["top_cause"].fillna("—"))], axis=-1),
         hovertemplate=("rank %{x}<br>%{y} straggler iterations<br>excess %{customdata[0]:.1f} ms"
                        "<br>worst score %{customdata[1]:.2f}<br>top cause %{customdata[2]}<extra></extra>"),
     ))
@@ -72,7 +74,7 @@ def straggler_bars(ranks: pd.DataFrame, top: int = 50) -> go.Figure:
 def causes(stragglers: pd.DataFrame) -> go.Figure:
     c = stragglers.assign(cause=stragglers["cause"].fillna("unknown")).groupby("cause").agg(
         cells=("rank", "size"), excess_ms=("excess_ns", lambda s: s.sum() / 1e6)).sort_values("excess_ms")
-    fig = go.Figure(go.Bar(x=c["excess_ms"], y=c.index, orientation="h", customdata=c["cells"],
+    fig = go.Figure(go.Bar(x=c["excess_ms"], y=plotly_text(c.index), orientation="h", customdata=c["cells"],
                            hovertemplate="%{y}<br>%{x:.1f} ms excess in %{customdata} cells<extra></extra>"))
     fig.update_layout(title="What the flagged cells spent their excess on", xaxis_title="excess busy time (ms)",
                       yaxis_title="cause", height=250 + 30 * len(c))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..escape import plotly_text
 from . import rank_bins, scatter_class
 
 MAX_POINTS = 20000
@@ -30,9 +31,9 @@ def by_range(calls: pd.DataFrame, top: int = 20) -> go.Figure:
         total_ms=("duration_ns", lambda s: s.sum() / 1e6), count=("duration_ns", "size"),
         idle_ms=("gpu_idle_ns", lambda s: s.sum() / 1e6)).sort_values("total_ms").tail(top)
     fig = go.Figure([
-        go.Bar(y=t.index, x=t["total_ms"], orientation="h", name="blocked", customdata=t["count"],
+        go.Bar(y=plotly_text(t.index), x=t["total_ms"], orientation="h", name="blocked", customdata=t["count"],
                hovertemplate="%{y}<br>%{x:.2f} ms blocked in %{customdata} calls<extra></extra>"),
-        go.Bar(y=t.index, x=t["idle_ms"], orientation="h", name="of which the GPU was idle",
+        go.Bar(y=plotly_text(t.index), x=t["idle_ms"], orientation="h", name="of which the GPU was idle",
                hovertemplate="%{y}<br>GPU idle %{x:.2f} ms<extra></extra>"),
     ])
     fig.update_layout(barmode="overlay", title=f"Blocking calls by innermost NVTX range (top {len(t)})",
@@ -47,7 +48,7 @@ def timeline(calls: pd.DataFrame) -> go.Figure:
     for kind, g in c.groupby("kind"):
         fig.add_trace(scatter_class(len(c))(
             x=(g["start_ns"] - t0) / 1e9, y=g["duration_ns"] / 1e3, mode="markers", name=kind,
-            customdata=g[["rank", "api", "nvtx_range"]].astype(str).to_numpy(),
+            customdata=g[["rank", "api", "nvtx_range"]].astype(str).apply(plotly_text).to_numpy(),
             hovertemplate=("%{customdata[1]}<br>rank %{customdata[0]}, in %{customdata[2]}<br>at %{x:.3f} s"
                            "<br>%{y:.1f} us<extra></extra>")))
     title = "Each blocking call over time"
