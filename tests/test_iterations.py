@@ -96,15 +96,19 @@ def test_kernel_delimiter_named_or_found_when_no_range_repeats():
         iterations.find_iterations(rd, iteration_kernel="gem")
 
 
-def test_sync_intervals_collect_collective_ranges_nccl_kernels_and_named_syncs():
+def test_sync_points_collect_collective_ranges_nccl_kernels_named_syncs_and_cuda_syncs():
     rows = [("AllReduce_grads", 0, 10, 1), ("step", 0, 100, 1), ("mine", 20, 30, 1), ("x", 40, 45, 1, "NCCL")]
     ks = kernels([("ncclDevKernel_AllGather", 50, 60), ("gemm", 60, 70)])
-    rd = RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx(rows), kernels=ks)
+    rt = pd.DataFrame({"start_ns": [70, 80], "end_ns": [75, 90], "tid": [1, 1], "pid": [1, 1],
+                       "correlation_id": pd.array([100, 101], dtype="Int64"),
+                       "name": ["cudaStreamSynchronize_v3020", "cudaLaunchKernel_v7000"]})
+    rd = RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx(rows), kernels=ks, runtime=rt)
     ranges = iterations.range_arrays(rd.frame("nvtx"))
-    start, end = iterations.sync_intervals(rd, ranges)
-    assert sorted(zip(start.tolist(), end.tolist(), strict=True)) == [(0, 10), (40, 45), (50, 60)]
-    start, _ = iterations.sync_intervals(rd, ranges, ["mine"])
-    assert sorted(start.tolist()) == [0, 20, 40, 50]
+    p = iterations.sync_points(rd, ranges)
+    assert list(zip(p.start_ns.tolist(), p.end_ns.tolist(), p.source.tolist(), strict=True)) == [
+        (0, 10, 0), (40, 45, 0), (50, 60, 1), (70, 75, 3)]
+    assert p.on_gpu.tolist() == [False, False, True, False] and p.peer.tolist() == [True, True, True, False]
+    assert iterations.sync_points(rd, ranges, ["mine"]).start_ns.tolist() == [0, 20, 40, 50, 70]
 
 
 def test_top_level_ranges_keep_the_earliest_of_overlaps_across_threads():

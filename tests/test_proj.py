@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 from conftest import AI_SET
 
-from nsys_recipe_pack import runner
+from nsys_recipe_pack import gpu, runner
 from nsys_recipe_pack.analyses import proj
 from nsys_recipe_pack.loader import RankData
 
@@ -26,7 +26,8 @@ def test_projection_equals_nvtx_gpu_proj_trace(nsys, tmp_path):
                    check=True, capture_output=True, env=env)
     theirs = pd.read_parquet(ref / "trace.parquet")
     theirs["end"] = theirs["Projected Start"] + theirs["Projected Duration"]
-    out = runner.run("nvtx_gpu_proj", [str(data)], str(tmp_path / "o"), engine="pack")
+    # like with like: the built-in counts only the launching thread's ranges
+    out = runner.run("nvtx_gpu_proj", [str(data)], str(tmp_path / "o"), engine="pack", options={"attribution": "thread"})
     mine = pd.read_parquet(out / "ranges.parquet")
     files = pd.read_parquet(out / "files.parquet")
     mine["File"] = mine["rank"].map(dict(zip(files["rank"], files["file"].map(lambda f: Path(f).stem), strict=True)))
@@ -76,7 +77,7 @@ def test_launches_pair_ops_with_calls_as_an_inner_merge():
     for _ in range(50):
         op_key = rng.integers(0, 30, rng.integers(0, 40))
         call_key = rng.integers(0, 30, rng.integers(0, 40))
-        op, call = proj._launches(op_key, call_key)
+        op, call = gpu.pair_launches(op_key, call_key)
         want = pd.DataFrame({"key": op_key, "op": np.arange(len(op_key))}).merge(
             pd.DataFrame({"key": call_key, "call": np.arange(len(call_key))}), on="key", how="inner")
         assert op.tolist() == want["op"].tolist() and call.tolist() == want["call"].tolist()

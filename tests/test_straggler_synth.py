@@ -13,6 +13,10 @@ CASES = {
     "dataloader_stall": [Straggler(rank=3, first=10, last=19, cause="dataloader", slowdown=1.5)],
     "compute_slowdown": [Straggler(rank=5, first=25, last=34, cause="compute", slowdown=1.4)],
     "always_slow": [Straggler(rank=6, first=0, last=ITERS - 1, cause="compute", slowdown=1.3)],
+    # the GPU is slow and the host is not: only the NCCL kernel's late start on that GPU shows it
+    "gpu_bound": [Straggler(rank=2, first=5, last=14, cause="gpu", slowdown=1.5)],
+    "gpu_and_host": [Straggler(rank=1, first=3, last=9, cause="gpu", slowdown=1.4),
+                     Straggler(rank=7, first=20, last=27, cause="dataloader", slowdown=1.4)],
     "none": [],
 }
 
@@ -47,6 +51,9 @@ def test_injected_stragglers_are_found(tmp_path, case, fmt):
     clean_cells = RANKS * ITERS - len(expected)
     false_pos = len(found - set(expected)) / clean_cells
     assert false_pos <= 0.01, (case, false_pos)
+    # the ranks that waited for a straggler are not flagged in its iterations
+    victims = {(r, i) for r, i in found for s in CASES[case] if r != s.rank and s.first <= i <= s.last}
+    assert not victims, (case, victims)
     files = pd.read_parquet(out / "files.parquet")
     assert sorted(files["rank"]) == list(range(RANKS))
     assert set(files["rank_source"]) == {"env:RANK"}
@@ -64,3 +71,26 @@ def test_auto_delimiter_finds_step(tmp_path):
     out = runner.run("straggler_heatmap", [str(data)], str(tmp_path / "out"), mode="none", options={})
     analysis = json.loads((out / "analysis.json").read_text())
     assert analysis["delimiter"]["name"] == "step" and analysis["delimiter"]["source"] == "auto"
+
+
+def test_mpi_job_without_nvtx_finds_the_rank_whose_kernels_run_slower(tmp_path):
+    """No NVTX and no NCCL: iterations are launches of the job's kernel, ranks meet in a device sync then
+    MPI_Allreduce; rank 4's kernel runs twice as long in iterations 12-20."""
+    data = write_synthetic(tmp_path / "in", ranks=6, iterations=40, fmt="sqlite", job="mpi", seed=5,
+                           stragglers=[Straggler(rank=4, first=12, last=20, cause="gpu", slowdown=2.0)])
+    expected = truth_cells(data)
+    out = runner.run("straggler_heatmap", [str(data)], str(tmp_path / "out"), mode="none", options={})
+    analysis = json.loads((out / "analysis.json").read_text())
+    assert analysis["delimiter"] == {"kind": "kernel", "name": "jacobi_kernel", "domain": None, "source": "auto"}
+    assert set(analysis["sync_points"]) == {"MPI call", "CUDA sync call"}
+    it = pd.read_parquet(out / "iterations.parquet")
+    flagged = it[it["is_straggler"]]
+    found = set(zip(flagged["rank"], flagged["iteration"], strict=True))
+    assert len(found & set(expected)) >= 0.9 * len(expected) and found <= set(expected), found ^ set(expected)
+    assert set(flagged["cause"]) == {"gpu_compute"}
+    files = pd.read_parquet(out / "files.parquet")
+    assert set(files["rank_source"]) == {"env:OMPI_COMM_WORLD_RANK"}
+    # busy is the kernel's time (the device sync waits for the rank's own kernel); MPI_Allreduce is wait
+    kernel_ms = json.loads((data / "truth.json").read_text())["nominal_ms"]["jacobi_kernel"]
+    clean = it[~it["rank"].isin([4])]
+    assert clean["busy_ns"].median() == pytest.approx(kernel_ms * 1e6, rel=0.05)

@@ -3,8 +3,11 @@ by the GPU recipes)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
+from .iterations import NCCL_KERNEL_RE, matching
 from .lazy import pd
 from .loader import Frame
 
@@ -45,3 +48,49 @@ def gpu_intervals(rd) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     return (np.concatenate([f.values("start_ns") for f in frames]),
             np.concatenate([f.values("end_ns") for f in frames]))
+
+
+@dataclass
+class Launched:
+    """GPU ops paired with the runtime call that launched each (an op whose key several calls hold is
+    paired with each of them), and the count of ops with no call in the report."""
+    op: np.ndarray  # position in `gpu_intervals` order
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    collective: np.ndarray  # a communication kernel (NCCL), whose GPU time includes waiting for peers
+    call_start_ns: np.ndarray
+    call_end_ns: np.ndarray
+    tid: np.ndarray  # of the launching call
+    pid: np.ndarray
+    unlinked: int
+
+
+def launched_ops(rd) -> Launched:
+    frames = gpu_frames(rd)
+    op_start, op_end = gpu_intervals(rd)
+    rt = rd.frame("runtime")
+    if not frames or rt is None or not len(rt):
+        empty = np.zeros(0, np.int64)
+        return Launched(empty, empty, empty, np.zeros(0, bool), empty, empty, empty, empty, len(op_start))
+    op_key = np.concatenate([call_key(f) for f in frames])
+    collective = np.zeros(len(op_key), bool)
+    kernels = rd.frame("kernels")
+    if kernels is not None and len(kernels):
+        codes, words = kernels.codes("name")
+        collective[:len(kernels)] = matching(words, NCCL_KERNEL_RE)[codes]
+    op, call = pair_launches(op_key, call_key(rt))
+    return Launched(op, op_start[op], op_end[op], collective[op], rt.values("start_ns")[call],
+                    rt.values("end_ns")[call], rt.values("tid")[call], rt.values("pid")[call],
+                    int(len(op_key) - len(np.unique(op))))
+
+
+def pair_launches(op_key: np.ndarray, call_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(op, call) index pairs of each GPU op and the runtime call(s) with its key, in op order (ops without
+    a call dropped; a key held by several calls pairs the op with each, in call order)."""
+    by_key = np.argsort(call_keys, kind="stable")
+    sorted_keys = call_keys[by_key]
+    lo = np.searchsorted(sorted_keys, op_key, side="left")
+    hits = np.searchsorted(sorted_keys, op_key, side="right") - lo
+    op = np.repeat(np.arange(len(op_key)), hits)
+    within = np.arange(len(op)) - np.repeat(np.cumsum(hits) - hits, hits)
+    return op, by_key[np.repeat(lo, hits) + within]

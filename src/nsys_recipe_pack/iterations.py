@@ -1,4 +1,4 @@
-"""Iteration delimiters and sync points, shared by every recipe (SPEC: "Iteration", "Collectives")."""
+"""Iteration delimiters and sync points, shared by every recipe."""
 
 from __future__ import annotations
 
@@ -220,26 +220,55 @@ def matching(words: np.ndarray, pattern) -> np.ndarray:
     return np.array([w is not None and re.search(pattern, str(w)) is not None for w in words], bool)
 
 
-def sync_intervals(rd, ranges: Ranges, sync_names: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(start, end) of where this rank sits in a collective or sync point: NVTX ranges of the NCCL domain
-    or with collective names, NCCL kernels, and MPI calls."""
-    starts, ends = [], []
+SYNC_SOURCES = ("collective NVTX range", "NCCL kernel", "MPI call", "CUDA sync call")
+PEER_SOURCES = 3  # the first three are where ranks meet; a CUDA sync waits for the rank's own GPU and NCCL
+HOST_SYNC_API_RE = r"Synchronize"  # device, stream and event syncs: the host blocks until the GPU gets there
+
+
+@dataclass
+class SyncPoints:
+    """Where a rank may sit waiting: intervals in time order of start, each with its source (an index into
+    SYNC_SOURCES). NCCL kernels are on the GPU's timeline, the others on the host's."""
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    source: np.ndarray
+
+    @property
+    def on_gpu(self) -> np.ndarray:
+        return self.source == SYNC_SOURCES.index("NCCL kernel")
+
+    @property
+    def peer(self) -> np.ndarray:
+        return self.source < PEER_SOURCES
+
+
+def sync_points(rd, ranges: Ranges, sync_names: list[str] | None = None) -> SyncPoints:
+    """Collectives and sync points of a rank: NVTX ranges of the NCCL domain or with collective names (and
+    `sync_names`), NCCL kernels, MPI calls, and CUDA runtime calls that block the host on the GPU."""
+    parts = []
     if len(ranges):
         is_sync = matching(ranges.names, DEFAULT_SYNC_RE)[ranges.name] | ranges.domain_is("NCCL")
         if sync_names:
             is_sync |= np.isin(ranges.names, list(sync_names))[ranges.name]
-        starts.append(ranges.start_ns[is_sync])
-        ends.append(ranges.end_ns[is_sync])
+        parts.append((ranges.start_ns[is_sync], ranges.end_ns[is_sync], 0))
     k = rd.frame("kernels")
     if k is not None and len(k):
         codes, words = k.codes("name")
         nccl = matching(words, NCCL_KERNEL_RE)[codes]
-        starts.append(k.values("start_ns")[nccl])
-        ends.append(k.values("end_ns")[nccl])
+        parts.append((k.values("start_ns")[nccl], k.values("end_ns")[nccl], 1))
     mpi = rd.frame("mpi")
     if mpi is not None and len(mpi):
-        starts.append(mpi.values("start_ns"))
-        ends.append(mpi.values("end_ns"))
-    if not starts:
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    return np.concatenate(starts).astype(np.int64), np.concatenate(ends).astype(np.int64)
+        parts.append((mpi.values("start_ns"), mpi.values("end_ns"), 2))
+    rt = rd.frame("runtime")
+    if rt is not None and len(rt):
+        codes, words = rt.codes("name")
+        blocking = matching(words, HOST_SYNC_API_RE)[codes]
+        parts.append((rt.values("start_ns")[blocking], rt.values("end_ns")[blocking], 3))
+    if not parts:
+        empty = np.zeros(0, np.int64)
+        return SyncPoints(empty, empty, empty)
+    start = np.concatenate([p[0] for p in parts]).astype(np.int64)
+    end = np.concatenate([p[1] for p in parts]).astype(np.int64)
+    source = np.concatenate([np.full(len(p[0]), p[2], np.int64) for p in parts])
+    order = np.argsort(start, kind="stable")
+    return SyncPoints(start[order], end[order], source[order])

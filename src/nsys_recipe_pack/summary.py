@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .analyses.straggler import verdicts
 from .escape import terminal_text
 from .lazy import pd
 
@@ -32,6 +33,7 @@ def straggler_lines(out: Path, top: int = 5) -> list[str]:
     })
     lines.append("top stragglers:")
     lines.extend("  " + ln for ln in table.to_string(index=False).splitlines())
+    lines.extend(verdicts(ranks, pd.read_parquet(out / "stragglers.parquet"), top))
     return lines
 
 

@@ -76,8 +76,15 @@ EXTRA_OPS = [
 ]
 OVERLAP_BEFORE_ARRIVAL = (3 * MS, 2 * MS)  # bucket_reduce on stream 9, inside the last backward kernel
 SYNTHETIC_LABEL = "nsys-recipe-pack synthetic export"
-CAUSES = ("dataloader", "compute")
-ACCEPTABLE_CAUSES = {"dataloader": ["dataloader"], "compute": ["forward", "backward", "gpu_compute"]}
+JOBS = ("nccl", "mpi")
+# The `mpi` job: no NVTX; per iteration each rank launches one kernel, waits for it in
+# cudaDeviceSynchronize, then meets the others in MPI_Allreduce (released together, after the last arrives).
+MPI_KERNEL, MPI_KERNEL_MS = "jacobi_kernel", 5.0
+MPI_SYNC_API, MPI_CALL = "cudaDeviceSynchronize_v3020", "MPI_Allreduce"
+MPI_TRANSFER_NS = 500 * US
+CAUSES = ("dataloader", "compute", "gpu")
+ACCEPTABLE_CAUSES = {"dataloader": ["dataloader"], "compute": ["forward", "backward", "gpu_compute"],
+                     "gpu": ["backward", "gpu_compute"]}
 
 # globalTid = VM id (1 in the high 16 bits) | pid << 24 | tid, as Nsight Systems encodes it; globalPid has tid 0.
 GLOBAL_VM = 1 << 48
@@ -93,7 +100,9 @@ class Straggler:
 
     slowdown multiplies the rank's own busy time (step minus allreduce) in those iterations: with cause
     `dataloader` the extra is a host stall inside the dataloader range; with `compute` forward and backward
-    (ranges and their kernels) stretch by the same total."""
+    (ranges and their kernels) stretch by the same total; with `gpu` only backward's kernels do (the GPU is
+    slow, its host range keeps its length), so the rank's NCCL kernel starts that much later on its GPU.
+    In a `mpi` job only `gpu` applies: the rank's kernel runs that much longer."""
     rank: int
     first: int
     last: int
@@ -102,8 +111,8 @@ class Straggler:
 
 
 def parse_straggler(text: str) -> Straggler:
-    """`rank=R,iterations=A-B,cause=dataloader|compute,slowdown=X` (iterations also `A`, `A-` or `all`)."""
-    usage = f"--straggler {text!r}: give rank=R,iterations=A-B[,cause=dataloader|compute][,slowdown=X]"
+    """`rank=R,iterations=A-B,cause=dataloader|compute|gpu,slowdown=X` (iterations also `A`, `A-` or `all`)."""
+    usage = f"--straggler {text!r}: give rank=R,iterations=A-B[,cause=dataloader|compute|gpu][,slowdown=X]"
     fields = {}
     for part in text.split(","):
         key, sep, value = part.partition("=")
@@ -171,6 +180,7 @@ EXTRA_TABLES = {
     "ENUM_CUDA_MEMCPY_OPER": _ENUM,
     "ENUM_CUDA_MEM_KIND": _ENUM,
     "ENUM_CUPTI_SYNC_TYPE": _ENUM,
+    "MPI_OTHER_EVENTS": _spec("start:int64! end:int64 globalTid:uint64 textId:int64"),
 }
 # The enum values the exports use (CUPTI's enums as Nsight Systems numbers them).
 ENUMS = {
@@ -249,12 +259,15 @@ def _timeline(ranks: int, iterations: int, stragglers: list[Straggler], rng) -> 
     dur = {c: np.round(NOMINAL_MS[c] * MS * rng.uniform(1 - JITTER, 1 + JITTER, size=(ranks, iterations)))
            .astype(np.int64) for c in NOMINAL_MS}
     extra = np.zeros((ranks, iterations), np.int64)
+    gpu_late = np.zeros((ranks, iterations), np.int64)  # how much later the GPU finishes than the host's range
     for s in stragglers:  # a handful of specs, each vectorised over its iterations
         it = slice(s.first, s.last + 1)
         busy = sum(dur[c][s.rank, it] for c in NOMINAL_MS)
         add = np.round((s.slowdown - 1.0) * busy).astype(np.int64)
         if s.cause == "dataloader":
             dur["dataloader"][s.rank, it] += add
+        elif s.cause == "gpu":
+            gpu_late[s.rank, it] += add
         else:
             fw, bw = dur["forward"][s.rank, it], dur["backward"][s.rank, it]
             add_fw = np.round(add * fw / (fw + bw)).astype(np.int64)
@@ -263,13 +276,15 @@ def _timeline(ranks: int, iterations: int, stragglers: list[Straggler], rng) -> 
         extra[s.rank, it] += add
     transfer = int(TRANSFER_MS * MS)
     pre = dur["dataloader"] + dur["forward"] + dur["backward"]
+    ready = pre + gpu_late  # the NCCL kernel starts once the rank's GPU work is done
     step = np.empty(iterations, np.int64)
-    step[0] = pre[:, 0].max() + transfer
-    step[1:] = (dur["optimizer"][:, :-1] + STEP_GAP_NS + pre[:, 1:]).max(axis=0) + transfer
+    step[0] = ready[:, 0].max() + transfer
+    step[1:] = (dur["optimizer"][:, :-1] + STEP_GAP_NS + ready[:, 1:]).max(axis=0) + transfer
     release = np.cumsum(step)
     step_start = np.zeros((ranks, iterations), np.int64)
     step_start[:, 1:] = release[None, :-1] + dur["optimizer"][:, :-1] + STEP_GAP_NS
-    return {"dur": dur, "step_start": step_start, "arrival": step_start + pre, "release": release, "extra": extra}
+    return {"dur": dur, "step_start": step_start, "arrival": step_start + pre, "release": release, "extra": extra,
+            "gpu_late": gpu_late}
 
 
 def _rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: int, strings: dict) -> dict:
@@ -301,21 +316,24 @@ def _rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: i
         "domainId": np.uint64(0),
     })
 
-    # compute kernels, evenly spread over forward and backward, plus one NCCL kernel per iteration
-    def spread(r_start, r_end, kernels):
+    # compute kernels, evenly spread over forward and backward, plus one NCCL kernel per iteration; a slow
+    # GPU (`late` > 0) runs backward's kernels over a longer span than the host range that launched them
+    def spread(r_start, r_end, kernels, late=0):
         k = len(kernels)
         slot = (r_end - r_start) / k
+        gpu_slot = (r_end + late - r_start) / k
         idx = np.arange(k)
         launch = (r_start[:, None] + (idx[None, :] * slot[:, None]) + 50 * US).astype(np.int64)
-        k_start = launch + 20 * US
-        k_end = (r_start[:, None] + ((idx[None, :] + 0.9) * slot[:, None])).astype(np.int64)
+        k_start = (r_start[:, None] + (idx[None, :] * gpu_slot[:, None]) + 70 * US).astype(np.int64)
+        k_end = (r_start[:, None] + ((idx[None, :] + 0.9) * gpu_slot[:, None])).astype(np.int64)
         name = np.tile(np.array(kernels, dtype=object), len(r_start))
         return launch.ravel(), k_start.ravel(), k_end.ravel(), name
 
-    parts = [spread(*spans["forward"], FWD_KERNELS), spread(*spans["backward"], BWD_KERNELS)]
+    late = tl["gpu_late"][r]
+    parts = [spread(*spans["forward"], FWD_KERNELS), spread(*spans["backward"], BWD_KERNELS, late)]
     nccl_launch = arr + 10 * US
-    nccl_end = rel - NCCL_SYNC_NS  # = max arrival + transfer on the common clock, for every rank
-    parts.append((nccl_launch, nccl_launch + 20 * US, nccl_end, np.full(iterations, NCCL_FULL, dtype=object)))
+    nccl_end = rel - NCCL_SYNC_NS  # = max ready + transfer on the common clock, for every rank
+    parts.append((nccl_launch, nccl_launch + 20 * US + late, nccl_end, np.full(iterations, NCCL_FULL, dtype=object)))
     launch = np.concatenate([p[0] for p in parts])
     k_start = np.concatenate([p[1] for p in parts])
     k_end = np.concatenate([p[2] for p in parts])
@@ -351,6 +369,54 @@ def _rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: i
         "CUPTI_ACTIVITY_KIND_MEMSET": _by_start(extra["memset"]),
         "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": _by_start(extra["sync"]),
     }
+
+
+def _mpi_timeline(ranks: int, iterations: int, stragglers: list[Straggler], rng) -> dict:
+    """Kernel durations per (rank, iteration) and each rank's kernel start on the common clock. A rank arrives
+    at MPI_Allreduce once its kernel is done; all leave at the last arrival plus the transfer, and launch
+    the next kernel a fixed host time later."""
+    kernel = np.round(MPI_KERNEL_MS * MS * rng.uniform(1 - JITTER, 1 + JITTER, size=(ranks, iterations))
+                      ).astype(np.int64)
+    extra = np.zeros((ranks, iterations), np.int64)
+    for s in stragglers:
+        it = slice(s.first, s.last + 1)
+        extra[s.rank, it] = np.round((s.slowdown - 1.0) * kernel[s.rank, it]).astype(np.int64)
+    kernel += extra
+    # launch at t, the kernel runs [t + 20 us, + kernel], the sync returns 5 us later, MPI starts 2 us after
+    arrive = 20 * US + kernel + 7 * US
+    step = arrive.max(axis=0) + MPI_TRANSFER_NS + STEP_GAP_NS
+    launch = np.zeros(iterations, np.int64)
+    launch[1:] = np.cumsum(step)[:-1]
+    return {"kernel": kernel, "launch": launch, "release": launch + arrive.max(axis=0) + MPI_TRANSFER_NS,
+            "extra": extra}
+
+
+def _mpi_rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: int, strings: dict) -> dict:
+    pid = PID_BASE + r
+    gpid = _global_pid(pid)
+    gtid = gpid | pid
+    launch = tl["launch"] + shift
+    k_start = launch + 20 * US
+    k_end = k_start + tl["kernel"][r]
+    release = tl["release"] + shift
+    corr = np.arange(iterations, dtype=np.int64) * 2 + 101
+    kernels = pd.DataFrame({
+        "start": k_start, "end": k_end, "deviceId": r % gpus_per_node, "contextId": np.uint64(1),
+        "streamId": np.uint64(COMPUTE_STREAM), "correlationId": corr, "globalPid": np.uint64(gpid),
+        "demangledName": np.uint64(strings[MPI_KERNEL]), "shortName": np.uint64(strings[MPI_KERNEL]),
+        "mangledName": np.uint64(strings[MPI_KERNEL]), "launchType": 1, "cacheConfig": 0, "registersPerThread": 32,
+        "gridX": 512, "gridY": 1, "gridZ": 1, "blockX": 256, "blockY": 1, "blockZ": 1, "staticSharedMemory": 0,
+        "dynamicSharedMemory": 0, "localMemoryPerThread": 0, "localMemoryTotal": 0, "gridId": corr,
+        "sharedMemoryExecuted": 0, "sharedMemoryLimitConfig": 0})
+    runtime = pd.DataFrame({
+        "start": np.concatenate([launch, launch + 10 * US]), "end": np.concatenate([launch + 8 * US, k_end + 5 * US]),
+        "eventClass": 0, "globalTid": np.uint64(gtid), "correlationId": np.concatenate([corr, corr + 1]),
+        "nameId": np.repeat(np.array([strings[LAUNCH_API], strings[MPI_SYNC_API]], np.uint64), iterations),
+        "returnValue": 0})
+    mpi = pd.DataFrame({"start": k_end + 7 * US, "end": release, "globalTid": np.uint64(gtid),
+                        "textId": strings[MPI_CALL]})
+    return {"CUPTI_ACTIVITY_KIND_KERNEL": kernels, "CUPTI_ACTIVITY_KIND_RUNTIME": _by_start(runtime),
+            "MPI_OTHER_EVENTS": mpi}
 
 
 def _by_start(*frames: pd.DataFrame) -> pd.DataFrame:
@@ -435,15 +501,19 @@ def _gpu_extras(spans: dict, iterations: int, gtid: int, gpid: int, pid: int, de
             "kernels": kernels, "sync": sync, "nvtx": nvtx}
 
 
-def _rank_info_tables(r: int, session_utc: int, world: int, gpus_per_node: int, strings: dict) -> dict:
+def _rank_info_tables(r: int, session_utc: int, world: int, gpus_per_node: int, strings: dict,
+                      job: str = "nccl") -> dict:
     pid = PID_BASE + r
     gpid = _global_pid(pid)
     node, local = divmod(r, gpus_per_node)
     host = f"synth-node{node:03d}"
-    env = {
+    env = {  # what torchrun sets, or Open MPI's mpirun
         "RANK": r, "LOCAL_RANK": local, "WORLD_SIZE": world,
         "LOCAL_WORLD_SIZE": min(gpus_per_node, world - node * gpus_per_node), "HOSTNAME": host,
         "MASTER_ADDR": "synth-node000", "MASTER_PORT": 29500, "NSYS_RECIPE_PACK_SYNTHETIC": 1,
+    } if job == "nccl" else {
+        "OMPI_COMM_WORLD_RANK": r, "OMPI_COMM_WORLD_LOCAL_RANK": local, "OMPI_COMM_WORLD_SIZE": world,
+        "HOSTNAME": host, "NSYS_RECIPE_PACK_SYNTHETIC": 1,
     }
     utc = pd.Timestamp(session_utc, unit="ns").strftime("%Y-%m-%dT%H:%M:%S")
     return {
@@ -534,7 +604,8 @@ def _write_parquetdir(path: Path, tables: dict[str, pa.Table]) -> None:
 
 def _strings() -> dict:
     names = ["step", *CHILDREN, *FWD_KERNELS, *BWD_KERNELS, NCCL_SHORT, NCCL_FULL, LAUNCH_API, MAIN_THREAD_NAME,
-             *GRAPH_KERNELS, OVERLAP_KERNEL, *EXTRA_APIS, NCCL_MANGLED, WORKER_THREAD_NAME]
+             *GRAPH_KERNELS, OVERLAP_KERNEL, *EXTRA_APIS, NCCL_MANGLED, WORKER_THREAD_NAME, MPI_KERNEL,
+             MPI_SYNC_API, MPI_CALL]
     return {n: i for i, n in enumerate(dict.fromkeys(names))}
 
 
@@ -572,11 +643,16 @@ def _fresh_dir(out: Path, overwrite: bool) -> Path:
 
 def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str = "parquetdir",
                     stragglers=(), seed: int = 0, gpus_per_node: int = 8, schema: str = "2023.4",
-                    overwrite: bool = False) -> Path:
+                    overwrite: bool = False, job: str = "nccl") -> Path:
     """Write one SYNTHETIC export per rank (`rank{R}.sqlite` or `rank{R}_pqtdir/`) plus truth.json and
-    README.md into output_dir; return it. The folder appears complete or not at all."""
+    README.md into output_dir; return it. The folder appears complete or not at all. `job`: "nccl" (NVTX
+    phases and an NCCL all-reduce per step) or "mpi" (no NVTX: a kernel, a device sync, MPI_Allreduce)."""
     if fmt not in ("sqlite", "parquetdir"):
         raise UsageError(f"--format {fmt}: use sqlite or parquetdir")
+    if job not in JOBS:
+        raise UsageError(f"--job {job}: use {' or '.join(JOBS)}")
+    if job == "mpi" and any(s.cause != "gpu" for s in stragglers):
+        raise UsageError("--job mpi: its ranks only run kernels, so a straggler there needs cause=gpu")
     if ranks < 1 or iterations < 1 or gpus_per_node < 1:
         raise UsageError("--ranks, --iterations and --gpus-per-node must be at least 1")
     shape = schema
@@ -585,7 +661,7 @@ def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str =
     out = Path(output_dir)
     tmp = _fresh_dir(out, overwrite)
     try:
-        truth = _write_all(tmp, ranks, iterations, fmt, stragglers, seed, gpus_per_node, shape, schema)
+        truth = _write_all(tmp, ranks, iterations, fmt, stragglers, seed, gpus_per_node, shape, schema, job)
         (tmp / "truth.json").write_text(json.dumps(truth, indent=1))
         (tmp / "README.md").write_text(_readme(truth))
         if out.exists():
@@ -598,9 +674,9 @@ def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str =
 
 
 def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: list[Straggler], seed: int,
-               gpus_per_node: int, shape: str, schema: dict) -> dict:
+               gpus_per_node: int, shape: str, schema: dict, job: str = "nccl") -> dict:
     rng = np.random.default_rng(seed)
-    tl = _timeline(ranks, iterations, stragglers, rng)
+    tl = (_timeline if job == "nccl" else _mpi_timeline)(ranks, iterations, stragglers, rng)
     # Session starts a few ms apart; a rank whose session started later has smaller local timestamps.
     offsets = np.round(rng.uniform(0, 5 * MS, size=ranks)).astype(np.int64) + np.arange(ranks) * 1_700 * US
     first_step = int(offsets.max()) + FIRST_STEP_NS  # on the common clock: every rank's local times are >= 1 s
@@ -608,8 +684,9 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
     shared = _shared_tables(strings, schema)
     for r in range(ranks):
         shift = first_step - int(offsets[r])
-        frames = _rank_tables(r, tl, iterations, shift, gpus_per_node, strings)
-        frames.update(_rank_info_tables(r, BASE_UTC_NS + int(offsets[r]), ranks, gpus_per_node, strings))
+        frames = (_rank_tables if job == "nccl" else _mpi_rank_tables)(r, tl, iterations, shift, gpus_per_node,
+                                                                       strings)
+        frames.update(_rank_info_tables(r, BASE_UTC_NS + int(offsets[r]), ranks, gpus_per_node, strings, job))
         if shape == "newer":
             frames["TARGET_INFO_CUDA_DEVICE"] = pd.DataFrame({
                 "cudaId": [r % gpus_per_node], "pid": [PID_BASE + r], "uuid": [f"GPU-synthetic-{r}"],
@@ -620,7 +697,8 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
         else:
             _write_parquetdir(tmp / f"rank{r}_pqtdir", tables)
 
-    cells = [{"rank": s.rank, "iteration": i, "cause": s.cause, "acceptable_causes": ACCEPTABLE_CAUSES[s.cause],
+    acceptable = ACCEPTABLE_CAUSES if job == "nccl" else {"gpu": ["gpu_compute"]}
+    cells = [{"rank": s.rank, "iteration": i, "cause": s.cause, "acceptable_causes": acceptable[s.cause],
               "extra_ns": int(tl["extra"][s.rank, i])}
              for s in stragglers for i in range(s.first, s.last + 1)]
     earliest = int(offsets.min())
@@ -628,18 +706,23 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
         "synthetic": True,
         "note": "SYNTHETIC data written by nsys-recipe-pack's generator; not a real profile",
         "generator": "nsys-recipe-pack synth",
-        "ranks": ranks, "iterations": iterations, "format": fmt, "seed": seed, "schema": shape,
+        "job": job, "ranks": ranks, "iterations": iterations, "format": fmt, "seed": seed, "schema": shape,
         "gpus_per_node": gpus_per_node,
-        "iteration_delimiter": "step", "children": CHILDREN,
-        "nvtx_text_id_names": sorted(TEXT_ID_NAMES),
-        "nominal_ms": NOMINAL_MS, "jitter": JITTER, "transfer_ns": int(TRANSFER_MS * MS),
-        "nccl_kernel": NCCL_SHORT,
+        **({"iteration_delimiter": "step", "children": CHILDREN, "nvtx_text_id_names": sorted(TEXT_ID_NAMES),
+            "nominal_ms": NOMINAL_MS, "transfer_ns": int(TRANSFER_MS * MS), "nccl_kernel": NCCL_SHORT}
+           if job == "nccl" else
+           {"iteration_delimiter": MPI_KERNEL, "iteration_kind": "kernel", "children": [],
+            "nominal_ms": {MPI_KERNEL: MPI_KERNEL_MS}, "transfer_ns": MPI_TRANSFER_NS,
+            "sync_points": [MPI_SYNC_API, MPI_CALL]}),
+        "jitter": JITTER,
         "stragglers": [asdict(s) for s in stragglers],
         "cells": cells,
         "session_start_utc_ns": [BASE_UTC_NS + int(o) for o in offsets],
         "session_offsets_ns": offsets.tolist(),
-        # the NCCL kernel's end in each iteration, ns since the earliest rank's session start
-        "nccl_end_aligned_ns": (tl["release"] + first_step - earliest).tolist(),
+        # when the ranks leave the iteration's collective (the NCCL kernel's end, or MPI_Allreduce's), ns since
+        # the earliest rank's session start
+        ("nccl_end_aligned_ns" if job == "nccl" else "release_aligned_ns"):
+            (tl["release"] + first_step - earliest).tolist(),
     }
 
 
@@ -652,21 +735,26 @@ def _readme(truth: dict) -> str:
         "`SYNTHETIC` row in `META_DATA_EXPORT`.\n\n"
         f"- {truth['ranks']} ranks x {truth['iterations']} iterations, seed {truth['seed']}, "
         f"{truth['gpus_per_node']} GPUs per node.\n"
-        "- Iterations: NVTX range `step` with children " + ", ".join(f"`{c}`" for c in CHILDREN) + ". "
-        "The names " + ", ".join(f"`{n}`" for n in truth["nvtx_text_id_names"]) + " are stored through "
-        "`textId` (StringIds), the others in `text`.\n"
-        "- The injected stragglers and every affected (rank, iteration) cell are in `truth.json`.\n")
+        + ("- Iterations: NVTX range `step` with children " + ", ".join(f"`{c}`" for c in CHILDREN) + ". "
+           "The names " + ", ".join(f"`{n}`" for n in truth["nvtx_text_id_names"]) + " are stored through "
+           "`textId` (StringIds), the others in `text`.\n" if truth["job"] == "nccl" else
+           f"- An MPI job without NVTX: each iteration launches `{MPI_KERNEL}`, waits for it in "
+           f"`{MPI_SYNC_API}` and meets the other ranks in `{MPI_CALL}` (`MPI_OTHER_EVENTS`).\n")
+        + "- The injected stragglers and every affected (rank, iteration) cell are in `truth.json`.\n")
 
 
 # ---------------------------------------------------------------------------------------------------------
 # command line
 
 def add_arguments(parser) -> None:
+    parser.add_argument("--job", choices=JOBS, default="nccl",
+                        help="nccl: NVTX phases and an NCCL all-reduce per step; mpi: no NVTX, a kernel, a device "
+                             "sync and MPI_Allreduce per iteration")
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--format", choices=["sqlite", "parquetdir"], default="parquetdir")
     parser.add_argument("--straggler", action="append", default=[], metavar="SPEC",
-                        help="rank=R,iterations=A-B,cause=dataloader|compute,slowdown=X (repeatable; "
+                        help="rank=R,iterations=A-B,cause=dataloader|compute|gpu,slowdown=X (repeatable; "
                              "iterations=all for a rank slow throughout)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gpus-per-node", type=int, default=8)
@@ -683,7 +771,7 @@ def main(args) -> int:
         raise UsageError(str(exc)) from None
     out = write_synthetic(args.output, args.ranks, args.iterations, args.format, stragglers, args.seed,
                           args.gpus_per_node, getattr(args, "schema", "2023.4"),
-                          overwrite=getattr(args, "force_overwrite", False))
+                          overwrite=getattr(args, "force_overwrite", False), job=getattr(args, "job", "nccl"))
     print(f"wrote SYNTHETIC exports ({args.ranks} ranks x {args.iterations} iterations, {args.format}) to {out} "
           f"(injected cells in {out / 'truth.json'})")
     return 0

@@ -53,6 +53,13 @@ def _pace_args(add, framework: bool = False) -> None:
     _iteration_args(add)
 
 
+def _proj_args(add, framework: bool = False) -> None:
+    add("--attribution", choices=proj.ATTRIBUTIONS, default="process",
+        help="process (default): GPU work launched by a thread with no NVTX range open counts for the ranges open "
+             "on the other threads of its process (PyTorch's autograd thread); thread: the launching thread "
+             "only, as Nsight Systems' nvtx_gpu_proj_trace")
+
+
 def _no_args(add, framework: bool = False) -> None:
     return None
 
@@ -110,7 +117,7 @@ RECIPES = {
         needs=frozenset(proj.NEEDS),
         map_rank=proj.map_rank,
         reduce=proj.reduce,
-        add_arguments=_no_args,
+        add_arguments=_proj_args,
         per_iteration=False,
     ),
 }
@@ -119,7 +126,7 @@ OPTION_NAMES = {
     "kernel_pace": ["kernel", "iteration", "iteration_kernel"],
     "compute_memory_share": [],
     "sync_summary": [],
-    "nvtx_gpu_proj": [],
+    "nvtx_gpu_proj": ["attribution"],
 }
 
 

@@ -2,8 +2,13 @@
 
 A GPU op (kernel, memcpy, memset) belongs to a range when the CUDA runtime call that launched it (joined
 on correlationId and process) lies inside the range on the same thread; it then belongs to every
-enclosing range too. A range's projection spans its ops' first start to last end; `gpu_busy_ns` is the
-union of its ops, so kernels overlapping on two streams are not counted twice.
+enclosing range too. By default (`--attribution process`) an op launched by a thread that has no NVTX
+range open at the launch belongs to the ranges open on the other threads of its process then: PyTorch
+launches backward kernels from its autograd thread, data loaders copy from pin-memory threads, and
+without this `backward` would show almost no GPU time. `--attribution thread` keeps the launching
+thread only, as Nsight Systems' `nvtx_gpu_proj_trace` does. A range's projection spans its ops' first
+start to last end; `gpu_busy_ns` is the union of its ops, so kernels overlapping on two streams are not
+counted twice.
 """
 
 from __future__ import annotations
@@ -11,17 +16,37 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import call_key, gpu_frames, gpu_intervals
+from ..gpu import launched_ops
 from ..intervals import union_lengths
 from ..iterations import closed_range_mask
 from ..loader import Frame, arrow_of, dictionary_column, ranked_tables
 from ..nvtx import innermost_of, parents_of, stack_levels_of
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
+ATTRIBUTIONS = ("process", "thread")
 # the per-range table's columns and their pandas dtypes (nullable where a range may have no parent or no GPU op)
 RANGE_DTYPES = {"name": "object", "domain": "object", "pid": "int64", "tid": "int64", "range_id": "int64",
                 "parent_id": "Int64", "stack_level": "int64", "cpu_start_ns": "int64", "cpu_end_ns": "int64",
                 "gpu_start_ns": "Int64", "gpu_end_ns": "Int64", "gpu_busy_ns": "Int64", "gpu_ops": "int64"}
+
+
+def launch_ranges(r_tid, r_pid, r_start, r_end, tid, pid, call_start, call_end, attribution: str = "process"):
+    """(launch, range) pairs: the innermost range around each launching call on its own thread; with
+    attribution "process", for a call that no range of its own thread encloses, the innermost range
+    enclosing it on each other thread of its process. Positions into the given arrays."""
+    pos = innermost_of(r_tid, r_start, r_end, tid, call_start, call_end)
+    launch = [np.flatnonzero(pos >= 0)]
+    rng = [pos[launch[0]]]
+    if attribution == "process":
+        orphan = np.flatnonzero(pos < 0)
+        threads, first = np.unique(r_tid, return_index=True)
+        for thread, thread_pid in zip(threads, np.asarray(r_pid)[first], strict=True):  # threads with ranges: few
+            q = orphan[(pid[orphan] == thread_pid) & (tid[orphan] != thread)]
+            if len(q):
+                hit = innermost_of(r_tid, r_start, r_end, np.full(len(q), thread), call_start[q], call_end[q])
+                launch.append(q[hit >= 0])
+                rng.append(hit[hit >= 0])
+    return np.concatenate(launch), np.concatenate(rng)
 
 
 def map_rank(rd, options: dict) -> dict:
@@ -31,32 +56,30 @@ def map_rank(rd, options: dict) -> dict:
     start_all, end_all = nv.values("start_ns"), nv.values("end_ns")
     closed = np.flatnonzero(closed_range_mask(nv))
     r = closed[np.lexsort((-end_all[closed], start_all[closed]))]  # by start, longer first; stable
-    start, end, tid = start_all[r], end_all[r], nv.values("tid")[r]
+    start, end, tid, pid = start_all[r], end_all[r], nv.values("tid")[r], nv.values("pid")[r]
     n = len(r)
     levels = stack_levels_of(tid, start, end)
     parent = parents_of(tid, start, levels)
-    op_start, op_end = gpu_intervals(rd)
-    frames = gpu_frames(rd)
-    op_key = np.concatenate([call_key(f) for f in frames]) if frames else np.zeros(0, np.int64)
-    rt = rd.frame("runtime")
-    op, call = _launches(op_key, call_key(rt))
-    op_start, op_end = op_start[op], op_end[op]
-    pos = innermost_of(tid, start, end, rt.values("tid")[call], rt.values("start_ns")[call], rt.values("end_ns")[call])
+    ops = launched_ops(rd)
+    op_of, pos = launch_ranges(tid, pid, start, end, ops.tid, ops.pid, ops.call_start_ns, ops.call_end_ns,
+                               options.get("attribution") or "process")
     # every (op, enclosing range) pair: walk up the parent chain, one vectorised step per nesting level
     op_idx, rng_idx = [], []
     cur = pos.copy()
-    ids = np.arange(len(op))
     while True:
         live = cur >= 0
         if not live.any():
             break
-        op_idx.append(ids[live])
+        op_idx.append(op_of[live])
         rng_idx.append(cur[live])
         cur = np.where(live, parent[np.maximum(cur, 0)] if n else -1, -1)
+    op_start, op_end = ops.start_ns, ops.end_ns
     gpu_start, gpu_end, busy = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
     count = np.zeros(n, np.int64)
     if op_idx:
         oi, ri = np.concatenate(op_idx), np.concatenate(rng_idx)
+        pairs = np.unique(ri * len(op_start) + oi)  # once per (range, op), also for an op with several paths
+        ri, oi = np.divmod(pairs, max(len(op_start), 1))
         s, e = op_start[oi], op_end[oi]
         order = np.argsort(ri, kind="stable")
         ri_sorted = ri[order]
@@ -78,19 +101,7 @@ def map_rank(rd, options: dict) -> dict:
         arrow_of(count),
     ], names=["name", "domain", "pid", "tid", "range_id", "parent_id", "stack_level", "cpu_start_ns", "cpu_end_ns",
               "gpu_start_ns", "gpu_end_ns", "gpu_busy_ns", "gpu_ops"])
-    return {"ranges": ranges, "unlinked_ops": int(len(op_key) - len(op))}
-
-
-def _launches(op_key: np.ndarray, call_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(op, call) index pairs of each GPU op and the runtime call(s) with its key, in op order (ops without
-    a call dropped; a key held by several calls pairs the op with each, in call order)."""
-    by_key = np.argsort(call_keys, kind="stable")
-    sorted_keys = call_keys[by_key]
-    lo = np.searchsorted(sorted_keys, op_key, side="left")
-    hits = np.searchsorted(sorted_keys, op_key, side="right") - lo
-    op = np.repeat(np.arange(len(op_key)), hits)
-    within = np.arange(len(op)) - np.repeat(np.cumsum(hits) - hits, hits)
-    return op, by_key[np.repeat(lo, hits) + within]
+    return {"ranges": ranges, "unlinked_ops": ops.unlinked}
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
@@ -105,4 +116,5 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     summary["launch_ratio"] = np.where(busy > 0, summary["cpu_total_ns"] / busy.where(busy > 0, 1), np.nan)
     summary = summary.sort_values(["rank", "gpu_busy_total_ns"], ascending=[True, False]).reset_index(drop=True)
     return {"ranges": ranges, "summary": summary,
-            "settings": {"unlinked_gpu_ops": int(sum(r["unlinked_ops"] for r in per_rank))}}
+            "settings": {"unlinked_gpu_ops": int(sum(r["unlinked_ops"] for r in per_rank)),
+                         "attribution": options.get("attribution") or "process"}}

@@ -1,11 +1,17 @@
 """Straggler heatmap: which rank makes the others wait, in which iterations, and why.
 
-A straggler arrives last at the iteration's collective, so it *waits least*; the ranks that wait for
-it are victims. So the measure is busy time (iteration duration minus time spent in collectives and
-sync points), compared with the other ranks' busy time in the same iteration. A cell is flagged when
-the excess is large relative to the iteration (`threshold`) and relative to the noise, estimated
-robustly over the whole run, either for busy time as a whole or for one component (an NVTX child
-range, GPU compute, memcpy, host sync) that accounts for at least half of the excess (`sigma`).
+A straggler arrives last at the iteration's sync point, so it *waits least*; the ranks that wait for
+it are victims. So the measure is busy time: the iteration's duration minus the time spent waiting in
+collectives and sync points, compared with the other ranks' busy time in the same iteration. A rank is
+ready at a sync point only once its own work is done on the host *and* on the GPU: a host-side
+collective or sync call counts as waiting only from when the GPU work the rank launched before it had
+finished (a rank whose GPU is behind spends the start of the collective waiting for itself), and a
+collective kernel (NCCL) counts as waiting from its start, which stream order puts after the rank's own
+work. So a rank whose GPU work makes the others wait is the one whose busy time grows, whether the delay
+is on its host or its GPU. A cell is flagged when the excess is large relative to the iteration
+(`threshold`) and relative to the noise, estimated robustly over the whole run, either for busy time as
+a whole or for one component (an NVTX child range's host time, the GPU time of the work it launched,
+GPU compute, memcpy, host sync) that accounts for at least half of the excess (`sigma`).
 """
 
 from __future__ import annotations
@@ -13,27 +19,28 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import gpu_intervals
+from ..gpu import gpu_intervals, launched_ops
 from ..intervals import outermost, split_into_windows, union_lengths
 from ..iterations import (
     DEFAULT_SYNC_RE,
-    NCCL_KERNEL_RE,
+    SYNC_SOURCES,
+    SyncPoints,
     find_iterations,
-    matching,
     range_arrays,
-    sync_intervals,
+    sync_points,
 )
 from ..lazy import pd
 from ..loader import Frame, arrow_of, dictionary_column, sorted_place
+from ..nvtx import innermost_of
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "mpi"}
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_SIGMA = 4.0
 MAD_TO_SIGMA = 1.4826
 Q90_TO_SIGMA = 1.645  # the 90th percentile of |N(0, 1)|
-SYNC_API_RE = r"Synchronize|cudaStreamWaitEvent"
 EXPLAINS = 0.5  # a component must account for this share of the excess to flag on its own noise
 COMPONENT_BUSY_SIGMA = 0.75  # ... and then the busy excess needs only this fraction of sigma
+GPU_COMPONENTS = ("gpu_compute", "memcpy")  # GPU work launched outside every child range
 
 
 def _windowed_union(win_start, win_end, starts, ends, n) -> np.ndarray:
@@ -45,67 +52,105 @@ def _windowed_union(win_start, win_end, starts, ends, n) -> np.ndarray:
     return out
 
 
+def ready_times(points: SyncPoints, launch_ns: np.ndarray, done_ns: np.ndarray) -> np.ndarray:
+    """When the rank was ready in each sync point: for a host-side one, once the GPU work launched before
+    it (launch_ns, done_ns: each op's launching call and its end on the GPU) had finished, within the
+    interval; for a collective kernel, its start."""
+    ready = points.start_ns.copy()
+    host = np.flatnonzero(~points.on_gpu)
+    if len(host) and len(launch_ns):
+        order = np.argsort(launch_ns, kind="stable")
+        done = np.maximum.accumulate(done_ns[order])
+        at = np.searchsorted(launch_ns[order], points.start_ns[host], side="left") - 1
+        finished = np.where(at >= 0, done[np.maximum(at, 0)], points.start_ns[host])
+        ready[host] = np.clip(finished, points.start_ns[host], points.end_ns[host])
+    return ready
+
+
 def map_rank(rd, options: dict) -> dict:
     """Per-iteration busy/wait/GPU time and per-component times for one rank. No cross-rank logic."""
     ranges = range_arrays(rd.frame("nvtx"))
     it = find_iterations(rd, options.get("iteration"), options.get("iteration_kernel"), ranges)
     ws, we = it.start_ns, it.end_ns
     n = len(ws)
-    sync_start, sync_end = sync_intervals(rd, ranges, options.get("sync"))
-    wait = _windowed_union(ws, we, sync_start, sync_end, n)
+    points = sync_points(rd, ranges, options.get("sync"))
+    ops = launched_ops(rd) if rd.has_cuda else None
+    own = np.zeros(0, np.int64) if ops is None else np.flatnonzero(~ops.collective)  # not waiting for peers
+    ready = ready_times(points, ops.call_start_ns[own], ops.end_ns[own]) if ops is not None else points.start_ns
+    wait = _windowed_union(ws, we, ready, points.end_ns, n)
 
-    # arrival: the start of the last collective that begins inside the iteration
+    # arrival: when the rank was ready at the last sync point where ranks meet that begins inside the
+    # iteration (a CUDA sync only when the report shows no collective at all)
+    meet = np.flatnonzero(points.peer) if points.peer.any() else np.arange(len(ready))
     arrival = np.full(n, -1, np.int64)
-    if len(sync_start):
-        s = np.sort(sync_start)
-        idx = np.searchsorted(s, we, side="left") - 1
+    if len(meet):
+        idx = np.searchsorted(points.start_ns[meet], we, side="left") - 1
         ok = idx >= 0
-        ok[ok] = s[idx[ok]] >= ws[ok]
-        arrival[ok] = s[idx[ok]]
+        ok[ok] = points.start_ns[meet][idx[ok]] >= ws[ok]
+        arrival[ok] = ready[meet][idx[ok]]
+    inside = np.searchsorted(ws, points.start_ns, side="right") - 1
+    inside = (inside >= 0) & (points.start_ns < we[np.maximum(inside, 0)]) if n else np.zeros(len(ready), bool)
+    used = np.bincount(points.source[inside], minlength=len(SYNC_SOURCES))
 
-    components = []  # (component, ns per iteration)
-    gpu_busy = None
-    if rd.has_cuda:
-        op_start, op_end = gpu_intervals(rd)
-        gpu_busy = _windowed_union(ws, we, op_start, op_end, n) if len(op_start) else np.zeros(n, np.int64)
-        for table, component, pattern, keep_matches in [("kernels", "gpu_compute", NCCL_KERNEL_RE, False),
-                                                        ("memcpy", "memcpy", None, True),
-                                                        ("runtime", "sync", SYNC_API_RE, True)]:
-            f = rd.frame(table)
-            if f is None or not len(f):
-                continue
-            sel = np.ones(len(f), bool)
-            if pattern is not None:
-                codes, words = f.codes("name")
-                sel = matching(words, pattern)[codes] == keep_matches
-            components.append((component, _windowed_union(ws, we, f.values("start_ns")[sel], f.values("end_ns")[sel], n)))
-
-    child = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))  # iteration, name code, ns
+    # the rank's child ranges: the outermost ranges inside each iteration on the delimiter's thread
+    child_start = child_end = child_name = child_it = np.zeros(0, np.int64)
     if it.delimiter.kind == "nvtx":
         on = np.flatnonzero(ranges.tid == it.tid)
         start, end, name = ranges.start_ns[on], ranges.end_ns[on], ranges.name[on]
-        # ranges strictly inside an iteration (not the iteration range itself)
         idx = np.searchsorted(ws, start, side="right") - 1
         ok = idx >= 0
-        inside = np.zeros(len(on), bool)
-        inside[ok] = end[ok] <= we[idx[ok]]
+        within = np.zeros(len(on), bool)
+        within[ok] = end[ok] <= we[idx[ok]]
         is_delim = np.isin(start, ws) & (ranges.names[name] == it.delimiter.name)
-        kid = np.flatnonzero(inside & ~is_delim)
+        kid = np.flatnonzero(within & ~is_delim)
         if len(kid):
             top = kid[outermost(idx[kid], start[kid], end[kid])]
-            child = _child_sums(idx[top], name[top], end[top] - start[top], ranges.names)
-            cov = _windowed_union(ws, we, np.concatenate([start[top], sync_start]),
-                                  np.concatenate([end[top], sync_end]), n)
-            components.append(("host_gap", (we - ws) - cov))
+            top = top[np.argsort(start[top], kind="stable")]
+            child_start, child_end, child_name, child_it = start[top], end[top], name[top], idx[top]
+
+    components = []  # (component, ns per iteration, on the GPU)
+    gpu_busy = None
+    launched_in = (np.zeros(0, np.int64),) * 3  # iteration, name code, GPU ns of the work each child launched
+    if rd.has_cuda:
+        op_start, op_end = gpu_intervals(rd)
+        gpu_busy = _windowed_union(ws, we, op_start, op_end, n) if len(op_start) else np.zeros(n, np.int64)
+        covered = np.zeros(len(op_start), bool)
+        if len(child_start) and len(own):
+            child, op = _launching_child(rd, ranges, it.tid, ops, own, child_start, child_end)
+            covered[ops.op[op]] = True
+            launched_in = _union_sums(child_it[child], child_name[child], ops.start_ns[op], ops.end_ns[op],
+                                      ranges.names)
+        kernels = rd.frame("kernels")
+        n_kernels = 0 if kernels is None else len(kernels)
+        memcpy = rd.frame("memcpy")
+        n_memcpy = 0 if memcpy is None else len(memcpy)
+        position = np.arange(len(op_start))
+        collective = np.zeros(len(op_start), bool)
+        if ops is not None and len(ops.op):
+            collective[ops.op] = ops.collective
+        for component, sel in [("gpu_compute", (position < n_kernels) & ~collective),
+                               ("memcpy", (position >= n_kernels) & (position < n_kernels + n_memcpy))]:
+            sel &= ~covered
+            if sel.any():
+                components.append((component, _windowed_union(ws, we, op_start[sel], op_end[sel], n), 1))
+
+    child = (np.zeros(0, np.int64),) * 3  # iteration, name code, host ns of each child range name
+    if len(child_start):
+        child = _child_sums(child_it, child_name, child_end - child_start, ranges.names)
+        cov = _windowed_union(ws, we, np.concatenate([child_start, points.start_ns]),
+                              np.concatenate([child_end, points.end_ns]), n)
+        components.append(("host_gap", (we - ws) - cov, 0))
 
     # components as codes into the range names followed by the fixed component names
-    words = [*ranges.names[:-1], *(c for c, _ in components)]
+    words = [*ranges.names[:-1], *(c for c, _, _ in components)]
     first_fixed = len(ranges.names) - 1
     comps = pa.Table.from_arrays([
-        arrow_of(np.concatenate([child[0], *[np.arange(n, dtype=np.int64) for _ in components]])),
-        dictionary_column(np.concatenate([child[1], *[np.full(n, first_fixed + i) for i in range(len(components))]]),
-                          words),
-        arrow_of(np.concatenate([child[2], *[v for _, v in components]]).astype(np.int64)),
+        arrow_of(np.concatenate([child[0], launched_in[0], *[np.arange(n, dtype=np.int64) for _ in components]])),
+        dictionary_column(np.concatenate([child[1], launched_in[1],
+                                          *[np.full(n, first_fixed + i) for i in range(len(components))]]), words),
+        arrow_of(np.concatenate([child[2], launched_in[2], *[v for _, v, _ in components]]).astype(np.int64)),
+        arrow_of(np.concatenate([np.zeros(len(child[0]), np.int64), np.ones(len(launched_in[0]), np.int64),
+                                 *[np.full(n, g, np.int64) for _, _, g in components]])),
     ], names=list(COMPONENT_DTYPES))
     no_gpu = np.zeros(n, bool) if gpu_busy is None else None
     iters = pa.Table.from_arrays([
@@ -113,12 +158,42 @@ def map_rank(rd, options: dict) -> dict:
         arrow_of((we - ws) - wait), arrow_of(np.zeros(n, np.int64) if gpu_busy is None else gpu_busy, valid=no_gpu),
         arrow_of(np.where(arrival >= 0, arrival, 0), valid=arrival >= 0),
     ], names=list(ITERATION_DTYPES))
-    return {"iterations": iters, "components": comps, "delimiter": it.delimiter.as_dict()}
+    return {"iterations": iters, "components": comps, "delimiter": it.delimiter.as_dict(),
+            "sync_points": used.tolist()}
+
+
+def _launching_child(rd, ranges, tid: int, ops, own: np.ndarray, child_start: np.ndarray, child_end: np.ndarray):
+    """(child, op) pairs: the child range (sorted by start, not overlapping) whose time holds the call that
+    launched each op, for ops launched by the delimiter's thread, or by another thread of its process
+    that had no NVTX range of its own open then (PyTorch's autograd thread)."""
+    launch_tid, launch_pid = ops.tid[own], ops.pid[own]
+    delimiter_pid = launch_pid[launch_tid == tid]
+    pid = int(delimiter_pid[0]) if len(delimiter_pid) else (rd.pid if rd.pid is not None else -1)
+    other = np.flatnonzero((launch_tid != tid) & (launch_pid == pid))
+    bare = np.zeros(len(own), bool)
+    bare[other] = innermost_of(ranges.tid, ranges.start_ns, ranges.end_ns, launch_tid[other],
+                               ops.call_start_ns[own][other], ops.call_end_ns[own][other]) < 0
+    take = own[(launch_tid == tid) | bare]
+    at = np.searchsorted(child_start, ops.call_start_ns[take], side="right") - 1
+    ok = at >= 0
+    ok[ok] = ops.call_start_ns[take][ok] < child_end[at[ok]]
+    return at[ok], take[ok]
+
+
+def _union_sums(iteration: np.ndarray, name: np.ndarray, start: np.ndarray, end: np.ndarray, names: np.ndarray):
+    """(iteration, name code, ns): the union of the intervals per iteration and range name."""
+    named = name >= 0
+    iteration, name, start, end = iteration[named], name[named], start[named], end[named]
+    if not len(iteration):
+        return (np.zeros(0, np.int64),) * 3
+    width = max(len(names) - 1, 1)
+    groups, lengths = union_lengths(iteration * width + name, start, end)
+    return groups // width, groups % width, lengths.astype(np.int64)
 
 
 ITERATION_DTYPES = {"iteration": "int64", "start_ns": "int64", "end_ns": "int64", "duration_ns": "int64",
                     "wait_ns": "int64", "busy_ns": "int64", "gpu_busy_ns": "Int64", "arrival_ns": "Int64"}
-COMPONENT_DTYPES = {"iteration": "int64", "component": "str", "ns": "int64"}
+COMPONENT_DTYPES = {"iteration": "int64", "component": "str", "ns": "int64", "on_gpu": "int64"}
 
 
 def _child_sums(iteration: np.ndarray, name: np.ndarray, ns: np.ndarray, names: np.ndarray):
@@ -156,19 +231,23 @@ DENSE_CELLS = 1 << 22  # up to this many cells x components (32 MB of float64), 
 
 
 def _component_causes(cell_iteration: np.ndarray, comp_cell: np.ndarray, comps: Frame, sync_names: set,
-                      cell_excess: np.ndarray, typical: float, sigma: float) -> tuple[np.ndarray, np.ndarray]:
+                      cell_excess: np.ndarray, typical: float, sigma: float) -> tuple[np.ndarray, ...]:
     """For each cell (rank, iteration): whether one component accounts for its excess and stands out of
-    that component's own noise, and the component furthest above its cross-rank median (None if none is).
+    that component's own noise, the component furthest above its cross-rank median (None if none is), and
+    whether that is host time or GPU time ("host", "gpu").
 
     Over a cell x component table, 0 where a cell lacks a component. With torch's emit_nvtx every op's
     range name carries its sequence number, so a report can have tens of thousands of child range names
     and that table would not fit in memory: then only the components each cell has are held.
     """
     codes, words = comps.codes("component")
+    codes = codes * 2 + comps.values("on_gpu")  # a range's host time and the GPU time of its work apart
+    words, gpu_side = np.repeat(words, 2), np.tile([False, True], len(words))
     present = np.unique(codes)
     present = present[np.argsort(words[present], kind="stable")]  # columns in name order, as a pivot table's
     kept = np.array([not (DEFAULT_SYNC_RE.search(str(w)) or w in sync_names) for w in words[present]], bool)
     names = np.asarray(words[present][kept], dtype=object)
+    on_gpu = gpu_side[present][kept]
     column = np.full(len(words), -1)
     column[present[kept]] = np.arange(len(names))
     take = column[codes] >= 0
@@ -196,9 +275,11 @@ def _component_causes(cell_iteration: np.ndarray, comp_cell: np.ndarray, comps: 
     first_col = np.full(n_cells, len(names))
     np.minimum.at(first_col, cell[at_top], col[at_top])
     cause = np.full(n_cells, None, dtype=object)
+    cause_side = np.full(n_cells, None, dtype=object)
     has = first_col < len(names)
     cause[has] = names[first_col[has]]
-    return noise_ok, cause
+    cause_side[has] = np.where(on_gpu[first_col[has]], "gpu", "host")
+    return noise_ok, cause, cause_side
 
 
 def _sparse_component_excess(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.ndarray, n_names: int):
@@ -299,12 +380,14 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
 
     key = ["rank", "iteration"]
     if len(comps):
-        noise_ok, cause = _component_causes(iters["iteration"].to_numpy(), comp_cell, comps, sync_names,
-                                            iters["excess_ns"].to_numpy(dtype=float), typical, sigma)
+        noise_ok, cause, cause_side = _component_causes(iters["iteration"].to_numpy(), comp_cell, comps,
+                                                        sync_names, iters["excess_ns"].to_numpy(dtype=float),
+                                                        typical, sigma)
     else:
         noise_ok = np.zeros(len(iters), bool)
-        cause = np.full(len(iters), None, dtype=object)
+        cause = cause_side = np.full(len(iters), None, dtype=object)
     iters["cause"] = pd.Series(cause, index=iters.index, dtype=object)
+    iters["cause_side"] = pd.Series(cause_side, index=iters.index, dtype=object)
     iters["noise_z"] = z_busy.astype("float64")
     med_duration = iters.groupby("iteration")["duration_ns"].transform("median")
     iters["is_straggler"] = (iters["excess_ns"] > threshold * med_duration) & (
@@ -313,7 +396,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     iters.loc[n_ranks < 2, "is_straggler"] = False
 
     cols = ["rank", "iteration", "start_ns", "start_aligned_ns", "duration_ns", "wait_ns", "busy_ns",
-            "gpu_busy_ns", "arrival_skew_ns", "score", "is_straggler", "cause", "excess_ns", "noise_z"]
+            "gpu_busy_ns", "arrival_skew_ns", "score", "is_straggler", "cause", "cause_side", "excess_ns", "noise_z"]
     iterations = iters[cols].sort_values(key, kind="mergesort").reset_index(drop=True)
     for c in ["rank", "iteration", "start_ns", "start_aligned_ns", "duration_ns", "wait_ns", "busy_ns",
               "excess_ns"]:
@@ -333,8 +416,49 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     ranks["top_cause"] = flagged["cause"].agg(lambda s: s.value_counts().index[0] if s.notna().any() else None)
     ranks["excess_total_ns"] = flagged["excess_ns"].sum().reindex(ranks.index).fillna(0).astype("int64")
     ranks["top_cause"] = ranks["top_cause"].astype(object).where(ranks["top_cause"].notna(), None)
+    of_top = stragglers[stragglers["cause"].to_numpy() == stragglers["rank"].map(ranks["top_cause"]).to_numpy()]
+    side = of_top.groupby("rank")["cause_side"].agg(lambda s: s.value_counts().index[0])
+    ranks["top_cause_side"] = side.reindex(ranks.index).astype(object).where(lambda s: s.notna(), None)
     ranks = ranks.reset_index().sort_values(
         ["straggler_iterations", "excess_total_ns", "median_score"], ascending=False, kind="mergesort"
     ).reset_index(drop=True)
-    settings = {"threshold": threshold, "sigma": sigma, "busy_noise_ns": busy_scale}
+    used = np.sum([r.get("sync_points", [0] * len(SYNC_SOURCES)) for r in per_rank], axis=0)
+    settings = {"threshold": threshold, "sigma": sigma, "busy_noise_ns": busy_scale,
+                "sync_points": {name: int(c) for name, c in zip(SYNC_SOURCES, used, strict=True) if c}}
     return {"iterations": iterations, "ranks": ranks, "stragglers": stragglers, "settings": settings}
+
+
+FIXED_CAUSES = {"gpu_compute": "GPU compute (kernels not launched inside an NVTX phase)",
+                "memcpy": "copies (not launched inside an NVTX phase)",
+                "host_gap": "host time outside every NVTX phase"}
+
+
+def spans(values) -> str:
+    """Sorted whole numbers as runs: 3, 5–7, 15–24."""
+    v = np.unique(np.asarray(values, np.int64))
+    if not len(v):
+        return ""
+    cut = np.flatnonzero(np.diff(v) != 1) + 1
+    runs = [(int(r[0]), int(r[-1])) for r in np.split(v, cut)]
+    text = [f"{a}" if a == b else f"{a}–{b}" for a, b in runs[:8]]
+    return ", ".join(text) + (", …" if len(runs) > 8 else "")
+
+
+def verdicts(ranks: pd.DataFrame, stragglers: pd.DataFrame, top: int = 5) -> list[str]:
+    """One sentence per straggling rank (the most flagged first): where it holds the others back, by how
+    much, and in what. Names are as recorded: escape them where they are shown."""
+    lines = []
+    for r in ranks[ranks["straggler_iterations"] > 0].head(top).itertuples():
+        cells = stragglers[stragglers["rank"] == r.rank]
+        cause, side = r.top_cause, getattr(r, "top_cause_side", None)
+        if cause is None:
+            what = "busy time"
+        elif cause in FIXED_CAUSES:
+            what = FIXED_CAUSES[cause]
+        else:
+            what = f"{'GPU work launched in' if side == 'gpu' else 'host time in'} {cause}"
+        n = len(cells)
+        lines.append(f"rank {r.rank} holds the others back in {n} iteration{'s' if n != 1 else ''} "
+                     f"({spans(cells['iteration'])}): +{np.median(cells['excess_ns']) / 1e6:,.1f} ms per iteration "
+                     f"(median), {what}")
+    return lines

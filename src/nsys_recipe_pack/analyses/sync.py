@@ -239,12 +239,13 @@ def _findings(c: dict, wall_ns: int) -> list[tuple]:
     if idle.any():
         at = np.flatnonzero(idle)
         worst = at[np.argmax(idle_ns[at])]
-        rng = c["range_words"][c["range"][worst]] if c["range"][worst] >= 0 else None
+        where = (f"in {c['range_words'][c['range'][worst]]!r}" if c["range"][worst] >= 0
+                 else "outside every NVTX range")
         rows.append(("high" if idle_ns[idle].sum() > 0.01 * w else "low",
                      "sync that leaves the GPU idle", SUGGESTIONS["idle_sync"],
                      f"{int(idle.sum())} syncs of at least {IDLE_SYNC_NS / 1e6:g} ms with the GPU idle for most of "
                      f"them, {idle_ns[idle].sum() / 1e6:.2f} ms idle in all; worst: {c['api_words'][c['api'][worst]]} "
-                     f"at {int(c['start'][worst])} ns in {rng!r}, "
+                     f"at {int(c['start'][worst])} ns {where}, "
                      f"{idle_ns[worst] / 1e6:.2f} of {dur[worst] / 1e6:.2f} ms idle"))
     return rows
 

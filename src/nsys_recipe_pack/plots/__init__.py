@@ -36,8 +36,8 @@ def note(text: str) -> None:
 
 
 def table(df, index: bool = False):
-    """A DataFrame as an HTML table whose cells and labels are text, never markup; missing values as "—"."""
-    styler = (df.style.format(escape="html", na_rep="—").format_index(escape="html", axis=0)
+    """A DataFrame as an HTML table whose cells and labels are text, never markup; floats to 3 decimals, missing values as "—"."""
+    styler = (df.style.format(escape="html", na_rep="—", precision=3).format_index(escape="html", axis=0)
               .format_index(escape="html", axis=1))
     return styler if index else styler.hide(axis="index")
 

@@ -15,11 +15,21 @@ def _ms(ns):
     return np.asarray(ns, dtype="float64") / 1e6
 
 
+def cause_labels(cause: pd.Series, side: pd.Series | None) -> pd.Series:
+    """A cell's cause as shown: a child range's GPU work marked apart from its host time; "—" for none."""
+    label = cause.astype(object).where(cause.notna(), "—").astype(str)
+    if side is not None:
+        on_gpu = (side == "gpu").fillna(False).astype(bool) & ~cause.isin(["gpu_compute", "memcpy"])
+        label = label.where(~on_gpu, label + " (GPU work)")
+    return label
+
+
 def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
     """Score per (rank, iteration); above `max_rows` ranks, ranks are binned keeping each bin's worst cell."""
     ranks = np.sort(it["rank"].unique())
     binned = len(ranks) > max_rows
     df = it.copy()
+    df["cause"] = plotly_text(cause_labels(df["cause"], df.get("cause_side")))
     if binned:
         edges = np.array_split(ranks, max_rows)
         label = {r: f"{b[0]}–{b[-1]}" for b in edges for r in b}
@@ -35,7 +45,7 @@ def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
         return df.pivot(index="row", columns="iteration", values=col).reindex(order)[cols].map(fn).to_numpy()
     custom = np.stack([
         grid("rank"), grid("duration_ns", lambda v: v / 1e6), grid("wait_ns", lambda v: v / 1e6),
-        grid("busy_ns", lambda v: v / 1e6), grid("cause", lambda v: plotly_text(v) if isinstance(v, str) else "—"),
+        grid("busy_ns", lambda v: v / 1e6), grid("cause", lambda v: v if isinstance(v, str) else "—"),
         grid("is_straggler", lambda v: "yes" if v is True else "no"),
     ], axis=-1)
     fig = go.Figure(go.Heatmap(
@@ -62,7 +72,7 @@ def straggler_bars(ranks: pd.DataFrame, top: int = 50) -> go.Figure:
     r = ranks[ranks["straggler_iterations"] > 0].head(top)
     fig = go.Figure(go.Bar(
         x=r["rank"].astype(str), y=r["straggler_iterations"], customdata=np.stack(
-            [_ms(r["excess_total_ns"]), r["worst_score"], plotly_text(r["top_cause"].fillna("—"))], axis=-1),
+            [_ms(r["excess_total_ns"]), r["worst_score"], plotly_text(cause_labels(r["top_cause"], r.get("top_cause_side")))], axis=-1),
         hovertemplate=("rank %{x}<br>%{y} straggler iterations<br>excess %{customdata[0]:.1f} ms"
                        "<br>worst score %{customdata[1]:.2f}<br>top cause %{customdata[2]}<extra></extra>"),
     ))
@@ -72,7 +82,7 @@ def straggler_bars(ranks: pd.DataFrame, top: int = 50) -> go.Figure:
 
 
 def causes(stragglers: pd.DataFrame) -> go.Figure:
-    c = stragglers.assign(cause=stragglers["cause"].fillna("unknown")).groupby("cause").agg(
+    c = stragglers.assign(cause=cause_labels(stragglers["cause"], stragglers.get("cause_side"))).groupby("cause").agg(
         cells=("rank", "size"), excess_ms=("excess_ns", lambda s: s.sum() / 1e6)).sort_values("excess_ms")
     fig = go.Figure(go.Bar(x=c["excess_ms"], y=plotly_text(c.index), orientation="h", customdata=c["cells"],
                            hovertemplate="%{y}<br>%{x:.1f} ms excess in %{customdata} cells<extra></extra>"))
