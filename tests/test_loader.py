@@ -21,9 +21,14 @@ NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "sync", "mpi"}
 
 
 def nsys_stats(nsys, report: Path, name: str) -> pd.DataFrame:
-    """`nsys stats` on a private copy (it writes an .sqlite beside the report)."""
+    """`nsys stats` on a copy in a folder of its own: it writes an .sqlite beside the report it reads, which the
+    loader would then read instead of the report."""
+    private = report.parent / "stats" / report.name
+    if not private.exists():
+        private.parent.mkdir(exist_ok=True)
+        shutil.copy2(report, private)
     res = subprocess.run([str(nsys.path), "stats", "-q", "--report", name, "--format", "csv", "--output", "-",
-                          str(report)], capture_output=True, text=True, check=True)
+                          str(private)], capture_output=True, text=True, check=True)
     text = res.stdout[res.stdout.index("Time (%)"):]
     return pd.read_csv(io.StringIO(text))
 

@@ -2,7 +2,9 @@
 
 Every recipe sees the same normalised frames (`RankData`) whatever the input was: a `.nsys-rep` or
 `.qdrep` (exported through nsys to Parquet, cached by the report's name, size, mtime and the nsys
-version), an `nsys export --type sqlite` file, or an `nsys export --type parquetdir` folder.
+version), an `nsys export --type sqlite` file, or an `nsys export --type parquetdir` folder. A report with
+a complete export beside it (`X.sqlite`, `X_pqtdir/`, `X.parquetdir/` next to `X.nsys-rep`) is read from
+that export: no nsys is needed, and a report newer than the nsys found can still be used.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
-from . import nsys_tool
+from . import nsys_tool, versions
 from .errors import BadInputError, MissingTraceError, PackError, UsageError
 from .lazy import pd
 
 REPORT_SUFFIXES = (".nsys-rep", ".qdrep")
+EXPORT_DIR_SUFFIXES = ("_pqtdir", ".parquetdir")
+# the exports looked for beside a report X.nsys-rep, in the order preferred (Parquet reads fastest)
+EXPORTS_BESIDE = (*EXPORT_DIR_SUFFIXES, ".sqlite")
 PID_SHIFT = 24
 PID_MASK = 0xFFFFFF
 
@@ -245,8 +250,10 @@ class RankData:
 
     def __init__(self, file: str, pid: int | None, session_start_ns: int, env: dict | None = None,
                  rank_candidates: dict | None = None, host: str | None = None, local_rank: int | None = None,
-                 has_cuda: bool = False, synthetic: bool = False, unclosed_ranges: int = 0, **tables):
-        self.file = file
+                 has_cuda: bool = False, synthetic: bool = False, unclosed_ranges: int = 0,
+                 read_from: str | None = None, **tables):
+        self.file = file  # the input as the user named it
+        self.read_from = read_from or file  # what was read: the report, or the export beside it
         self.pid = pid
         self.session_start_ns = session_start_ns  # TARGET_INFO_SESSION_START_TIME.utcEpochNs, 0 when absent
         self.env = env or {}
@@ -313,7 +320,7 @@ class RankData:
 def input_kind(path: Path) -> str | None:
     name = path.name
     if path.is_dir():
-        if name.endswith("_pqtdir") or (path / "StringIds.parquet").exists():
+        if name.endswith(EXPORT_DIR_SUFFIXES) or (path / "StringIds.parquet").exists():
             return "parquetdir"
         return None
     if name.endswith(REPORT_SUFFIXES):
@@ -324,8 +331,8 @@ def input_kind(path: Path) -> str | None:
 
 
 def expand_inputs(inputs: list[str]) -> list[Path]:
-    """Files, folders and globs -> the list of rank inputs, one per report (exports beside a report
-    of the same name are skipped: the report is the source of truth)."""
+    """Files, folders and globs -> the list of rank inputs, one per report. A report and its exports beside
+    it (same name) count once, as the report: `open_source` decides which of them is read."""
     if not inputs:
         raise UsageError("no inputs given; pass report files, export files or folders holding them")
     found: list[Path] = []
@@ -363,7 +370,7 @@ def expand_inputs(inputs: list[str]) -> list[Path]:
 
 def _stem(p: Path) -> str:
     name = p.name
-    for suffix in (*REPORT_SUFFIXES, ".sqlite", "_pqtdir"):
+    for suffix in (*REPORT_SUFFIXES, *EXPORTS_BESIDE):
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
@@ -538,9 +545,16 @@ def table_names(needs: set[str]) -> list[str]:
 
 
 def open_source(path: Path, needs: set[str], nsys_path: str | None = None) -> ExportSource:
+    """The export to read for one input; `origin` is the file actually read (the report or an export)."""
     kind = input_kind(path)
     if kind == "report":
+        beside, why_not = export_beside(path, needs)
+        if beside is not None:
+            return open_source(beside, needs)
         nsys = nsys_tool.find_nsys(nsys_path)
+        made_by = versions.report_version(path)
+        if versions.newer_than(made_by, nsys.version):  # nsys would fail, for some releases as if corrupt
+            raise BadInputError(nsys_tool.too_new_message(path, made_by, nsys, why_not))
         entry = export_report(path, table_names(needs), nsys)
         return ExportSource(entry, "parquetdir", origin=path)
     if kind == "sqlite":
@@ -550,6 +564,75 @@ def open_source(path: Path, needs: set[str], nsys_path: str | None = None) -> Ex
     if kind == "parquetdir":
         return ExportSource(path, "parquetdir")
     raise BadInputError(f"{path}: not a report or export")
+
+
+def export_beside(report: Path, needs: set[str]) -> tuple[Path | None, str]:
+    """The export next to a report to read instead of it, else None and why those there do not qualify ("" when
+    there are none).
+
+    `nsys profile --stats` and `nsys export` leave one there, and reading it needs no nsys, not even one
+    as new as the report. One qualifies when it is a complete export (see `_beside_problem`) and not older
+    than the report: a report profiled again under the same name leaves the old export stale."""
+    stem, why = _stem(report), []
+    for suffix in EXPORTS_BESIDE:
+        candidate = report.with_name(stem + suffix)
+        if candidate.exists():
+            problem = _beside_problem(candidate, report, needs)
+            if problem is None:
+                return candidate, ""
+            why.append(f"{candidate.name} beside it {problem}")
+    return None, "; ".join(why)
+
+
+def _beside_problem(export: Path, report: Path, needs: set[str]) -> str | None:
+    """None when this export can stand for the report, else what is wrong with it.
+
+    Complete means a full export (META_DATA_EXPORT present with no table filter: every table the report has is
+    there, so a missing one means the trace was not recorded), or else one holding every table the needs name
+    (as the exports `nsys recipe` leaves beside reports, made with a table filter and no META_DATA_EXPORT).
+    New enough means a modification time not before the report's (its StringIds.parquet for a folder)."""
+    sqlite_file = export.name.endswith(".sqlite")
+    if export.is_dir() == sqlite_file:
+        return "is not an export"
+    stamp = export if sqlite_file else export / "StringIds.parquet"
+    try:
+        if stamp.stat().st_mtime_ns < report.stat().st_mtime_ns:
+            return "is older than the report"
+        tables, filtered = _sqlite_tables(export) if sqlite_file else _parquetdir_tables(export)
+    except (OSError, sqlite3.Error, pa.ArrowException):
+        return "is not a readable export"
+    if "StringIds" not in tables:
+        return "is not an Nsight Systems export"
+    if "META_DATA_EXPORT" in tables and not filtered:
+        return None
+    missing = [t for t in table_names(needs) if not t.endswith("*") and t not in tables]
+    return f"lacks {', '.join(missing)}" if missing else None
+
+
+def _sqlite_tables(path: Path) -> tuple[set[str], bool]:
+    """The tables of an SQLite export, and whether it was made with a table filter (`nsys export --tables`)."""
+    with open(path, "rb") as fh:
+        if fh.read(16) != b"SQLite format 3\x00":
+            raise sqlite3.DatabaseError("not an SQLite file")
+    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        filtered = "META_DATA_EXPORT" in tables and any(
+            v for (v,) in con.execute("SELECT value FROM META_DATA_EXPORT WHERE name = 'EXPORT_PARAM_TABLES_TO_EXPORT'"))
+    finally:
+        con.close()
+    return tables, filtered
+
+
+def _parquetdir_tables(path: Path) -> tuple[set[str], bool]:
+    """The tables of a Parquet export folder, and whether it was made with a table filter."""
+    tables = {f.name[: -len(".parquet")] for f in path.glob("*.parquet")}
+    filtered = False
+    if "META_DATA_EXPORT" in tables:
+        meta = pq.ParquetFile(path / "META_DATA_EXPORT.parquet").read().to_pydict()
+        filtered = any(v for n, v in zip(meta.get("name", []), meta.get("value", []), strict=False)
+                       if n == "EXPORT_PARAM_TABLES_TO_EXPORT")
+    return tables, filtered
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -944,7 +1027,7 @@ def load_file(path: Path, needs: set[str], nsys_path: str | None = None) -> list
                 _write_loaded(cache, *loaded)
     finally:
         src.close()
-    return _split_ranks(path, *loaded)
+    return _split_ranks(path, *loaded, read_from=src.origin)
 
 
 def _read_frames(src: ExportSource, needs: set[str], path: Path) -> tuple[dict, dict]:
@@ -1011,7 +1094,7 @@ def _pids(frame) -> np.ndarray:
     return frame.values("pid") if isinstance(frame, Frame) else frame["pid"].to_numpy()
 
 
-def _split_ranks(path: Path, frames: dict, meta: dict) -> list[RankData]:
+def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = None) -> list[RankData]:
     pids, env = meta["pids"], meta["env"]
     file_rank = None
     m = FILE_RANK_RE.search(_stem(path))
@@ -1032,7 +1115,8 @@ def _split_ranks(path: Path, frames: dict, meta: dict) -> list[RankData]:
             cands["filename"] = (file_rank, "file name")
         rd = RankData(file=str(path), pid=pid, session_start_ns=meta["session_start_ns"], env=env,
                       rank_candidates=cands, host=host, local_rank=local[0] if local and len(pids) == 1 else None,
-                      has_cuda=meta["has_cuda"], synthetic=meta["synthetic"])
+                      has_cuda=meta["has_cuda"], synthetic=meta["synthetic"],
+                      read_from=str(read_from) if read_from is not None else None)
         for attr, frame in frames.items():
             if pid is not None and len(pids) > 1 and "pid" in frame:
                 frame = frame.filter(frame.values("pid") == pid) if isinstance(frame, Frame) else \

@@ -257,15 +257,20 @@ def _layout(unpacked: Path, staged: Path, with_host: bool) -> None:
 # running nsys
 
 
+def too_new_message(report: Path, made_by: str | None, nsys: Nsys, beside: str = "") -> str:
+    """One line for a report this nsys cannot read because a newer release made it, with both ways out."""
+    need = f"Nsight Systems {made_by} or newer" if made_by else "the Nsight Systems that made it (or a newer one)"
+    return (f"{report}: report made by {f'Nsight Systems {made_by}' if made_by else 'a newer Nsight Systems'}, "
+            f"newer than the nsys found ({nsys.version} at {nsys.path}), which cannot read it"
+            + (f"; {beside}" if beside else "")
+            + f"; export it with {need} (`nsys export --type sqlite {report}`: the .sqlite it writes beside the "
+            f"report is read instead) or pass --nsys PATH of {need}")
+
+
 def newer_report_error(path: Path, stderr: str, nsys: Nsys) -> BadInputError | None:
     m = re.search(r"created in Nsight Systems version\s*\(?\s*(\d+(?:\.\d+)+)", stderr)
     if "newer than" in stderr or m:
-        made_by = m.group(1) if m else "a newer release"
-        return BadInputError(
-            f"{path}: report made by Nsight Systems {made_by}, newer than the nsys found "
-            f"({nsys.version} at {nsys.path}); open it with Nsight Systems {made_by} or newer "
-            "(install it from NVIDIA and pass --nsys PATH, or set $NSYS)"
-        )
+        return BadInputError(too_new_message(path, m.group(1) if m else None, nsys))
     return None
 
 

@@ -22,12 +22,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import analyses, loader, nsys_tool, progress, resources
+from . import analyses, loader, nsys_tool, progress, resources, versions
 from .errors import BadInputError, MissingToolError, MissingTraceError, PackError, UsageError
 from .lazy import pd
 from .ranks import assign_ranks
 
-FILES_COLUMNS = ["rank", "file", "rank_source", "host", "local_rank", "gpu", "pid"]
+# `file` is the input as named; `read_from` what was read for it: the report itself, or an export beside it
+FILES_COLUMNS = ["rank", "file", "rank_source", "host", "local_rank", "gpu", "pid", "read_from"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -45,7 +46,7 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
             except MissingTraceError as exc:  # nothing to say about this rank; fatal only if true of all
                 res = {"missing": str(exc)}
             res["identity"] = {
-                "file": rd.file, "pid": rd.pid, "candidates": rd.rank_candidates, "host": rd.host,
+                "file": rd.file, "read_from": rd.read_from, "pid": rd.pid, "candidates": rd.rank_candidates, "host": rd.host,
                 "local_rank": rd.local_rank, "gpu": rd.gpu, "session_start_ns": rd.session_start_ns,
                 "synthetic": rd.synthetic, "unclosed_ranges": rd.unclosed_ranges,
             }
@@ -119,7 +120,7 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
                          f"{', '.join(map(str, short[:10]))}): iterations past the shortest compare fewer ranks")
     tables = spec.reduce(per_rank, options)
     settings = tables.pop("settings", {})
-    files = ids.rename(columns={})[["rank", "file", "rank_source", "host", "local_rank", "gpu", "pid"]].copy()
+    files = ids[FILES_COLUMNS].copy()
     files["local_rank"] = files["local_rank"].astype("Int64")
     files["gpu"] = files["gpu"].astype("Int64")
     files["status"] = "used"
@@ -130,7 +131,8 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
                                 "file": [r["bad_file"] for r in bad], "rank_source": None, "host": None,
                                 "local_rank": pd.array([pd.NA] * len(bad), dtype="Int64"),
                                 "gpu": pd.array([pd.NA] * len(bad), dtype="Int64"),
-                                "pid": pd.array([pd.NA] * len(bad), dtype="Int64"), "status": "skipped",
+                                "pid": pd.array([pd.NA] * len(bad), dtype="Int64"), "read_from": None,
+                                "status": "skipped",
                                 "reason": [r["reason"] for r in bad]})
         files = pd.concat([files.astype({"rank": "Int64"}), skipped], ignore_index=True)
     tables["files"] = files.sort_values("rank", na_position="last").reset_index(drop=True)
@@ -152,16 +154,18 @@ def _iteration_count(mapped: dict) -> int:
 
 
 def _group_reasons(bad: list[dict]) -> str:
-    """One clause per distinct reason, naming the files it applies to."""
-    groups: dict[str, list[str]] = {}
+    """One clause per distinct reason, naming the files it applies to. A reason that names its own file again
+    (a command to run on it) is grouped with the others as REPORT."""
+    groups: dict[str, list[tuple[str, str]]] = {}
     for r in bad:
         prefix = r["bad_file"] + ": "
         reason = r["reason"][len(prefix):] if r["reason"].startswith(prefix) else r["reason"]
-        groups.setdefault(reason, []).append(r["bad_file"])
+        groups.setdefault(reason.replace(r["bad_file"], "REPORT"), []).append((r["bad_file"], reason))
     parts = []
-    for reason, files in groups.items():
+    for reason, members in groups.items():
+        files = [f for f, _ in members]
         shown = ", ".join(files[:5]) + (f" and {len(files) - 5} more" if len(files) > 5 else "")
-        parts.append(f"{shown}: {reason}")
+        parts.append(f"{shown}: {members[0][1] if len(members) == 1 else reason}")
     return " | ".join(parts)
 
 
@@ -408,12 +412,23 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
     check_output(out, force)
     all_reports = all(loader.input_kind(f) == "report" for f in files)
     nsys = None
+    notes = []
     if engine in ("auto", "nsys") and all_reports:
         nsys = nsys_tool.find_nsys(nsys_path, required=engine == "nsys")
         if nsys is not None and nsys.recipe_python_path() is None:
             if engine == "nsys":
                 raise MissingToolError(f"{nsys.path}: this nsys has no recipe framework (python/packages/"
                                        "nsys_recipe); use --engine pack or run `nsys-recipe setup-nsys`")
+            nsys = None
+        too_new = _too_new_reports(files, nsys) if nsys is not None else {}
+        if too_new:  # `nsys recipe` cannot open them: the pack's runner reads the exports beside them instead
+            needs = set(analyses.get(recipe).needs_given(options))
+            beside = sum(loader.export_beside(f, needs)[0] is not None for f in too_new)
+            if beside:  # else the runner fails on them with the one-line error that says what to do
+                notes.append(f"{len(too_new)} report(s) made by Nsight Systems {', '.join(sorted(set(too_new.values())))}"
+                             f", newer than the nsys found ({nsys.version}): run with the pack's runner, which reads "
+                             f"the export beside {'each' if beside == len(too_new) else f'{beside} of them'}")
+                log(f"note: {notes[-1]}")
             nsys = None
     elif engine == "nsys":
         raise UsageError("--engine nsys needs every input to be a .nsys-rep/.qdrep report "
@@ -434,6 +449,7 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
             tables, analysis = reduce_all(recipe, mapped, options)
             analysis["engine"] = "pack"
             analysis["nsys_version"] = version
+            analysis["notes"] = [*notes, *analysis.get("notes", [])]
             written = write_tables(staged, tables, analysis)
             copy_notebook(staged, recipe)
             write_nsys_analysis(staged, out.name, recipe, mode, [str(f) for f in files], written, started)
@@ -446,6 +462,12 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
         shutil.rmtree(staged, ignore_errors=True)
         raise
     return out
+
+
+def _too_new_reports(files: list[Path], nsys: nsys_tool.Nsys) -> dict[Path, str]:
+    """The reports a newer Nsight Systems made than `nsys` (which cannot read them), with their versions."""
+    made_by = {f: versions.report_version(f) for f in files}
+    return {f: v for f, v in made_by.items() if versions.newer_than(v, nsys.version)}
 
 
 def _nsys_version_or_none(files: list[Path], nsys_path: str | None) -> str | None:
@@ -463,6 +485,13 @@ def run_builtin(name: str, inputs: list[str], output: str | None, *, force: bool
     not_reports = [str(f) for f in files if loader.input_kind(f) != "report"]
     if not_reports:
         raise UsageError(f"{not_reports[0]}: the built-in recipe {name} reads .nsys-rep/.qdrep reports only")
+    too_new = _too_new_reports(files, nsys)
+    if too_new:  # an export beside them is no help here
+        (first, made_by), more = next(iter(too_new.items())), len(too_new) - 1
+        raise BadInputError(f"{first}: report made by Nsight Systems {made_by}, newer than the nsys found ({nsys.version} "
+                            f"at {nsys.path}), which cannot read it{f' (nor {more} more report(s))' if more else ''}; "
+                            f"the built-in recipe {name} reads reports only: pass --nsys PATH of Nsight Systems "
+                            f"{made_by} or newer")
     out = Path(output) if output else default_output(name)
     check_output(out, force)
     staged = staging_dir(out)
