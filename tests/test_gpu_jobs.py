@@ -85,3 +85,13 @@ def test_backward_gets_the_gpu_work_launched_in_it(tmp_path, attribution):
     assert min(ops_per_rank) > 0
     if attribution == "process":  # 24 launches per step by the autograd thread; its own thread: 1 (rank 5: 2)
         assert min(ops_per_rank) >= 24 * 60
+
+
+def test_the_folder_as_shipped_reads_each_rank_once_from_its_export(tmp_path, stragglers):
+    """Reports made by 2025.3.1 (newer than the nsys the pack fetches) with their exports beside: each rank is
+    read once, from its .sqlite, with the same answer as the exports alone."""
+    out = runner.run("straggler_heatmap", [str(H100)], str(tmp_path / "o"), engine="pack")
+    files = pd.read_parquet(out / "files.parquet")
+    assert sorted(files["rank"]) == list(range(8))
+    assert [p.rsplit("/", 1)[-1] for p in files.sort_values("rank")["read_from"]] == [f"rank{r}.sqlite" for r in range(8)]
+    pd.testing.assert_frame_equal(pd.read_parquet(out / "stragglers.parquet"), stragglers["stragglers"])

@@ -1,8 +1,8 @@
 """Reports newer than the nsys found: their version read from the file, and the export beside them read instead.
 
 The always-running cases use the shipped reports (sample_reports/, and tests/data/newer_nsys_format/, made by
-Nsight Systems 2025.5.1, which the nsys the pack fetches cannot read). The real 8-rank H100 set in
-../shared/data (2025.3.1 reports with their .sqlite exports beside) is used where that folder exists.
+Nsight Systems 2025.5.1, which the nsys the pack fetches cannot read), and the real 8-rank H100 set
+(2025.3.1 reports with their .sqlite exports beside).
 """
 
 import json
@@ -25,7 +25,7 @@ from nsys_recipe_pack.synth import Straggler, write_synthetic
 
 NEWER = ROOT / "tests/data/newer_nsys_format/pdl_2p2c.nsys-rep"
 SHARED = ROOT.parent / "shared" / "data"
-H100 = SHARED / "h100_gloo_8rank"
+H100 = SAMPLES / "h100_gloo_8rank"
 # the release each shipped folder was captured with, as its README and ../shared/data/README.md say
 MADE_WITH = {"cpu_ddp": "2023.4.4", "ai_profiler_a100": "2022.2.1", "gpubootcamp_mpi_jacobi_v100": "2020.5.1",
              "gpubootcamp_jacobi_memcpy": "2020.5.1", "newer_nsys_format": "2025.5.1", "h100_gloo_8rank": "2025.3.1"}
@@ -327,8 +327,6 @@ def test_exports_beside_readable_reports_are_read_and_named(nsys, tmp_path):
 
 @pytest.fixture()
 def h100(tmp_path):
-    if not H100.is_dir():
-        pytest.skip(f"{H100} is not here (the project's shared data folder)")
     return tmp_path
 
 
