@@ -26,3 +26,24 @@ def test_unknown_option_and_missing_folder():
         run_recipe("straggler_heatmap", CPU_SET, kernel="x")
     with pytest.raises(FileNotFoundError):
         load_output("/nonexistent/folder")
+
+
+def test_running_a_cell_again_replaces_the_earlier_output_but_nothing_else(tmp_path):
+    from nsys_recipe_pack.errors import UsageError
+    from nsys_recipe_pack.synth import Straggler, write_synthetic
+
+    data = write_synthetic(tmp_path / "in", ranks=3, iterations=10, stragglers=[Straggler(1, 2, 5, "dataloader", 1.5)])
+    first = run_recipe("straggler_heatmap", data, tmp_path / "out", mode="none")
+    again = run_recipe("straggler_heatmap", data, tmp_path / "out", mode="none", threshold=0.5)
+    assert again.analysis["threshold"] == 0.5 and first.analysis["threshold"] == 0.1
+    assert len(again.tables["stragglers"]) < len(first.tables["stragglers"])  # the new settings, not the old
+    with pytest.raises(UsageError, match="already exists"):
+        run_recipe("straggler_heatmap", data, tmp_path / "out", mode="none", overwrite=False)
+    mine = tmp_path / "notes"
+    mine.mkdir()
+    (mine / "todo.txt").write_text("keep me")
+    with pytest.raises(UsageError, match="already exists"):  # not an output of the pack: left alone
+        run_recipe("straggler_heatmap", data, mine, mode="none")
+    assert (mine / "todo.txt").read_text() == "keep me"
+    run_recipe("straggler_heatmap", data, mine, mode="none", overwrite=True)
+    assert not (mine / "todo.txt").exists()

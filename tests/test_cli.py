@@ -175,3 +175,24 @@ def test_builtin_and_pack_recipes_in_one_run(nsys, tmp_path):
     assert (out / "straggler_heatmap" / "iterations.parquet").exists()
     res = cli("run", "--name", "cuda_api_sum", "--output", str(tmp_path / "x"), str(tmp_path / "mpi" / "report1_pqtdir"))
     assert res.returncode == 2 and "reads .nsys-rep/.qdrep reports only" in one_line_error(res)
+
+
+def test_several_recipes_run_every_one_that_applies_and_say_why_the_others_did_not(tmp_path):
+    from nsys_recipe_pack.synth import write_synthetic
+
+    data = write_synthetic(tmp_path / "mpi", ranks=3, iterations=8, fmt="sqlite", job="mpi")  # no NVTX at all
+    out = tmp_path / "out"
+    res = cli("run", "--name", "nvtx_gpu_proj,kernel_pace,sync_summary", str(data), "--output", str(out))
+    assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["kernel_pace", "sync_summary"]
+    assert len(pd.read_parquet(out / "kernel_pace" / "pace.parquet")) == 3 * 8
+    table = res.stdout[res.stdout.index("recipes:"):].splitlines()
+    assert [ln.split()[:2] for ln in table[1:]] == [["nvtx_gpu_proj", "skipped"], ["kernel_pace", "done"],
+                                                    ["sync_summary", "done"]]
+    # the advice fits a report with no NVTX at all: how to add ranges, and what works without them
+    assert "add ranges around its phases" in table[1] and "kernel_pace, sync_summary" in table[1]
+    # when no recipe applies: exit 3 and no output folder
+    res = cli("run", "--name", "nvtx_gpu_proj,compute_memory_share", str(ROOT / "sample_reports/cpu_ddp"),
+              "--output", str(tmp_path / "none"))
+    assert res.returncode == 3 and not (tmp_path / "none").exists(), res.stdout + res.stderr
+    assert "skipped" in res.stdout and "needs CUDA" in res.stdout

@@ -88,3 +88,49 @@ def test_two_runs_at_once_share_the_cache(tmp_path, nsys):
         manifest = json.loads((e / "manifest.json").read_text())
         assert {"CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"} <= set(manifest["requested"])
         assert (e / "CUPTI_ACTIVITY_KIND_RUNTIME.parquet").exists()
+
+
+def _wait_for(condition, proc, seconds=120):
+    deadline = time.time() + seconds
+    while not condition() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+
+
+@pytest.mark.parametrize("stage", ["loading", "analysis", "report"])
+def test_ctrl_c_at_each_stage_of_several_recipes_leaves_nothing_and_a_rerun_just_works(tmp_path, stage, nsys):
+    """Ctrl-C while reports are exported (loading), while the first recipe maps its ranks (analysis), and while
+    its notebook runs (report, once its tables are written): no output folder, no half-made file, and the
+    same command then succeeds without --force-overwrite."""
+    import os
+
+    env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / ("cold" if stage == "loading" else "warm")))
+    out = tmp_path / "o"
+    args = ["run", "--name", "straggler_heatmap,kernel_pace", "--engine", "pack", "--mode", "none", "--report",
+            "--output", str(out), str(CPU_SET)]
+    if stage != "loading":  # exports cached, so the run goes straight to the analysis
+        warm = subprocess.run([str(Path(sys.executable).with_name("nsys-recipe")), *args[:-3], "--output",
+                               str(tmp_path / "warmup"), str(CPU_SET)], env=env, capture_output=True, text=True)
+        assert warm.returncode == 0, warm.stderr
+    proc = start(args, cwd=tmp_path, env=env)
+    exports = tmp_path / "cold" / "nsys-recipe-pack" / "exports"
+
+    def staged(name):
+        return [p for p in out.glob(".straggler_heatmap.partial-*") if (p / name).exists()] if out.exists() else []
+
+    if stage == "loading":
+        _wait_for(lambda: exports.exists() and any(p.name.startswith(".export-") for p in exports.iterdir()), proc)
+    elif stage == "analysis":
+        _wait_for(lambda: out.exists() and any(out.glob(".straggler_heatmap.partial-*")), proc)
+    else:
+        _wait_for(lambda: staged("iterations.parquet"), proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "interrupted" in err
+    assert not out.exists(), sorted(p.name for p in out.rglob("*"))
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".o.")]
+    again = subprocess.run([str(Path(sys.executable).with_name("nsys-recipe")), *args], env=env, cwd=tmp_path,
+                           capture_output=True, text=True)
+    assert again.returncode == 0, again.stderr
+    assert (out / "straggler_heatmap" / "report.html").exists() and (out / "kernel_pace" / "report.html").exists()

@@ -105,3 +105,22 @@ def test_rank_figures_bin_beyond_256_ranks():
     summary = pd.DataFrame({"rank": ranks, "kind": "stream", "total_ns": ranks * 1_000_000})
     fig = sync_plots.by_kind(summary)
     assert len(fig.data[0].x) == 256 and max(fig.data[0].y) == 999.0
+
+
+def test_a_report_notebook_runs_again_from_its_folder_after_a_move(tmp_path):
+    """The executed notebook points at its output relative to itself: in a fresh kernel, from the folder it
+    lies in (as JupyterLab runs it), after the folder was moved, it runs top to bottom."""
+    import nbclient
+    import nbformat
+
+    data = write_synthetic(tmp_path / "in", ranks=3, iterations=10, stragglers=[Straggler(1, 2, 6, "dataloader", 1.5)])
+    out = runner.run("straggler_heatmap", [str(data)], str(tmp_path / "out"), mode="none", options={}, report=True)
+    moved = tmp_path / "elsewhere" / "moved"
+    moved.parent.mkdir()
+    out.rename(moved)
+    nb = nbformat.read(str(moved / "straggler_heatmap.ipynb"), as_version=4)
+    injected = [c for c in nb.cells if "injected-parameters" in c.metadata.get("tags", [])]
+    assert injected and "output_dir = \".\"" in injected[0].source
+    nbclient.NotebookClient(nb, kernel_name="python3", resources={"metadata": {"path": str(moved)}}).execute()
+    shown = "".join(o.get("data", {}).get("text/markdown", "") for c in nb.cells for o in c.get("outputs", []))
+    assert "rank 1 holds the others back" in shown

@@ -33,10 +33,16 @@ def load_output(output_dir) -> RecipeOutput:
     return RecipeOutput(out, tables, analysis)
 
 
-def run_recipe(name: str, inputs, output=None, *, force_overwrite: bool = False, mode: str = "concurrent",
-               engine: str = "auto", report: bool = False, nsys: str | None = None, jobs: int | None = None,
-               skip_bad: bool = False, dask_scheduler: str | None = None, **options) -> RecipeOutput:
-    """`nsys-recipe run --name NAME INPUT...` from Python; recipe options as keywords (iteration="step")."""
+def run_recipe(name: str, inputs, output=None, *, overwrite: bool | None = None, force_overwrite: bool = False,
+               mode: str = "concurrent", engine: str = "auto", report: bool = False, nsys: str | None = None,
+               jobs: int | None = None, skip_bad: bool = False, dask_scheduler: str | None = None,
+               **options) -> RecipeOutput:
+    """`nsys-recipe run --name NAME INPUT...` from Python; recipe options as keywords (iteration="step").
+
+    Running a cell again should just work: by default (`overwrite=None`) an output folder that holds an
+    earlier output of the pack is replaced once the new one is complete, and any other existing folder is
+    left alone with an error; `overwrite=True` replaces whatever is there (`force_overwrite=True`, as on the
+    command line, means the same); `overwrite=False` never replaces."""
     analyses.get(name)
     allowed = set(analyses.OPTION_NAMES[name])
     unknown = set(options) - allowed
@@ -48,6 +54,13 @@ def run_recipe(name: str, inputs, output=None, *, force_overwrite: bool = False,
     opts["skip_bad"] = skip_bad
     opts["_dask_scheduler"] = dask_scheduler
     inputs = [str(inputs)] if isinstance(inputs, (str, Path)) else [str(i) for i in inputs]
-    out = runner.run(name, inputs, str(output) if output else None, force=force_overwrite, mode=mode, engine=engine,
+    force = bool(force_overwrite or overwrite or (overwrite is None and output is not None
+                                                  and _earlier_output(Path(output))))
+    out = runner.run(name, inputs, str(output) if output else None, force=force, mode=mode, engine=engine,
                      report=report, nsys_path=nsys, jobs=jobs, options=opts, log=lambda m: None)
     return load_output(out)
+
+
+def _earlier_output(folder: Path) -> bool:
+    """Whether folder is what a run of the pack left: its analysis.json beside its Parquet tables."""
+    return (folder / "analysis.json").is_file() and any(folder.glob("*.parquet"))

@@ -12,7 +12,7 @@ import traceback
 from pathlib import Path
 
 from . import analyses, nsys_tool, resources
-from .errors import EXIT_MISSING_TOOL, EXIT_USAGE, MissingToolError, PackError, UsageError
+from .errors import EXIT_MISSING_TOOL, EXIT_USAGE, MissingToolError, MissingTraceError, PackError, UsageError
 from .escape import terminal_text
 
 MODES = ["none", "concurrent", "dask-futures"]
@@ -161,25 +161,46 @@ def cmd_run(args) -> int:
     if len(names) > 1:
         base = base or runner.default_output("nsys-recipe")
         runner.check_output(base, args.force_overwrite)
-    outs = []
+    try:
+        results = _run_each(args, names, inputs, base)
+    finally:  # interrupted, or no recipe ran: nothing of this run stays
+        if len(names) > 1 and base.is_dir() and not any(base.iterdir()):
+            base.rmdir()
+    return summary.print_recipe_table(results) if len(names) > 1 else 0
+
+
+def _run_each(args, names: list[str], inputs: list[str], base: Path | None) -> list[tuple[str, str, str, int]]:
+    """Run the recipes one after another: (recipe, status, output or reason, exit code) of each. With several,
+    a recipe that cannot run does not stop the others."""
+    from . import runner, summary
+
+    results = []
     for name in names:
         output = (base / name) if len(names) > 1 else base
-        if name not in analyses.RECIPES:
-            nsys = nsys_tool.find_nsys(args.nsys)
-            out = runner.run_builtin(name, inputs, str(output) if output else None, force=args.force_overwrite,
-                                     mode=args.mode, nsys=nsys, dask_scheduler=args.dask_scheduler)
-            outs.append((name, out))
-            print(f"output: {out}")
-            continue
-        options = _recipe_options(args, name)
-        options["_dask_scheduler"] = args.dask_scheduler
-        options["skip_bad"] = args.skip_bad
-        out = runner.run(name, inputs, str(output) if output else None, force=args.force_overwrite,
-                         mode=args.mode, engine=args.engine, report=args.report, nsys_path=args.nsys,
-                         jobs=args.jobs, options=options)
-        outs.append((name, out))
-        summary.print_summary(name, out)
-    return 0
+        try:
+            if name not in analyses.RECIPES:
+                nsys = nsys_tool.find_nsys(args.nsys)
+                out = runner.run_builtin(name, inputs, str(output) if output else None, force=args.force_overwrite,
+                                         mode=args.mode, nsys=nsys, dask_scheduler=args.dask_scheduler)
+                print(f"output: {out}")
+            else:
+                options = _recipe_options(args, name)
+                options["_dask_scheduler"] = args.dask_scheduler
+                options["skip_bad"] = args.skip_bad
+                out = runner.run(name, inputs, str(output) if output else None, force=args.force_overwrite,
+                                 mode=args.mode, engine=args.engine, report=args.report, nsys_path=args.nsys,
+                                 jobs=args.jobs, options=options)
+                summary.print_summary(name, out)
+            results.append((name, "done", str(out), 0))
+        except (UsageError, MissingToolError):
+            raise  # the same for every recipe: nothing more can run
+        except PackError as exc:
+            if len(names) == 1:
+                raise
+            print(terminal_text(f"nsys-recipe: {name}: {exc}"), file=sys.stderr)
+            applies = not isinstance(exc, MissingTraceError)  # a missing trace: the recipe does not apply
+            results.append((name, "failed" if applies else "skipped", str(exc), exc.exit_code if applies else 0))
+    return results
 
 
 def cmd_report(args) -> int:

@@ -35,7 +35,7 @@ def run_in_framework(recipe, context, name: str) -> None:
                                           nsys_path=nsys_of_framework()))
         tables, analysis = runner.reduce_all(name, mapped, options)
     except PackError as exc:
-        print(f"nsys-recipe-pack error: {exc} [exit {exc.exit_code}]", file=sys.stderr)
+        print(f"nsys-recipe-pack error: {exc} [exit {exc.exit_code}] [{type(exc).__name__}]", file=sys.stderr)
         raise SystemExit(exc.exit_code) from None
     out = Path(recipe.get_output_dir())
     analysis["engine"] = "nsys recipe"

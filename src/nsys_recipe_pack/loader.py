@@ -298,6 +298,12 @@ class RankData:
             present = frames[0] is not None and bool(np.isin(frames[0].values("event_type"), [59, 60]).any())
         else:
             present = any(f is not None and len(f) for f in frames)
+        if not present and what == "nvtx":
+            raise MissingTraceError(
+                f"{self.file}: {recipe} needs NVTX ranges and this report has none: if the application marks its "
+                "phases (torch.cuda.nvtx.range, nvtx.annotate, nvtxRangePush), profile with `nsys profile -t nvtx` "
+                "(add nvtx to the -t list); if it marks none, add ranges around its phases, or use kernel_pace, "
+                "sync_summary or compute_memory_share, which need none")
         if not present:
             raise MissingTraceError(f"{self.file}: {recipe} needs {desc} and this report has none; profile with "
                                     f"`nsys profile -t {flag}` (add {flag} to the -t list)")

@@ -21,7 +21,10 @@ def execute_notebook(template: Path, output_dir: Path, out_ipynb: Path, paramete
         import papermill as pm
     except ImportError:
         raise MissingToolError("--report needs papermill and nbconvert: pip install papermill nbconvert") from None
-    params = {"output_dir": str(Path(output_dir).resolve()), **(parameters or {})}
+    # relative to the executed notebook, which lies beside (or in) its output: it runs again from there in
+    # JupyterLab after the staging folder has become the output folder, and still does once the folder moves
+    params = {"output_dir": os.path.relpath(Path(output_dir).resolve(), Path(out_ipynb).resolve().parent),
+              **(parameters or {})}
     logging.getLogger("papermill").setLevel(logging.WARNING)
     try:
         with _kernel_chatter_hidden():

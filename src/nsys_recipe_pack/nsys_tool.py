@@ -148,11 +148,14 @@ def _mirror() -> str:
 
 
 def _apt(args: list[str], apt_dir: Path, cwd: Path, log) -> None:
+    # A dpkg status of its own (empty): apt would otherwise take the machine's installed version of a
+    # package (say libssh-4 from bookworm-security) as the one to download, which the lists here may lack.
     cmd = [
         "apt-get", "-q",
         f"-o=Dir::Etc::SourceList={apt_dir / 'sources.list'}",
         "-o=Dir::Etc::SourceParts=/dev/null",
         f"-o=Dir::State::Lists={apt_dir / 'lists'}",
+        f"-o=Dir::State::status={apt_dir / 'status'}",
         f"-o=Dir::Cache={apt_dir / 'cache'}",
         "-o=APT::Sandbox::User=root",
         *args,
@@ -161,6 +164,21 @@ def _apt(args: list[str], apt_dir: Path, cwd: Path, log) -> None:
     res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
     if res.returncode != 0:
         raise MissingToolError(f"apt-get {args[0]} failed: {res.stderr.strip()[-400:]}")
+
+
+def download_debs(packages: list[str], sources: list[str], work: Path, log=print) -> Path:
+    """Download Debian packages (NAME or NAME=VERSION) into work/debs with a private apt configuration
+    (sources: "URI SUITE COMPONENT" lines) that knows nothing of what this machine has installed."""
+    apt_dir = work / "apt"
+    for d in ("lists/partial", "cache/archives/partial"):
+        (apt_dir / d).mkdir(parents=True)
+    (apt_dir / "status").write_text("")
+    (apt_dir / "sources.list").write_text("".join(f"deb [signed-by={KEYRING}] {line}\n" for line in sources))
+    _apt(["update"], apt_dir, work, log)
+    debs = work / "debs"
+    debs.mkdir()
+    _apt(["download", *packages], apt_dir, debs, log)
+    return debs
 
 
 def setup_nsys(version: str = DEFAULT_VERSION, with_host: bool = False, log=print) -> Path:
@@ -181,24 +199,15 @@ def setup_nsys(version: str = DEFAULT_VERSION, with_host: bool = False, log=prin
     root.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".setup-{version}-", dir=root.parent))
     try:
-        apt_dir = work / "apt"
-        for d in ("lists/partial", "cache/archives/partial"):
-            (apt_dir / d).mkdir(parents=True)
         mirror = _mirror()
-        (apt_dir / "sources.list").write_text(
-            f"deb [signed-by={KEYRING}] {mirror} {rel['suite']} non-free\n"
-            f"deb [signed-by={KEYRING}] {mirror} bookworm main\n"
-        )
-        _apt(["update"], apt_dir, work, log)
         pkgs = [f"nsight-systems-target={rel['version']}"]
         if with_host:
             pkgs += [f"nsight-systems={rel['version']}", "libssh-4"]
             pkgs += [f"{name}={ver}" for name, ver in rel["extra"]]
         if not Path("/usr/lib/x86_64-linux-gnu/libsqlite3.so.0").exists():
             pkgs.append("libsqlite3-0")
-        debs = work / "debs"
-        debs.mkdir()
-        _apt(["download", *pkgs], apt_dir, debs, log)
+        debs = download_debs(pkgs, [f"{mirror} {rel['suite']} non-free", f"{mirror} bookworm main",
+                                    f"{mirror} bookworm-updates main"], work, log)
         unpacked = work / "x"
         for deb in sorted(debs.glob("*.deb")):
             subprocess.run(["dpkg", "-x", str(deb), str(unpacked)], check=True)

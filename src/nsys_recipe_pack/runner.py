@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -22,7 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import analyses, loader, nsys_tool, progress, resources, versions
+from . import analyses, errors, loader, nsys_tool, progress, resources, versions
 from .errors import BadInputError, MissingToolError, MissingTraceError, PackError, UsageError
 from .lazy import pd
 from .ranks import assign_ranks
@@ -384,6 +385,9 @@ def framework_argv(recipe: str, options: dict) -> list[str]:
     return argv
 
 
+FRAMEWORK_ERROR_RE = re.compile(r"^nsys-recipe-pack error: (.*) \[exit (\d+)\](?: \[(\w+)\])?$")
+
+
 def run_framework_engine(recipe: str, files: list[Path], argv_options: list[str], mode: str,
                          nsys: nsys_tool.Nsys, staged: Path, dask_scheduler: str | None = None) -> None:
     """Run through `nsys recipe` with the pack's recipes on NSYS_RECIPE_PATH into `staged`."""
@@ -393,10 +397,11 @@ def run_framework_engine(recipe: str, files: list[Path], argv_options: list[str]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if res.returncode != 0 or not staged.exists():
         tail = "\n".join((res.stderr + res.stdout).strip().splitlines()[-15:])
-        pack_error = [ln for ln in tail.splitlines() if ln.startswith("nsys-recipe-pack error:")]
-        if pack_error:
-            code = int(pack_error[-1].split("[exit ")[-1].rstrip("]")) if "[exit " in pack_error[-1] else 3
-            raise PackError(pack_error[-1].split(":", 1)[1].split(" [exit")[0].strip(), code)
+        pack_error = [m for m in map(FRAMEWORK_ERROR_RE.match, tail.splitlines()) if m]
+        if pack_error:  # the pack's own error inside the framework: the same error here
+            message, code, kind = pack_error[-1].groups()
+            cls = getattr(errors, kind or "", None)
+            raise (cls if isinstance(cls, type) and issubclass(cls, PackError) else PackError)(message, int(code))
         raise PackError(f"`nsys recipe {recipe}` failed (exit {res.returncode}):\n{tail}", 3)
 
 

@@ -98,3 +98,19 @@ def print_summary(recipe: str, out: Path) -> None:
     html = out / "report.html"
     if html.exists():
         print(f"report: {html}")
+
+
+def print_recipe_table(results: list[tuple[str, str, str, int]]) -> int:
+    """After several recipes: what ran, what was skipped and why; the exit status of the whole run.
+
+    0 when every recipe ran, or some ran and the others do not apply (their reports lack a trace they
+    need); else the first failing recipe's exit status (3 for bad input), also when none ran."""
+    print("recipes:")
+    width = max(len(name) for name, *_ in results)
+    for name, status, detail, _ in results:
+        print(terminal_text(f"  {name:<{width}}  {status:<7}  {detail}"))
+    ran = any(status == "done" for _, status, _, _ in results)
+    failed = [code for _, status, _, code in results if status == "failed"]
+    if failed:
+        return failed[0]
+    return 0 if ran else 3
