@@ -48,10 +48,13 @@ bench: nsys
 	$(BIN)/python bench/bench.py $(BENCH_ARGS)
 
 # JupyterLab on an output folder (default: the demo's): its notebooks run against the Parquet beside them.
+# As root (containers) it passes --allow-root; LAB_ARGS go to jupyter lab as they are, for example
+# LAB_ARGS="--no-browser --ip=0.0.0.0 --port=8888".
 LAB_DIR ?= $(DEMO_OUT)
+LAB_ARGS ?=
 lab: setup
-	$(BIN)/pip install -q jupyterlab
-	$(BIN)/jupyter lab --notebook-dir=$(LAB_DIR)
+	$(BIN)/pip install -q 'jupyterlab>=4'
+	$(BIN)/jupyter lab --notebook-dir=$(LAB_DIR) $(if $(filter 0,$(shell id -u)),--allow-root) $(LAB_ARGS)
 
 clean:
 	rm -rf $(VENV) $(DEMO_OUT) build dist .pytest_cache test-artifacts

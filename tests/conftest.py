@@ -1,6 +1,7 @@
 import os
 import shutil
 import socket
+import uuid
 from pathlib import Path
 
 import pytest
@@ -50,3 +51,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture()
+def reaped_env():
+    """An environment whose processes are all ended after the test: everything started with it carries a
+    marker variable (children inherit it, daemons too), and whatever still runs with it is killed by pid."""
+    import psutil
+
+    marker = uuid.uuid4().hex
+    yield dict(os.environ, NSYS_RECIPE_TEST_RUN=marker)
+    for _ in range(3):
+        left = []
+        for proc in psutil.process_iter(["pid"]):
+            try:
+                if proc.pid != os.getpid() and proc.environ().get("NSYS_RECIPE_TEST_RUN") == marker:
+                    left.append(proc)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        if not left:
+            return
+        for proc in left:
+            try:
+                proc.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(left, timeout=10)
