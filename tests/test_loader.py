@@ -386,3 +386,21 @@ def test_distinct_ids_match_numpy_unique():
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(got_at, want_at.reshape(-1))
         assert got.dtype == values.dtype
+
+
+def test_host_is_the_name_nsys_recorded_not_a_hostname_variable(tmp_path):
+    """A launcher may hand HOSTNAME down from the node it ran on; the report's own Hostname row names the
+    machine the rank ran on."""
+    import sqlite3
+
+    from nsys_recipe_pack.synth import write_synthetic
+
+    data = write_synthetic(tmp_path / "s", ranks=2, iterations=6, fmt="sqlite")
+    with sqlite3.connect(data / "rank1.sqlite") as con:
+        con.execute("update TARGET_INFO_SYSTEM_ENV set value = 'node7' where name = 'Hostname'")
+    hosts = {Path(rd.file).name: rd.host for p in sorted(data.glob("*.sqlite"))
+             for rd in loader.load_file(p, {"nvtx"})}
+    assert hosts == {"rank0.sqlite": "synth-node000", "rank1.sqlite": "node7"}  # HOSTNAME says synth-node000
+    with sqlite3.connect(data / "rank1.sqlite") as con:
+        con.execute("delete from TARGET_INFO_SYSTEM_ENV where name = 'Hostname'")
+    assert loader.load_file(data / "rank1.sqlite", {"nvtx"})[0].host == "synth-node000"  # no record: HOSTNAME

@@ -206,3 +206,21 @@ def test_component_excess_and_noise_from_the_cells_own_components_match_the_whol
         cell, col, excess, scale = straggler._sparse_component_excess(cell_iteration, cell_col, ns, n_names)
         np.testing.assert_array_equal(excess, want.to_numpy()[cell, col])
         np.testing.assert_array_equal(scale, want.apply(straggler._tail_scale).to_numpy())
+
+
+def test_verdicts_say_the_answer_first_and_call_one_off_flags_incidental():
+    from nsys_recipe_pack.analyses.straggler import incidental, verdicts
+
+    cells = [(2, i, 30e6) for i in range(20, 30)] + [(2, 35, 20e6)]  # a run of 10 and one more
+    cells += [(1, 2, 9e6), (1, 34, 9e6), (1, 40, 9e6)]  # three scattered iterations
+    cells += [(0, 7, 5e6)]
+    stragglers = pd.DataFrame(cells, columns=["rank", "iteration", "excess_ns"])
+    ranks = pd.DataFrame({"rank": [2, 1, 0, 3], "iterations": 60, "straggler_iterations": [11, 3, 1, 0],
+                          "top_cause": ["dataloader", "backward", "forward", None],
+                          "top_cause_side": ["host", "host", "host", None]})
+    assert incidental(ranks, stragglers).tolist() == [False, True, True, False]
+    said = verdicts(ranks, stragglers)
+    assert said == ["rank 2 holds the others back in 11 of 60 iterations (20–29, 35): 320.0 ms in total "
+                    "(30.0 ms per iteration), host time in dataloader",
+                    "incidental: rank 1 in 3 iterations, rank 0 in 1 iteration (one-off delays, not a rank that "
+                    "holds the job back)"]

@@ -10,6 +10,7 @@ from urllib.parse import quote
 import pandas as pd
 
 from . import analyses, loader, progress, runner
+from .analyses.straggler import verdicts
 from .errors import MissingToolError, PackError, UsageError
 from .escape import html_text
 from .notebook import execute_notebook, notebook_to_html
@@ -24,12 +25,8 @@ def headline(recipe: str, out: Path) -> str:
     """One line with the number that matters most for this recipe's output."""
     if recipe == "straggler_heatmap":
         r = pd.read_parquet(out / "ranks.parquet")
-        flagged = r[r["straggler_iterations"] > 0]
-        if flagged.empty:
-            return f"no straggler in {len(r)} ranks"
-        top = flagged.iloc[0]
-        return (f"{int(flagged['straggler_iterations'].sum())} straggler cells; worst rank {int(top['rank'])}: "
-                f"{int(top['straggler_iterations'])} iterations, cause {top['top_cause']}")
+        said = verdicts(r, pd.read_parquet(out / "stragglers.parquet"), top=1)
+        return said[0] if said else f"no straggler in {len(r)} ranks"
     if recipe == "kernel_pace":
         s = pd.read_parquet(out / "stats.parquet").set_index("rank").loc[-1]
         return f"median iteration {_ms(s['median_ns'])}, p95 {_ms(s['p95_ns'])}, cv {s['cv']:.2f}"

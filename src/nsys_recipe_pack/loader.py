@@ -714,17 +714,18 @@ def _small_table(src: ExportSource, table: str, cols: list[str]) -> dict[str, li
     return src.read_arrow(table, [c for c in cols if c in src.columns(table)]).to_pydict()
 
 
-def _env(src: ExportSource) -> dict:
+def _env(src: ExportSource) -> tuple[dict, str | None]:
+    """The profiled process's environment as the report recorded it, and the host name nsys recorded for
+    the machine (a HOSTNAME variable may have been handed down by a launcher from another node)."""
     env = _small_table(src, "TARGET_INFO_SYSTEM_ENV", ["name", "value"])
-    row = [v for n, v in zip(env.get("name", []), env.get("value", []), strict=False) if n == "DeviceEnvironment"]
-    if not row:
-        return {}
+    rows = dict(zip(env.get("name", []), env.get("value", []), strict=False))
+    hostname = str(rows["Hostname"]).strip() if rows.get("Hostname") else None
     out = {}
-    for item in str(row[0]).split(";"):
+    for item in str(rows.get("DeviceEnvironment") or "").split(";"):
         key, sep, value = item.partition("=")
         if sep:
             out[key.strip()] = value
-    return out
+    return out, hostname or None
 
 
 def _session_start(src: ExportSource) -> int:
@@ -1043,7 +1044,7 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path) -> tuple[dict, 
         raise BadInputError(f"{path}: not an Nsight Systems export (no StringIds, NVTX_EVENTS or "
                             "TARGET_INFO_* tables); export the report with `nsys export`")
     strings = _strings(src)
-    env = _env(src)
+    env, hostname = _env(src)
     synthetic = "SYNTHETIC" in _small_table(src, "META_DATA_EXPORT", ["name"]).get("name", [])
     frames: dict[str, pd.DataFrame | Frame] = {}
     nvtx_all = _read_nvtx_fast(src, strings)
@@ -1072,7 +1073,7 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path) -> tuple[dict, 
     nvtx = as_frame(nvtx_all)
     range_pids = nvtx.values("pid")[np.isin(nvtx.values("event_type"), [59, 60])]
     pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(range_pids))
-    meta = {"env": env, "session_start_ns": _session_start(src), "synthetic": bool(synthetic),
+    meta = {"env": env, "hostname": hostname, "session_start_ns": _session_start(src), "synthetic": bool(synthetic),
             "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": _nvtx_ranks(nvtx, pids or [None])}
     return frames, meta
 
@@ -1106,7 +1107,7 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
     m = FILE_RANK_RE.search(_stem(path))
     if m:
         file_rank = int(m.group(1))
-    host = next((env[k] for k in HOST_ENV_KEYS if env.get(k)), None)
+    host = meta.get("hostname") or next((env[k] for k in HOST_ENV_KEYS if env.get(k)), None)
     local = _first_int(env, LOCAL_RANK_ENV_KEYS)
     env_rank = _first_int(env, RANK_ENV_KEYS)
 
@@ -1139,7 +1140,7 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
 # the loaded frames of a cached report export, kept beside it as Arrow files: a warm run reads them
 # memory-mapped instead of decoding the export's Parquet and string ids again
 
-LOADED_FORMAT = 3  # bump when _read_frames or the layout below changes
+LOADED_FORMAT = 4  # bump when _read_frames or the layout below changes
 LOADED_FILE = "frames.arrows"
 
 

@@ -20,9 +20,12 @@ def straggler_lines(out: Path, top: int = 5) -> list[str]:
     d = analysis.get("delimiter") or {}
     lines = [f"iterations delimited by {d.get('kind')} {d.get('name')!r} ({d.get('source')}); "
              f"{analysis.get('ranks')} ranks"]
-    flagged = ranks[ranks["straggler_iterations"] > 0].head(top)
+    holds_back = ~ranks["incidental"] if "incidental" in ranks else True  # outputs of earlier versions lack it
+    flagged = ranks[(ranks["straggler_iterations"] > 0) & holds_back].head(top)
     if flagged.empty:
-        lines.append("no straggler found")
+        lines.append("no rank holds the others back" if (ranks["straggler_iterations"] > 0).any()
+                     else "no straggler found")
+        lines.extend(verdicts(ranks, pd.read_parquet(out / "stragglers.parquet"), top))
         return lines
     table = pd.DataFrame({
         "rank": flagged["rank"],

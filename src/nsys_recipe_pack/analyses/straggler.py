@@ -422,6 +422,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     ranks = ranks.reset_index().sort_values(
         ["straggler_iterations", "excess_total_ns", "median_score"], ascending=False, kind="mergesort"
     ).reset_index(drop=True)
+    ranks["incidental"] = incidental(ranks, stragglers)
     used = np.sum([r.get("sync_points", [0] * len(SYNC_SOURCES)) for r in per_rank], axis=0)
     settings = {"threshold": threshold, "sigma": sigma, "busy_noise_ns": busy_scale,
                 "sync_points": {name: int(c) for name, c in zip(SYNC_SOURCES, used, strict=True) if c}}
@@ -444,11 +445,38 @@ def spans(values) -> str:
     return ", ".join(text) + (", …" if len(runs) > 8 else "")
 
 
+INCIDENTAL_CELLS = 3  # fewer flagged iterations than this, or as few as this apart from one another: incidental
+
+
+def longest_runs(stragglers: pd.DataFrame) -> pd.Series:
+    """Per rank, the most consecutive iterations it was flagged in."""
+    if stragglers.empty:
+        return pd.Series(dtype="int64")
+    s = stragglers.sort_values(["rank", "iteration"])
+    rank, it = s["rank"].to_numpy(), s["iteration"].to_numpy()
+    new_run = np.r_[True, (rank[1:] != rank[:-1]) | (it[1:] != it[:-1] + 1)]
+    run_id = np.cumsum(new_run)
+    lengths = np.bincount(run_id)[run_id]
+    return pd.Series(lengths, index=rank).groupby(level=0).max()
+
+
+def incidental(ranks: pd.DataFrame, stragglers: pd.DataFrame) -> pd.Series:
+    """Which flagged ranks were flagged only now and then: one-off delays, not a rank that holds the job back
+    (fewer than 3 iterations, or a few scattered single iterations)."""
+    n = ranks["straggler_iterations"]
+    run = ranks["rank"].map(longest_runs(stragglers)).fillna(0)
+    few = (n <= np.maximum(INCIDENTAL_CELLS, 0.05 * ranks["iterations"])) & (run <= 1)
+    return (n > 0) & ((n < INCIDENTAL_CELLS) | few)
+
+
 def verdicts(ranks: pd.DataFrame, stragglers: pd.DataFrame, top: int = 5) -> list[str]:
-    """One sentence per straggling rank (the most flagged first): where it holds the others back, by how
-    much, and in what. Names are as recorded: escape them where they are shown."""
+    """The answer first: one sentence per rank that holds the others back (the most flagged first), where,
+    how much and in what; then one for the ranks flagged only incidentally. Names are as recorded: escape
+    them where they are shown."""
     lines = []
-    for r in ranks[ranks["straggler_iterations"] > 0].head(top).itertuples():
+    flagged = ranks[ranks["straggler_iterations"] > 0]
+    odd = incidental(flagged, stragglers)
+    for r in flagged[~odd].head(top).itertuples():
         cells = stragglers[stragglers["rank"] == r.rank]
         cause, side = r.top_cause, getattr(r, "top_cause_side", None)
         if cause is None:
@@ -457,8 +485,13 @@ def verdicts(ranks: pd.DataFrame, stragglers: pd.DataFrame, top: int = 5) -> lis
             what = FIXED_CAUSES[cause]
         else:
             what = f"{'GPU work launched in' if side == 'gpu' else 'host time in'} {cause}"
-        n = len(cells)
-        lines.append(f"rank {r.rank} holds the others back in {n} iteration{'s' if n != 1 else ''} "
-                     f"({spans(cells['iteration'])}): +{np.median(cells['excess_ns']) / 1e6:,.1f} ms per iteration "
-                     f"(median), {what}")
+        lines.append(f"rank {r.rank} holds the others back in {len(cells)} of {r.iterations} iterations "
+                     f"({spans(cells['iteration'])}): {cells['excess_ns'].sum() / 1e6:,.1f} ms in total "
+                     f"({np.median(cells['excess_ns']) / 1e6:,.1f} ms per iteration), {what}")
+    if odd.any():
+        few = flagged[odd]
+        lines.append("incidental: " + ", ".join(
+            f"rank {r.rank} in {r.straggler_iterations} iteration{'s' if r.straggler_iterations > 1 else ''}"
+            for r in few.head(8).itertuples()) + (", …" if len(few) > 8 else "")
+            + " (one-off delays, not a rank that holds the job back)")
     return lines
