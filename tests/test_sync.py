@@ -118,3 +118,28 @@ def test_gpu_idle_while_blocked_by_hand():
     finding = out["findings"]
     assert finding["finding"].tolist() == ["sync that leaves the GPU idle"]
     assert "13.00 of 20.00 ms idle" in finding["evidence"].iloc[0]
+
+
+def test_a_copy_that_waited_behind_kernels_is_not_blamed_for_their_time():
+    """An 8-byte pageable device-to-host copy (loss.item() style) called at 10 ms behind a kernel running
+    [0, 1200) ms: the call blocks until 1200.01 ms, but only the last 0.01 ms is the copy. An MPI code gets
+    MPI advice, and a call outside every range says so in words."""
+    rt = pd.DataFrame({"start_ns": [10 * MS], "end_ns": [1200 * MS + 10_000], "tid": [7], "pid": [1],
+                       "correlation_id": pd.array([5], dtype="Int64"), "name": ["cudaMemcpyAsync_v3020"]})
+    k = pd.DataFrame({"start_ns": [0], "end_ns": [1200 * MS], "device": [0], "stream": [7],
+                      "correlation_id": pd.array([4], dtype="Int64"), "pid": [1], "name": ["k"], "full_name": ["k"]})
+    mem = pd.DataFrame({"start_ns": [1200 * MS], "end_ns": [1200 * MS + 8_000], "device": [0], "stream": [7],
+                        "correlation_id": pd.array([5], dtype="Int64"), "pid": [1], "bytes": [8], "copy_kind": [2],
+                        "src_kind": [2], "dst_kind": [0], "src_device": pd.array([0], dtype="Int64"),
+                        "dst_device": pd.array([pd.NA], dtype="Int64")})
+    rd = RankData(file="x", pid=1, session_start_ns=0, kernels=k, memcpy=mem, runtime=rt, has_cuda=True,
+                  env={"OMPI_COMM_WORLD_RANK": "0"})
+    res = sync.map_rank(rd, {})
+    call = res["calls"].to_pandas().iloc[0]
+    assert call["kind"] == "memcpy_pageable" and call["waited_ns"] == 1190 * MS
+    found = sync.reduce([{**res, "rank": 0, "offset_ns": 0}], {})["findings"].set_index("finding")
+    assert "blocked the host for 0.01 ms of their own copying" in found.loc["pageable memcpy", "evidence"]
+    assert "waited 1190.00 ms for earlier GPU work" in found.loc["pageable memcpy", "evidence"]
+    waited = found.loc["copies that waited for earlier GPU work"]
+    assert "outside every NVTX range, 1190.00 of its 1190.01 ms" in waited["evidence"]
+    assert "CUDA-aware MPI" in waited["suggestion"] and "DataLoader" not in found.loc["pageable memcpy", "suggestion"]

@@ -30,8 +30,18 @@ SHORT_SYNC_NS = 1_000_000
 MANY_SYNCS = 10
 IDLE_SYNC_NS = 1_000_000
 SUGGESTIONS = {
-    "memcpy_pageable": "copy from pinned host memory (cudaMallocHost; in PyTorch DataLoader(pin_memory=True) and "
-                       ".to(device, non_blocking=True)) so the copy is truly asynchronous",
+    "memcpy_pageable": "copy from pinned host memory (cudaMallocHost or cudaHostRegister) so the copy is truly "
+                       "asynchronous",
+    "memcpy_pageable/torch": "copy from pinned host memory (DataLoader(pin_memory=True), tensor.pin_memory(), then "
+                             ".to(device, non_blocking=True)) so the copy is truly asynchronous",
+    "waited": "the time belongs to the GPU work queued before these calls (nvtx_gpu_proj shows which ranges "
+              "launched it): issue them after the work they do not need, or on a stream of their own",
+    "waited/torch": "the time belongs to the kernels queued before these copies (nvtx_gpu_proj shows which ranges "
+                    "launched them): read GPU values (.item(), .cpu(), .tolist()) less often or after the step's "
+                    "work is queued",
+    "waited/mpi": "the time belongs to the kernels queued before these copies (nvtx_gpu_proj shows which ranges "
+                  "launched them): hand device buffers to a CUDA-aware MPI instead of staging through the host, or "
+                  "copy on a stream of its own and overlap the copy with computation",
     "short_syncs": "look for host reads of GPU values in this range (loss.item(), .cpu(), print of a tensor, "
                    "Python control flow on a GPU value) and move them out of the loop or batch them",
     "idle_sync": "the host waited while the GPU had nothing to do: launch the next work before synchronizing, "
@@ -138,25 +148,65 @@ def map_rank(rd, options: dict) -> dict:
     # GPU time left idle while the host was blocked: the call's duration minus the union of GPU work in it
     busy = _gpu_busy(rd, cols["start_ns"], cols["end_ns"])
     cols["gpu_idle_ns"] = cols["end_ns"] - cols["start_ns"] - busy
+    cols["waited_ns"] = _waited(rd, rt, sel, cols)
     wall = int(end_all.max() - start_all.min())
-    return _map_result(api_codes[sel], list(api_words[:-1]), range_codes, range_words, cols, wall)
+    return _map_result(api_codes[sel], list(api_words[:-1]), range_codes, range_words, cols, wall,
+                       _flavour(rd.env))
 
 
-def _map_result(api_codes, api_words, range_codes, range_words, cols: dict, wall_ns: int) -> dict:
+def _waited(rd, rt, sel: np.ndarray, cols: dict) -> np.ndarray:
+    """How long each blocking call waited for GPU work queued before it: a sync, all of it; a copy or
+    memset, until its own operation started on the GPU (the rest is the copy's own cost)."""
+    duration = cols["end_ns"] - cols["start_ns"]
+    waited = np.where(np.isin(cols["kind"], _HOST_SYNCS[:3]), duration, 0)
+    ops = [f for f in (rd.frame("memcpy"), rd.frame("memset")) if f is not None and len(f)]
+    own_op = np.flatnonzero(np.isin(cols["kind"], [_KIND[k] for k in ("memcpy_sync", "memcpy_pageable",
+                                                                         "memset_sync")]))
+    if ops and len(own_op):
+        op_key = np.concatenate([_call_key(f) for f in ops])
+        op_start = np.concatenate([f.values("start_ns") for f in ops])
+        order = np.lexsort((op_start, op_key))  # by key, the earliest op of a key first
+        key_sorted = op_key[order]
+        at = np.searchsorted(key_sorted, _call_key(rt)[sel][own_op])
+        hit = (at < len(key_sorted)) & (key_sorted[np.minimum(at, len(key_sorted) - 1)] == _call_key(rt)[sel][own_op])
+        started = op_start[order][np.minimum(at, len(key_sorted) - 1)]
+        waited[own_op[hit]] = np.clip(started[hit] - cols["start_ns"][own_op[hit]], 0, duration[own_op[hit]])
+    return waited
+
+
+MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "MPI_LOCALRANKID")
+TORCH_ENV = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "LOCAL_WORLD_SIZE")
+
+
+def _flavour(env: dict) -> str:
+    """Which advice fits the job: an MPI code, a PyTorch job, or any other (from its recorded environment)."""
+    if any(k in env for k in MPI_ENV):
+        return "mpi"
+    return "torch" if any(k in env for k in TORCH_ENV) else ""
+
+
+def _suggestion(topic: str, flavour: str) -> str:
+    return SUGGESTIONS.get(f"{topic}/{flavour}", SUGGESTIONS[topic])
+
+
+def _map_result(api_codes, api_words, range_codes, range_words, cols: dict, wall_ns: int, flavour: str = "") -> dict:
     """The rank's blocking calls as an Arrow table, its per-(kind, API) summary and its findings."""
     duration = cols["end_ns"] - cols["start_ns"]
     calls = pa.Table.from_arrays([
         arrow_of(cols["pid"]), arrow_of(cols["tid"]), dictionary_column(api_codes, api_words),
         dictionary_column(cols["kind"], KINDS), arrow_of(cols["start_ns"]), arrow_of(cols["end_ns"]),
         arrow_of(duration), dictionary_column(range_codes, range_words), arrow_of(cols["gpu_idle_ns"]),
+        arrow_of(cols["waited_ns"]),
     ], names=map_columns())
     c = {"kind": cols["kind"], "duration": duration, "idle": cols["gpu_idle_ns"], "start": cols["start_ns"],
-         "api": api_codes, "api_words": api_words, "range": range_codes, "range_words": range_words}
-    return {"calls": calls, "wall_ns": wall_ns, "summary": _summary(c), "findings": _findings(c, wall_ns)}
+         "waited": cols["waited_ns"], "api": api_codes, "api_words": api_words, "range": range_codes,
+         "range_words": range_words}
+    return {"calls": calls, "wall_ns": wall_ns, "summary": _summary(c), "findings": _findings(c, wall_ns, flavour)}
 
 
 def map_columns() -> list[str]:
-    return ["pid", "tid", "api", "kind", "start_ns", "end_ns", "duration_ns", "nvtx_range", "gpu_idle_ns"]
+    return ["pid", "tid", "api", "kind", "start_ns", "end_ns", "duration_ns", "nvtx_range", "gpu_idle_ns",
+            "waited_ns"]
 
 
 SUMMARY_COLUMNS = ["kind", "api", "count", "total_ns", "mean_ns", "max_ns"]
@@ -209,18 +259,33 @@ def _descending(values: np.ndarray) -> np.ndarray:
 FINDING_COLUMNS = ["severity", "finding", "suggestion", "evidence"]
 
 
-def _findings(c: dict, wall_ns: int) -> list[tuple]:
+def _findings(c: dict, wall_ns: int, flavour: str = "") -> list[tuple]:
     """One rank's findings from its blocking calls (computed in the map step, where the rank's calls are)."""
     rows = []
     w = max(int(wall_ns), 1)
     kind, dur, idle_ns = c["kind"], c["duration"], c["idle"]
+    waited = c["waited"]
     pg = kind == _KIND["memcpy_pageable"]
     if pg.any():
-        total = int(dur[pg].sum())
-        share = total / w
-        rows.append(("high" if share > 0.01 else "medium", "pageable memcpy", SUGGESTIONS["memcpy_pageable"],
+        own = int((dur[pg] - waited[pg]).sum())
+        share = own / w
+        queued = int(waited[pg].sum())
+        rows.append(("high" if share > 0.01 else "medium", "pageable memcpy", _suggestion("memcpy_pageable", flavour),
                      f"{int(pg.sum())} async copies touched pageable host memory and blocked the host for "
-                     f"{total / 1e6:.2f} ms ({100 * share:.2f} % of the CUDA wall time)"))
+                     f"{own / 1e6:.2f} ms of their own copying ({100 * share:.2f} % of the CUDA wall time)"
+                     + (f"; before that they waited {queued / 1e6:.2f} ms for earlier GPU work, which is not the "
+                        "copies' cost" if queued else "")))
+    copies = np.isin(kind, [_KIND[k] for k in ("memcpy_sync", "memcpy_pageable", "memset_sync")]) & (waited > 0)
+    if copies.any() and waited[copies].sum() > 0.01 * w:
+        at = np.flatnonzero(copies)
+        worst = at[np.argmax(waited[at])]
+        where = (f"in {c['range_words'][c['range'][worst]]!r}" if c["range"][worst] >= 0
+                 else "outside every NVTX range")
+        rows.append(("high" if waited[copies].sum() > 0.05 * w else "medium",
+                     "copies that waited for earlier GPU work", _suggestion("waited", flavour),
+                     f"{int(copies.sum())} blocking copies and memsets waited {waited[copies].sum() / 1e6:.2f} ms "
+                     f"in all for GPU work queued before them; worst: {c['api_words'][c['api'][worst]]} {where}, "
+                     f"{waited[worst] / 1e6:.2f} of its {dur[worst] / 1e6:.2f} ms"))
     host = np.flatnonzero(np.isin(kind, _HOST_SYNCS) & (c["range"] >= 0))
     if len(host):
         names = np.array(c["range_words"], object)
