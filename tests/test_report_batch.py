@@ -42,6 +42,14 @@ def test_index_runs_recipes_and_reasons(report_dir):
         assert (report_dir / r.run / r.recipe / "report.html").exists()
     for run in ("cpu_ddp", "jacobi_report"):
         assert (report_dir / run / "overview.html").exists()
+    # one copy of plotly.js for the whole report folder: every page loads it by a relative path
+    assert [p.relative_to(report_dir).as_posix() for p in report_dir.rglob("plotly.min.js")] == ["plotly.min.js"]
+    for page in report_dir.rglob("*.html"):
+        text = page.read_text()
+        assert "plotly.js v" not in text
+        if 'class="plotly-graph-div"' in text:
+            depth = len(page.relative_to(report_dir).parts) - 1
+            assert f'src="{"../" * depth}plotly.min.js"' in text, page
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="make test installs Debian's chromium; it is not on PATH here")

@@ -13,7 +13,7 @@ from . import analyses, loader, progress, runner
 from .analyses.straggler import verdicts
 from .errors import MissingToolError, PackError, UsageError
 from .escape import html_text
-from .notebook import execute_notebook, notebook_to_html
+from .notebook import PLOTLY_JS, execute_notebook, notebook_to_html
 from .resources import notebook_path
 
 
@@ -78,7 +78,7 @@ def report(inputs: list[str], output: str, force: bool = False, nsys_path: str |
             row = {"run": name, "input": spec, "recipe": recipe}
             try:
                 runner.run(recipe, [spec], str(target), report=True, nsys_path=nsys_path, options={},
-                           log=lambda m: None)
+                           log=lambda m: None, shared_js=staged / PLOTLY_JS)
                 row.update(status="done", headline=headline(recipe, target))
             except MissingToolError:
                 raise
@@ -92,7 +92,7 @@ def report(inputs: list[str], output: str, force: bool = False, nsys_path: str |
             run_dir.mkdir(parents=True, exist_ok=True)
             index[index["run"] == name].to_parquet(run_dir / "recipes.parquet", index=False)
             execute_notebook(notebook_path("overview"), run_dir, run_dir / "overview.ipynb")
-            notebook_to_html(run_dir / "overview.ipynb", run_dir / "overview.html")
+            notebook_to_html(run_dir / "overview.ipynb", run_dir / "overview.html", shared_js=staged / PLOTLY_JS)
         index.to_parquet(staged / "index.parquet", index=False)
         (staged / "index.html").write_text(_index_html(index, runs, started))
         runner.publish(staged, out, force)

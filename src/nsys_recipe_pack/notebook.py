@@ -8,11 +8,14 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from urllib.parse import quote
 
 from . import resources
 from .errors import MissingToolError, PackError
+from .escape import html_text
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+PLOTLY_JS = "plotly.min.js"  # one copy per report folder, beside or above its pages
 KERNEL = "python3"  # Jupyter runs the native kernel with this very interpreter (sys.executable)
 
 
@@ -62,7 +65,10 @@ def _kernel_chatter_hidden():
                     print("\n".join(tail), file=sys.stderr)
 
 
-def notebook_to_html(ipynb: Path, html: Path, hide_code: bool = True) -> Path:
+def notebook_to_html(ipynb: Path, html: Path, hide_code: bool = True, shared_js: Path | None = None) -> Path:
+    """HTML of an executed notebook without its code. With shared_js, the page and the notebook load plotly.js
+    from that file (written there if missing) instead of each carrying its own 4.8 MB copy: a report folder
+    holds one."""
     import nbformat
     from nbconvert import HTMLExporter
 
@@ -70,14 +76,46 @@ def notebook_to_html(ipynb: Path, html: Path, hide_code: bool = True) -> Path:
     exporter.exclude_input = hide_code
     exporter.exclude_input_prompt = hide_code
     exporter.exclude_output_prompt = hide_code
-    body, _ = exporter.from_notebook_node(nbformat.read(str(ipynb), as_version=4))
+    nb = nbformat.read(str(ipynb), as_version=4)
+    body, _ = exporter.from_notebook_node(nb)
+    if shared_js is not None:
+        body = _load_plotly_from(body, Path(html), Path(shared_js))
+        changed = False
+        for output in (o for cell in nb.cells for o in cell.get("outputs", [])):
+            text = output.get("data", {}).get("text/html")
+            if isinstance(text, str | list):  # JupyterLab draws plotly's own mimetype beside it
+                lighter = _load_plotly_from("".join(text), Path(ipynb), Path(shared_js))
+                changed |= lighter != "".join(text)
+                output["data"]["text/html"] = lighter
+        if changed:
+            nbformat.write(nb, str(ipynb))
     html.write_text(body, encoding="utf-8")
     return html
 
 
-def render_report(recipe: str, output_dir: Path, parameters: dict | None = None) -> Path:
-    """Executed notebook as output_dir/<recipe>.ipynb and its HTML as output_dir/report.html."""
+def _load_plotly_from(body: str, page: Path, shared_js: Path) -> str:
+    """The HTML with its inline plotly.js (embedded by plots.show in the first figure) replaced by a script
+    that loads the shared file, by a path relative to the page, so the folder still opens offline and moved."""
+    from plotly.offline import get_plotlyjs
+
+    js = get_plotlyjs()
+    at = body.find(js)
+    if at < 0:
+        return body
+    start, end = body.rfind("<script", 0, at), body.find("</script>", at + len(js)) + len("</script>")
+    if not shared_js.exists():
+        shared_js.parent.mkdir(parents=True, exist_ok=True)
+        partial = shared_js.with_name(f".{shared_js.name}.{os.getpid()}")
+        partial.write_text(js, encoding="utf-8")
+        os.replace(partial, shared_js)
+    src = quote(Path(os.path.relpath(shared_js.resolve(), page.resolve().parent)).as_posix())
+    return body[:start] + f'<script charset="utf-8" src="{html_text(src)}"></script>' + body[end:]
+
+
+def render_report(recipe: str, output_dir: Path, parameters: dict | None = None, shared_js: Path | None = None) -> Path:
+    """Executed notebook as output_dir/<recipe>.ipynb and its HTML as output_dir/report.html, loading plotly.js
+    from shared_js (default: plotly.min.js beside it)."""
     output_dir = Path(output_dir)
     executed = execute_notebook(resources.notebook_path(recipe), output_dir, output_dir / f"{recipe}.ipynb",
                                 parameters)
-    return notebook_to_html(executed, output_dir / "report.html")
+    return notebook_to_html(executed, output_dir / "report.html", shared_js=shared_js or output_dir / PLOTLY_JS)

@@ -407,8 +407,9 @@ def run_framework_engine(recipe: str, files: list[Path], argv_options: list[str]
 
 def run(recipe: str, inputs: list[str], output: str | None = None, *, force: bool = False,
         mode: str = "concurrent", engine: str = "auto", report: bool = False, nsys_path: str | None = None,
-        jobs: int | None = None, options: dict | None = None, log=None) -> Path:
-    """Run one pack recipe end to end and return its output folder."""
+        jobs: int | None = None, options: dict | None = None, log=None, shared_js: Path | None = None) -> Path:
+    """Run one pack recipe end to end and return its output folder. shared_js: the plotly.js file that the
+    report page loads (default: one beside it), for several pages of one report folder."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
     analyses.get(recipe)
     options = dict(options or {})
@@ -461,7 +462,7 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
         if report:
             from .notebook import render_report
 
-            render_report(recipe, staged)
+            render_report(recipe, staged, shared_js=shared_js)
         publish(staged, out, force)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
