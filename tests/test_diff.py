@@ -54,3 +54,22 @@ def test_ai_profiler_optimisation_improves_and_the_reverse_fails(tmp_path, nsys)
     html = (tmp_path / "fwd" / "report.html").read_text()
     assert html.count('class="plotly-graph-div"') == 3 and "No tracked metric regressed" in html
     assert "tracked metric(s) regressed" in (tmp_path / "rev" / "report.html").read_text()
+
+
+def test_each_row_says_whether_it_gates_and_per_op_ranges_are_compared_per_op():
+    from nsys_recipe_pack.analyses.diff import most_moved, op_name
+
+    base = pd.DataFrame({"metric": ["nvtx_total_ns"] * 3 + ["median_iteration_ns"],
+                         "key": ["step", "forward", "tiny", "all ranks"], "value": [1000.0, 400.0, 3.0, 100.0]})
+    new = pd.DataFrame({"metric": ["nvtx_total_ns"] * 3 + ["median_iteration_ns"],
+                        "key": ["step", "forward", "tiny", "all ranks"], "value": [1300.0, 380.0, 60.0, 104.0]})
+    d = compare(base, new, tolerance_pct=5).set_index("key")
+    assert d.loc["step", "gates"] and d.loc["step", "reason"] == "gates: grew by more than 5 %"
+    # +1,900 % but 60 ns of 1,740: under 5 % of the NVTX time in both runs, so it cannot fail the job
+    assert d.loc["tiny", "verdict"] == "regressed" and not d.loc["tiny", "gates"]
+    assert d.loc["tiny", "reason"] == "not tracked: under 5% of the run's NVTX time in both runs"
+    assert d.loc["all ranks", "reason"] == "tracked: within the tolerance (5 %)"
+    assert d.loc["forward", "reason"] == "tracked: within the tolerance (5 %)"  # -5 %: not more than 5
+    assert most_moved(d.reset_index(), "regressed")["key"].tolist() == ["step", "tiny"]  # by ns moved, not %
+    names = pd.Series(["aten::mm, seq = 65, op_id = 7", "aten::mm, seq = 66", "forward", "aten::add_, sizes = [[2]]"])
+    assert op_name(names).tolist() == ["aten::mm", "aten::mm", "forward", "aten::add_"]

@@ -215,16 +215,24 @@ def cmd_diff(args) -> int:
 
     out, table = compare.diff_runs(args.base, args.new, args.output, tolerance=args.tolerance,
                                    force=args.force_overwrite, nsys_path=args.nsys)
+    from .analyses.diff import MIN_SHARE, most_moved
+
     gating = table[table["gates"]]
-    for verdict in ("regressed", "improved"):
-        rows = table[table["verdict"] == verdict].head(8)
+    for verdict, title in (("regressed", "slower"), ("improved", "faster")):
+        rows = most_moved(table, verdict)
         if len(rows):
-            print(f"{verdict}:")
+            print(f"{title}, by time moved (* decides the exit status):")
             for r in rows.itertuples():
-                print(f"  {r.metric:<20} {str(r.key)[:50]:<50} {r.change_pct:+8.1f} %")
+                moved = (r.new - r.base) / 1e6
+                print(terminal_text(f"  {'*' if r.gates else ' '} {r.metric:<20} {str(r.key)[:50]:<50} "
+                                    f"{moved:+10.2f} ms {r.change_pct:+8.1f} %"))
     print(f"output: {out}")
+    print(f"tracked: keys worth at least {MIN_SHARE:.0%} of their metric in either run, the shares of GPU time and "
+          f"the median iteration; a tracked time that grows by more than {args.tolerance:g} % (a share that "
+          f"moves the wrong way by more than {args.tolerance:g} points) fails the comparison")
     if len(gating):
-        print(f"verdict: {len(gating)} tracked metric(s) regressed by more than {args.tolerance:g} %")
+        print(terminal_text(f"verdict: {len(gating)} tracked metric(s) regressed: "
+                            + ", ".join(f"{r.key} ({r.change_pct:+.1f} %)" for r in gating.head(5).itertuples())))
         return 1
     print(f"verdict: no tracked metric regressed by more than {args.tolerance:g} %")
     return 0
