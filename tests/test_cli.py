@@ -196,3 +196,34 @@ def test_several_recipes_run_every_one_that_applies_and_say_why_the_others_did_n
               "--output", str(tmp_path / "none"))
     assert res.returncode == 3 and not (tmp_path / "none").exists(), res.stdout + res.stderr
     assert "skipped" in res.stdout and "needs CUDA" in res.stdout
+
+
+def test_long_steps_say_when_they_start_while_they_run_and_when_they_end():
+    import io
+    import time
+
+    from nsys_recipe_pack import progress
+
+    out = io.StringIO()
+    with progress.step("notebook", stream=out, every=0.05):
+        time.sleep(0.18)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "notebook ..." and lines[-1].startswith("notebook: done in ")
+    assert 2 <= sum(ln.endswith("s so far") for ln in lines) <= 4
+    out = io.StringIO()
+    try:
+        with progress.step("export", stream=out, every=10):
+            raise KeyboardInterrupt
+    except KeyboardInterrupt:
+        pass
+    assert out.getvalue().splitlines()[-1].startswith("export: stopped after ")
+
+
+def test_a_run_with_a_report_says_how_long_the_notebook_took(tmp_path):
+    from nsys_recipe_pack.synth import write_synthetic
+
+    data = write_synthetic(tmp_path / "s", ranks=2, iterations=6, fmt="sqlite")
+    res = cli("run", "--name", "kernel_pace", str(data), "--output", str(tmp_path / "o"), "--report")
+    assert res.returncode == 0, res.stderr
+    assert "kernel_pace: report (notebook and HTML) ..." in res.stderr
+    assert "kernel_pace: report (notebook and HTML): done in " in res.stderr

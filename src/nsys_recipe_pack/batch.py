@@ -91,8 +91,9 @@ def report(inputs: list[str], output: str, force: bool = False, nsys_path: str |
             run_dir = staged / name
             run_dir.mkdir(parents=True, exist_ok=True)
             index[index["run"] == name].to_parquet(run_dir / "recipes.parquet", index=False)
-            execute_notebook(notebook_path("overview"), run_dir, run_dir / "overview.ipynb")
-            notebook_to_html(run_dir / "overview.ipynb", run_dir / "overview.html", shared_js=staged / PLOTLY_JS)
+            with progress.step(f"{name}: overview page"):
+                execute_notebook(notebook_path("overview"), run_dir, run_dir / "overview.ipynb")
+                notebook_to_html(run_dir / "overview.ipynb", run_dir / "overview.html", shared_js=staged / PLOTLY_JS)
         index.to_parquet(staged / "index.parquet", index=False)
         (staged / "index.html").write_text(_index_html(index, runs, started))
         runner.publish(staged, out, force)

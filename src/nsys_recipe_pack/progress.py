@@ -1,8 +1,11 @@
-"""Progress for multi-rank work: a bar on a terminal, plain lines otherwise."""
+"""Progress for multi-rank work: a bar on a terminal, plain lines otherwise; and for single long steps."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import threading
+import time
 
 
 def iterate(items, total: int, desc: str, stream=None):
@@ -44,3 +47,28 @@ class Counter:
     def close(self) -> None:
         if self._bar is not None:
             self._bar.close()
+
+
+@contextlib.contextmanager
+def step(desc: str, stream=None, every: float = 10.0):
+    """A step that can take a while (an `nsys recipe` run, a notebook): a line when it starts, one every
+    `every` seconds while it runs, and one with its duration when it ends."""
+    stream = stream or sys.stderr
+    start = time.monotonic()
+    print(f"{desc} ...", file=stream, flush=True)
+    stop = threading.Event()
+
+    def tick():
+        while not stop.wait(every):
+            print(f"{desc}: {time.monotonic() - start:.0f} s so far", file=stream, flush=True)
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    ended = "stopped after"
+    try:
+        yield
+        ended = "done in"
+    finally:
+        stop.set()
+        ticker.join()
+        print(f"{desc}: {ended} {time.monotonic() - start:.1f} s", file=stream, flush=True)

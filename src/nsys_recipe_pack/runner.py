@@ -7,6 +7,7 @@ module in `recipes/`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -410,6 +411,7 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
         jobs: int | None = None, options: dict | None = None, log=None, shared_js: Path | None = None) -> Path:
     """Run one pack recipe end to end and return its output folder. shared_js: the plotly.js file that the
     report page loads (default: one beside it), for several pages of one report folder."""
+    quiet = log is not None  # a caller that takes the messages (nsys-recipe report) shows its own progress
     log = log or (lambda msg: print(msg, file=sys.stderr))
     analyses.get(recipe)
     options = dict(options or {})
@@ -445,8 +447,9 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
         if nsys is not None:
             log(f"running {recipe} through `nsys recipe` ({nsys.version}) on {len(files)} report(s)")
             shutil.rmtree(staged)
-            run_framework_engine(recipe, files, framework_argv(recipe, options), mode, nsys, staged,
-                                 options.get("_dask_scheduler") if mode == "dask-futures" else None)
+            with _step(f"{recipe}: nsys recipe on {len(files)} report(s)", quiet):
+                run_framework_engine(recipe, files, framework_argv(recipe, options), mode, nsys, staged,
+                                     options.get("_dask_scheduler") if mode == "dask-futures" else None)
             _name_analysis_file(staged, out)
         else:
             log(f"running {recipe} with the pack's runner on {len(files)} input(s)")
@@ -462,12 +465,17 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
         if report:
             from .notebook import render_report
 
-            render_report(recipe, staged, shared_js=shared_js)
+            with _step(f"{recipe}: report (notebook and HTML)", quiet):
+                render_report(recipe, staged, shared_js=shared_js)
         publish(staged, out, force)
     except BaseException:
         shutil.rmtree(staged, ignore_errors=True)
         raise
     return out
+
+
+def _step(desc: str, quiet: bool):
+    return contextlib.nullcontext() if quiet else progress.step(desc)
 
 
 def _too_new_reports(files: list[Path], nsys: nsys_tool.Nsys) -> dict[Path, str]:
