@@ -126,3 +126,26 @@ def test_a_report_notebook_runs_again_from_its_folder_after_a_move(tmp_path):
     nbclient.NotebookClient(nb, kernel_name="python3", resources={"metadata": {"path": str(moved)}}).execute()
     shown = "".join(o.get("data", {}).get("text/markdown", "") for c in nb.cells for o in c.get("outputs", []))
     assert "rank 1 holds the others back" in shown
+
+
+def test_tables_read_well_and_long_ranges_do_not_hide_short_gpu_bars():
+    from nsys_recipe_pack.plots import header, proj, three_digits
+
+    assert [three_digits(v) for v in (254.5, 31.24, 3.14159, 0.012345, 12.0, float("nan"))] == \
+        ["254", "31.2", "3.14", "0.0123", "12", "—"]
+    assert [header(c) for c in ("excess_ms", "straggler_iterations", "mean_us", "bandwidth_gbps")] == \
+        ["excess (ms)", "straggler iterations", "mean (µs)", "bandwidth (GB/s)"]
+    summary = pd.DataFrame({"name": ["step", "opt"], "count": [10, 10], "cpu_total_ns": [30_000e6, 1_500e6],
+                            "gpu_busy_total_ns": [1_700e6, 20e6], "gpu_proj_total_ns": [1_800e6, 30e6]})
+    assert proj.top_ranges(summary).layout.xaxis.type == "log"  # 20 ms next to 30 s: decades apart
+    even = summary.assign(cpu_total_ns=[30e6, 25e6], gpu_busy_total_ns=[20e6, 15e6])
+    assert proj.top_ranges(even).layout.xaxis.type is None
+
+
+def test_heatmap_and_arrival_skew_put_each_iteration_at_the_same_place():
+    it = pd.DataFrame({"rank": np.repeat([0, 1], 5), "iteration": np.tile(np.arange(3, 8), 2), "score": 1.0,
+                       "duration_ns": 1e6, "wait_ns": 0, "busy_ns": 1e6, "cause": None, "is_straggler": False,
+                       "arrival_skew_ns": np.arange(10) * 1000})
+    a, b = plots.heatmap(it).layout, plots.arrival_skew(it).layout
+    assert tuple(a.xaxis.range) == tuple(b.xaxis.range) == (2.5, 7.5)
+    assert a.margin == b.margin

@@ -35,10 +35,39 @@ def note(text: str) -> None:
     display(Markdown(text))
 
 
+UNITS = {"_ms": " (ms)", "_us": " (µs)", "_ns": " (ns)", "_pct": " (%)", "_gbps": " (GB/s)"}
+
+
+def header(column) -> str:
+    """A column name as a table header: words instead of underscores, the unit apart (`excess_ms` -> `excess (ms)`)."""
+    text = str(column)
+    unit = next((u for suffix, u in UNITS.items() if text.endswith(suffix)), "")
+    if unit:
+        text = text[: text.rfind("_")]
+    return text.replace("_", " ") + unit
+
+
+def three_digits(value) -> str:
+    """A measured number to 3 significant digits without exponents: 254.5 -> 254, 3.14159 -> 3.14, 0.01234
+    -> 0.0123; whole numbers as they are."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return str(value)
+    if value != value:  # NaN
+        return "—"
+    magnitude = abs(value)
+    if magnitude >= 100 or value == int(value):
+        return f"{value:,.0f}"
+    if magnitude >= 1:
+        return f"{value:.{3 - len(str(int(magnitude)))}f}"
+    return f"{value:.3g}" if magnitude >= 1e-4 else f"{value:.1e}"
+
+
 def table(df, index: bool = False):
-    """A DataFrame as an HTML table whose cells and labels are text, never markup; floats to 3 decimals, missing values as "—"."""
-    styler = (df.style.format(escape="html", na_rep="—", precision=3).format_index(escape="html", axis=0)
-              .format_index(escape="html", axis=1))
+    """A DataFrame as an HTML table whose cells and labels are text, never markup; readable headers, floats to
+    3 significant digits, missing values as "—"."""
+    floats = df.select_dtypes("floating").columns
+    styler = (df.style.format(escape="html", na_rep="—").format(three_digits, subset=list(floats), na_rep="—")
+              .format_index(escape="html", axis=0).format_index(header, escape="html", axis=1))
     return styler if index else styler.hide(axis="index")
 
 

@@ -24,7 +24,15 @@ def top_ranges(summary: pd.DataFrame, top: int = 20) -> go.Figure:
     ])
     fig.update_layout(barmode="group", title=f"NVTX ranges with the most GPU time (top {len(t)}, all ranks)",
                       xaxis_title="time (ms)", height=300 + 28 * len(t))
+    if spans_decades(pd.concat([t["gpu_ms"], t["cpu_ms"]])):  # short GPU bars stay visible beside long CPU ranges
+        fig.update_layout(xaxis_type="log", xaxis_title="time (ms, log scale)")
     return fig
+
+
+def spans_decades(values: pd.Series, decades: float = 2.0) -> bool:
+    """Whether the positive values differ by more than a factor 10**decades (then a log axis shows them all)."""
+    v = values[values > 0]
+    return len(v) > 1 and float(v.max()) > 10 ** decades * float(v.min())
 
 
 def cpu_vs_gpu(summary: pd.DataFrame, top: int = 200) -> go.Figure:

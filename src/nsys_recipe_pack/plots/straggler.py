@@ -9,6 +9,14 @@ import plotly.graph_objects as go
 from ..escape import plotly_text
 
 MAX_HEATMAP_ROWS = 256
+# the heatmap and the arrival-skew chart share their horizontal layout, so an iteration sits at the same place
+# in both: the same margins, the colour bar and the legend in the right margin, the same iteration range
+MARGIN = {"l": 70, "r": 150, "t": 70, "b": 50}
+
+
+def _iteration_axis(iterations) -> dict:
+    lo, hi = (int(np.min(iterations)), int(np.max(iterations))) if len(iterations) else (0, 0)
+    return {"range": [lo - 0.5, hi + 0.5], "title": "iteration"}
 
 
 def _ms(ns):
@@ -63,8 +71,9 @@ def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
     title = "Busy time relative to the iteration's cross-rank median (× marks flagged cells)"
     if binned:
         title += f"<br><sup>{len(ranks)} ranks shown in {max_rows} bins; each cell is the worst rank of its bin</sup>"
-    fig.update_layout(title=title, xaxis_title="iteration", yaxis_title="rank", yaxis_type="category",
-                      height=min(900, 250 + 14 * len(order)), showlegend=False)
+    fig.update_layout(title=title, xaxis=_iteration_axis(df["iteration"]), yaxis_title="rank", yaxis_type="category",
+                      height=min(900, 250 + 14 * len(order)), showlegend=False, margin=MARGIN)
+    fig.update_traces(colorbar={"x": 1.02, "xanchor": "left"}, selector={"type": "heatmap"})
     return fig
 
 
@@ -104,5 +113,6 @@ def arrival_skew(it: pd.DataFrame) -> go.Figure:
     fig.add_trace(go.Scatter(x=med.index, y=_ms(med), mode="lines", name="median rank",
                              hovertemplate="iteration %{x}<br>median %{y:.2f} ms<extra></extra>"))
     fig.update_layout(title="Arrival at the iteration's last collective, after the earliest rank",
-                      xaxis_title="iteration", yaxis_title="arrival skew (ms)")
+                      xaxis=_iteration_axis(it["iteration"]), yaxis_title="arrival skew (ms)", margin=MARGIN,
+                      legend={"x": 1.02, "xanchor": "left", "y": 1})
     return fig
