@@ -40,10 +40,27 @@ def test_both_injected_stragglers_are_flagged_with_their_cause_and_nothing_else(
     assert ranks.loc[3, "top_cause"] == "optimizer" and ranks.loc[3, "top_cause_side"] == "host"
     assert ranks.loc[5, "top_cause"] == "backward" and ranks.loc[5, "top_cause_side"] == "gpu"
     said = verdicts(stragglers["ranks"], flagged)
-    assert any(line.startswith("rank 5 holds the others back in 10 of 60 iterations (15–24)") and
-               line.endswith("GPU work launched in backward") for line in said), said
-    assert any(line.startswith("rank 3 holds the others back in 10 of 60 iterations (40–49)") and
-               line.endswith("host time in optimizer") for line in said), said
+    assert any(line.startswith("rank 5 holds the others back in 10 of 60 iterations (15–24, persistent)") and
+               "; GPU work launched in backward, +" in line for line in said), said
+    assert any(line.startswith("rank 3 holds the others back in 10 of 60 iterations (40–49, persistent)") and
+               "; host time in optimizer, +" in line for line in said), said
+
+
+def test_recoverable_time_is_what_the_injected_steps_cost_the_job(stragglers):
+    """Each injected straggler's recoverable time against the steps' own durations: the median step time across
+    ranks in its steps minus the median of the clean steps, summed; clean ranks recover nothing."""
+    it, ranks = stragglers["iterations"], stragglers["ranks"].set_index("rank")
+    step = it.groupby("iteration")["duration_ns"].median()
+    injected = [i for s in TRUTH["stragglers"] for i in s["iterations"]]
+    clean = step.drop(injected).median()
+    for s in TRUTH["stragglers"]:
+        cost = float((step.loc[s["iterations"]] - clean).sum())
+        assert ranks.loc[s["rank"], "recoverable_ns"] == pytest.approx(cost, rel=0.15), s
+        assert ranks.loc[s["rank"], "recurrence"] == "persistent" and ranks.loc[s["rank"], "episodes"] == 1
+    others = ranks.drop([s["rank"] for s in TRUTH["stragglers"]])
+    assert (others["recoverable_ns"] == 0).all() and others["recurrence"].isna().all()
+    run = step.sum()
+    assert ranks.loc[3, "recoverable_pct"] == pytest.approx(100 * ranks.loc[3, "recoverable_ns"] / run, rel=1e-3)
 
 
 def test_the_gpu_bound_straggler_waits_least_where_its_peers_wait_for_it(stragglers):

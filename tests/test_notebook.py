@@ -30,7 +30,7 @@ def check_html(html_path, figures: int):
 def test_report_with_a_straggler(tmp_path):
     data = write_synthetic(tmp_path / "in", ranks=4, iterations=20, stragglers=[Straggler(2, 5, 9, "dataloader", 1.5)])
     out = runner.run("straggler_heatmap", [str(data)], str(tmp_path / "out"), mode="none", options={})
-    html = check_html(render_report("straggler_heatmap", out), figures=4)
+    html = check_html(render_report("straggler_heatmap", out), figures=5)  # with recoverable time per rank
     assert "SYNTHETIC DATA" in html
     assert (out / "straggler_heatmap.ipynb").exists()
     nb = json.loads((out / "straggler_heatmap.ipynb").read_text())

@@ -94,3 +94,23 @@ def test_mpi_job_without_nvtx_finds_the_rank_whose_kernels_run_slower(tmp_path):
     kernel_ms = json.loads((data / "truth.json").read_text())["nominal_ms"]["jacobi_kernel"]
     clean = it[~it["rank"].isin([4])]
     assert clean["busy_ns"].median() == pytest.approx(kernel_ms * 1e6, rel=0.05)
+
+
+def test_recurrence_tells_a_persistent_straggler_from_a_rotating_culprit(tmp_path):
+    persistent = [Straggler(rank=3, first=10, last=21, cause="dataloader", slowdown=1.5)]
+    rotating = [Straggler(rank=(i // 2) % RANKS, first=i, last=i, cause="dataloader", slowdown=1.5)
+                for i in range(4, 36, 2)]  # 16 single iterations, 8 ranks two each
+    for name, spec in (("persistent", persistent), ("rotating", rotating)):
+        data = write_synthetic(tmp_path / name, ranks=RANKS, iterations=ITERS, fmt="parquetdir", stragglers=spec, seed=11)
+        out = runner.run("straggler_heatmap", [str(data)], str(tmp_path / f"out-{name}"), mode="none", options={})
+        ranks = pd.read_parquet(out / "ranks.parquet").set_index("rank")
+        said = json.loads((out / "analysis.json").read_text())["pattern"]
+        if name == "persistent":
+            assert said.startswith("one rank dominates: rank 3")
+            assert ranks.loc[3, "recurrence"] == "persistent" and ranks.loc[3, "episodes"] == 1
+            assert ranks.loc[3, "longest_run"] == 12
+        else:
+            assert said.startswith("the culprit moves: 8 ranks"), said
+            flagged = ranks[ranks["straggler_iterations"] > 0]
+            assert len(flagged) == RANKS and (flagged["recurrence"] == "intermittent").all()
+            assert (flagged["longest_run"] == 1).all() and (flagged["episodes"] == flagged["straggler_iterations"]).all()

@@ -220,7 +220,7 @@ def test_verdicts_say_the_answer_first_and_call_one_off_flags_incidental():
                           "top_cause_side": ["host", "host", "host", None]})
     assert incidental(ranks, stragglers).tolist() == [False, True, True, False]
     said = verdicts(ranks, stragglers)
-    assert said == ["rank 2 holds the others back in 11 of 60 iterations (20–29, 35): 320.0 ms in total "
-                    "(30.0 ms per iteration), host time in dataloader",
+    assert said == ["rank 2 holds the others back in 11 of 60 iterations (20–29, 35): 320.0 ms of excess busy "
+                    "time; host time in dataloader, +30.0 ms per iteration",
                     "incidental: rank 1 in 3 iterations, rank 0 in 1 iteration (one-off delays, not a rank that "
                     "holds the job back)"]

@@ -37,6 +37,8 @@ def straggler_lines(out: Path, top: int = 5) -> list[str]:
     lines.append("top stragglers:")
     lines.extend("  " + ln for ln in table.to_string(index=False).splitlines())
     lines.extend(verdicts(ranks, pd.read_parquet(out / "stragglers.parquet"), top))
+    if analysis.get("pattern"):
+        lines.append(f"pattern: {analysis['pattern']}")
     return lines
 
 

@@ -404,6 +404,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     iterations["gpu_busy_ns"] = iterations["gpu_busy_ns"].astype("Int64")
     iterations["is_straggler"] = iterations["is_straggler"].astype(bool)
 
+    iterations["recoverable_ns"] = _recoverable(iterations, med_busy.reindex(iters.index), iters).astype("int64")
     stragglers = iterations[iterations["is_straggler"]].reset_index(drop=True)
     g = iterations.groupby("rank")
     ranks = pd.DataFrame({
@@ -423,9 +424,15 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
         ["straggler_iterations", "excess_total_ns", "median_score"], ascending=False, kind="mergesort"
     ).reset_index(drop=True)
     ranks["incidental"] = incidental(ranks, stragglers)
+    run_ns = int(iterations.groupby("iteration")["duration_ns"].median().sum())
+    ranks["recoverable_ns"] = ranks["rank"].map(stragglers.groupby("rank")["recoverable_ns"].sum()).fillna(0) \
+        .astype("int64")
+    ranks["recoverable_pct"] = 100.0 * ranks["recoverable_ns"] / max(run_ns, 1)
+    ranks = ranks.join(recurrence(ranks, stragglers), on="rank")
     used = np.sum([r.get("sync_points", [0] * len(SYNC_SOURCES)) for r in per_rank], axis=0)
     settings = {"threshold": threshold, "sigma": sigma, "busy_noise_ns": busy_scale,
-                "sync_points": {name: int(c) for name, c in zip(SYNC_SOURCES, used, strict=True) if c}}
+                "sync_points": {name: int(c) for name, c in zip(SYNC_SOURCES, used, strict=True) if c},
+                "run_ns": run_ns, "pattern": pattern(ranks)}
     return {"iterations": iterations, "ranks": ranks, "stragglers": stragglers, "settings": settings}
 
 
@@ -446,6 +453,71 @@ def spans(values) -> str:
 
 
 INCIDENTAL_CELLS = 3  # fewer flagged iterations than this, or as few as this apart from one another: incidental
+
+
+def _of_the_others(group: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """For each row, the largest value among the other rows of its group (-inf when it is alone)."""
+    n = len(values)
+    order = np.lexsort((-values, group))  # by group, then largest first
+    g, v = group[order], values[order]
+    first = np.r_[True, g[1:] != g[:-1]] if n else np.zeros(0, bool)
+    head = np.flatnonzero(first)
+    nxt = np.minimum(head + 1, max(n - 1, 0))
+    second = np.where((head + 1 < n) & (g[nxt] == g[head]), v[nxt], -np.inf)
+    at = np.cumsum(first) - 1
+    out = np.empty(n)
+    out[order] = np.where(first, second[at], v[head][at])
+    return out
+
+
+def _recoverable(iterations: pd.DataFrame, med_busy: pd.Series, iters: pd.DataFrame) -> np.ndarray:
+    """For each flagged cell, the time the whole iteration would have been shorter had the rank's busy time been
+    the median rank's: its busy time above the busiest of the others (or the median, if higher), and no more
+    than the others waited beyond its own wait (the least-waiting other rank). 0 for cells not flagged."""
+    merged = iterations[["rank", "iteration", "busy_ns", "wait_ns", "is_straggler"]].merge(
+        iters[["rank", "iteration"]].assign(med_busy=med_busy.to_numpy()), on=["rank", "iteration"], how="left")
+    group = merged["iteration"].to_numpy()
+    busy, wait = merged["busy_ns"].to_numpy(float), merged["wait_ns"].to_numpy(float)
+    above = busy - np.maximum(merged["med_busy"].to_numpy(float), _of_the_others(group, busy))
+    waited_more = -_of_the_others(group, -wait) - wait  # the least-waiting other rank's wait, beyond this rank's
+    saving = np.clip(np.minimum(above, np.where(np.isfinite(waited_more), waited_more, 0.0)), 0.0, None)
+    return np.round(np.where(merged["is_straggler"].to_numpy(), saving, 0.0))
+
+
+PERSISTENT_RUN = 3  # consecutive flagged iterations that make a rank's straggling persistent
+
+
+def recurrence(ranks: pd.DataFrame, stragglers: pd.DataFrame) -> pd.DataFrame:
+    """Per rank: episodes (runs of consecutive flagged iterations), the longest, its share of all flagged cells,
+    and whether its straggling is persistent (a run of 3 or more, or a fifth of the iterations) or
+    intermittent; by rank."""
+    out = pd.DataFrame(index=pd.Index(ranks["rank"], name="rank"))
+    s = stragglers.sort_values(["rank", "iteration"])
+    rank, it = s["rank"].to_numpy(), s["iteration"].to_numpy()
+    new_run = np.r_[True, (rank[1:] != rank[:-1]) | (it[1:] != it[:-1] + 1)] if len(s) else np.zeros(0, bool)
+    out["episodes"] = pd.Series(new_run.astype(np.int64), index=rank).groupby(level=0).sum()
+    out["longest_run"] = longest_runs(stragglers)
+    out = out.fillna(0).astype("int64")
+    cells = ranks.set_index("rank")["straggler_iterations"]
+    out["flagged_share"] = cells / max(int(cells.sum()), 1)
+    persistent = (out["longest_run"] >= PERSISTENT_RUN) | (cells >= 0.2 * ranks.set_index("rank")["iterations"])
+    out["recurrence"] = np.where(cells == 0, None, np.where(persistent, "persistent", "intermittent"))
+    return out
+
+
+def pattern(ranks: pd.DataFrame) -> str:
+    """Whether one rank dominates the run's straggling, the culprit moves from rank to rank, or a few share it."""
+    flagged = ranks[ranks["straggler_iterations"] > 0].sort_values("flagged_share", ascending=False)
+    if flagged.empty:
+        return "no rank straggles"
+    top = flagged.iloc[0]
+    if top["flagged_share"] > 0.6:
+        return f"one rank dominates: rank {top['rank']} has {top['flagged_share']:.0%} of the flagged iterations"
+    if len(flagged) >= 3 and top["flagged_share"] <= 1 / 3:
+        return (f"the culprit moves: {len(flagged)} ranks share the {int(flagged['straggler_iterations'].sum())} "
+                f"flagged iterations, none more than {int(flagged['straggler_iterations'].max())}")
+    return "a few ranks share it: " + ", ".join(f"rank {r.rank} ({r.flagged_share:.0%})"
+                                                   for r in flagged.head(5).itertuples())
 
 
 def longest_runs(stragglers: pd.DataFrame) -> pd.Series:
@@ -485,9 +557,14 @@ def verdicts(ranks: pd.DataFrame, stragglers: pd.DataFrame, top: int = 5) -> lis
             what = FIXED_CAUSES[cause]
         else:
             what = f"{'GPU work launched in' if side == 'gpu' else 'host time in'} {cause}"
+        recurring = getattr(r, "recurrence", None)
+        if recurring == "intermittent":
+            recurring = f"intermittent: {r.episodes} episodes"
+        cost = (f"{r.recoverable_ns / 1e6:,.0f} ms recoverable, {r.recoverable_pct:.1f} % of the run"
+                if hasattr(r, "recoverable_ns") else f"{cells['excess_ns'].sum() / 1e6:,.1f} ms of excess busy time")
         lines.append(f"rank {r.rank} holds the others back in {len(cells)} of {r.iterations} iterations "
-                     f"({spans(cells['iteration'])}): {cells['excess_ns'].sum() / 1e6:,.1f} ms in total "
-                     f"({np.median(cells['excess_ns']) / 1e6:,.1f} ms per iteration), {what}")
+                     f"({spans(cells['iteration'])}{', ' + recurring if isinstance(recurring, str) else ''}): "
+                     f"{cost}; {what}, +{np.median(cells['excess_ns']) / 1e6:,.1f} ms per iteration")
     if odd.any():
         few = flagged[odd]
         lines.append("incidental: " + ", ".join(

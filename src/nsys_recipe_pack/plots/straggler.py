@@ -90,6 +90,19 @@ def straggler_bars(ranks: pd.DataFrame, top: int = 50) -> go.Figure:
     return fig
 
 
+def recoverable(stragglers: pd.DataFrame, top: int = 30) -> go.Figure:
+    """Recoverable time per rank, split by cause: what fixing each straggling rank would give back."""
+    c = stragglers.assign(label=cause_labels(stragglers["cause"], stragglers.get("cause_side")))
+    t = c.groupby(["rank", "label"])["recoverable_ns"].sum().unstack(fill_value=0) / 1e6
+    t = t.loc[t.sum(axis=1).sort_values(ascending=False).index[:top]]
+    fig = go.Figure([go.Bar(x=t.index.astype(str), y=t[label], name=plotly_text(label), meta=plotly_text(label),
+                            hovertemplate="rank %{x}<br>%{meta}: %{y:,.1f} ms recoverable<extra></extra>")
+                     for label in t.columns])
+    fig.update_layout(barmode="stack", title="Recoverable time per rank, by cause (had it matched the median rank)",
+                      xaxis_title="rank", yaxis_title="recoverable (ms)", xaxis_type="category")
+    return fig
+
+
 def causes(stragglers: pd.DataFrame) -> go.Figure:
     c = stragglers.assign(cause=cause_labels(stragglers["cause"], stragglers.get("cause_side"))).groupby("cause").agg(
         cells=("rank", "size"), excess_ms=("excess_ns", lambda s: s.sum() / 1e6)).sort_values("excess_ms")
