@@ -11,7 +11,7 @@ work. So a rank whose GPU work makes the others wait is the one whose busy time 
 is on its host or its GPU. A cell is flagged when the excess is large relative to the iteration
 (`threshold`) and relative to the noise, estimated robustly over the whole run, either for busy time as
 a whole or for one component (an NVTX child range's host time, the GPU time of the work it launched,
-GPU compute, memcpy, host sync) that accounts for at least half of the excess (`sigma`).
+GPU compute, memcpy, host time outside them) that accounts for at least half of the excess (`sigma`).
 """
 
 from __future__ import annotations
@@ -128,8 +128,9 @@ def map_rank(rd, options: dict) -> dict:
         collective = np.zeros(len(op_start), bool)
         if ops is not None and len(ops.op):
             collective[ops.op] = ops.collective
-        for component, sel in [("gpu_compute", (position < n_kernels) & ~collective),
-                               ("memcpy", (position >= n_kernels) & (position < n_kernels + n_memcpy))]:
+        for component, sel in zip(GPU_COMPONENTS, [(position < n_kernels) & ~collective,
+                                                   (position >= n_kernels) & (position < n_kernels + n_memcpy)],
+                                  strict=True):
             sel &= ~covered
             if sel.any():
                 components.append((component, _windowed_union(ws, we, op_start[sel], op_end[sel], n), 1))

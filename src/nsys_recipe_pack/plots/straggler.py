@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..analyses.straggler import GPU_COMPONENTS
 from ..escape import plotly_text
 
 MAX_HEATMAP_ROWS = 256
@@ -27,7 +28,7 @@ def cause_labels(cause: pd.Series, side: pd.Series | None) -> pd.Series:
     """A cell's cause as shown: a child range's GPU work marked apart from its host time; "—" for none."""
     label = cause.astype(object).where(cause.notna(), "—").astype(str)
     if side is not None:
-        on_gpu = (side == "gpu").fillna(False).astype(bool) & ~cause.isin(["gpu_compute", "memcpy"])
+        on_gpu = (side == "gpu").fillna(False).astype(bool) & ~cause.isin(GPU_COMPONENTS)
         label = label.where(~on_gpu, label + " (GPU work)")
     return label
 
