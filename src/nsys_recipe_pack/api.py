@@ -10,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 
 from . import analyses, runner
+from .errors import UsageError
 
 
 @dataclass
@@ -56,6 +57,10 @@ def run_recipe(name: str, inputs, output=None, *, overwrite: bool | None = None,
     inputs = [str(inputs)] if isinstance(inputs, (str, Path)) else [str(i) for i in inputs]
     force = bool(force_overwrite or overwrite or (overwrite is None and output is not None
                                                   and _earlier_output(Path(output))))
+    if output is not None and Path(output).exists() and not force:
+        raise UsageError(f"{output}: already exists" + (" and overwrite=False keeps it" if overwrite is False else
+                         " and is not an output of the pack; pass overwrite=True to replace it")
+                         + ", or choose another output folder")
     out = runner.run(name, inputs, str(output) if output else None, force=force, mode=mode, engine=engine,
                      report=report, nsys_path=nsys, jobs=jobs, options=opts, log=lambda m: None)
     return load_output(out)
