@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import PAGEABLE, gpu_intervals
+from ..gpu import PAGEABLE, gpu_intervals, pair_launches
 from ..gpu import call_key as _call_key
 from ..intervals import covered_length, union_segments
 from ..iterations import range_arrays
@@ -58,6 +58,8 @@ SYNC_API_KINDS = [(r"^(cudaDeviceSynchronize|cudaThreadSynchronize|cuCtxSynchron
 KINDS = ["device", "stream", "event", "stream_wait", "memcpy_sync", "memcpy_pageable", "memset_sync"]
 _KIND = {k: i for i, k in enumerate(KINDS)}
 _HOST_SYNCS = [_KIND[k] for k in ("device", "stream", "event", "memcpy_sync")]
+_SYNC_CALLS = [_KIND[k] for k in ("device", "stream", "event")]  # wait for earlier GPU work, all of them
+_OWN_OP_CALLS = [_KIND[k] for k in ("memcpy_sync", "memcpy_pageable", "memset_sync")]  # also run an operation
 
 
 def _column(frame, col: str, fill) -> np.ndarray:
@@ -158,18 +160,16 @@ def _waited(rd, rt, sel: np.ndarray, cols: dict) -> np.ndarray:
     """How long each blocking call waited for GPU work queued before it: a sync, all of it; a copy or
     memset, until its own operation started on the GPU (the rest is the copy's own cost)."""
     duration = cols["end_ns"] - cols["start_ns"]
-    waited = np.where(np.isin(cols["kind"], _HOST_SYNCS[:3]), duration, 0)
+    waited = np.where(np.isin(cols["kind"], _SYNC_CALLS), duration, 0)
     ops = [f for f in (rd.frame("memcpy"), rd.frame("memset")) if f is not None and len(f)]
-    own_op = np.flatnonzero(np.isin(cols["kind"], [_KIND[k] for k in ("memcpy_sync", "memcpy_pageable",
-                                                                         "memset_sync")]))
+    own_op = np.flatnonzero(np.isin(cols["kind"], _OWN_OP_CALLS))
     if ops and len(own_op):
-        op_key = np.concatenate([_call_key(f) for f in ops])
         op_start = np.concatenate([f.values("start_ns") for f in ops])
-        order = np.lexsort((op_start, op_key))  # by key, the earliest op of a key first
-        key_sorted = op_key[order]
-        at = np.searchsorted(key_sorted, _call_key(rt)[sel][own_op])
-        hit = (at < len(key_sorted)) & (key_sorted[np.minimum(at, len(key_sorted) - 1)] == _call_key(rt)[sel][own_op])
-        started = op_start[order][np.minimum(at, len(key_sorted) - 1)]
+        op, call = pair_launches(np.concatenate([_call_key(f) for f in ops]), _call_key(rt)[sel][own_op])
+        never = np.iinfo(np.int64).max
+        started = np.full(len(own_op), never)
+        np.minimum.at(started, call, op_start[op])  # a call's earliest operation
+        hit = started < never
         waited[own_op[hit]] = np.clip(started[hit] - cols["start_ns"][own_op[hit]], 0, duration[own_op[hit]])
     return waited
 
@@ -275,7 +275,7 @@ def _findings(c: dict, wall_ns: int, flavour: str = "") -> list[tuple]:
                      f"{own / 1e6:.2f} ms of their own copying ({100 * share:.2f} % of the CUDA wall time)"
                      + (f"; before that they waited {queued / 1e6:.2f} ms for earlier GPU work, which is not the "
                         "copies' cost" if queued else "")))
-    copies = np.isin(kind, [_KIND[k] for k in ("memcpy_sync", "memcpy_pageable", "memset_sync")]) & (waited > 0)
+    copies = np.isin(kind, _OWN_OP_CALLS) & (waited > 0)
     if copies.any() and waited[copies].sum() > 0.01 * w:
         at = np.flatnonzero(copies)
         worst = at[np.argmax(waited[at])]
