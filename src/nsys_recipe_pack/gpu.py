@@ -73,15 +73,22 @@ def launched_ops(rd) -> Launched:
         empty = np.zeros(0, np.int64)
         return Launched(empty, empty, empty, np.zeros(0, bool), empty, empty, empty, empty, len(op_start))
     op_key = np.concatenate([call_key(f) for f in frames])
-    collective = np.zeros(len(op_key), bool)
-    kernels = rd.frame("kernels")
-    if kernels is not None and len(kernels):
-        codes, words = kernels.codes("name")
-        collective[:len(kernels)] = matching(words, NCCL_KERNEL_RE)[codes]
+    collective = collective_ops(rd)
     op, call = pair_launches(op_key, call_key(rt))
     return Launched(op, op_start[op], op_end[op], collective[op], rt.values("start_ns")[call],
                     rt.values("end_ns")[call], rt.values("tid")[call], rt.values("pid")[call],
                     int(len(op_key) - len(np.unique(op))))
+
+
+def collective_ops(rd) -> np.ndarray:
+    """Which ops, in `gpu_intervals` order, are communication kernels (NCCL): their GPU time includes the
+    wait for the other ranks."""
+    collective = np.zeros(sum(len(f) for f in gpu_frames(rd)), bool)
+    kernels = rd.frame("kernels")
+    if kernels is not None and len(kernels):
+        codes, words = kernels.codes("name")
+        collective[:len(kernels)] = matching(words, NCCL_KERNEL_RE)[codes]
+    return collective
 
 
 def pair_launches(op_key: np.ndarray, call_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import gpu_intervals, launched_ops
+from ..gpu import collective_ops, gpu_intervals, launched_ops
 from ..intervals import outermost, split_into_windows, union_lengths
 from ..iterations import (
     DEFAULT_SYNC_RE,
@@ -125,10 +125,7 @@ def map_rank(rd, options: dict) -> dict:
         memcpy = rd.frame("memcpy")
         n_memcpy = 0 if memcpy is None else len(memcpy)
         position = np.arange(len(op_start))
-        collective = np.zeros(len(op_start), bool)
-        if ops is not None and len(ops.op):
-            collective[ops.op] = ops.collective
-        for component, sel in zip(GPU_COMPONENTS, [(position < n_kernels) & ~collective,
+        for component, sel in zip(GPU_COMPONENTS, [(position < n_kernels) & ~collective_ops(rd),
                                                    (position >= n_kernels) & (position < n_kernels + n_memcpy)],
                                   strict=True):
             sel &= ~covered
