@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -93,12 +94,18 @@ def notebook_to_html(ipynb: Path, html: Path, hide_code: bool = True, shared_js:
     return html
 
 
+@functools.lru_cache(maxsize=1)
+def _plotly_js() -> str:
+    """plotly.js as plots.show embeds it (read from plotly's package data, 4.8 MB: once per process)."""
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs()
+
+
 def _load_plotly_from(body: str, page: Path, shared_js: Path) -> str:
     """The HTML with its inline plotly.js (embedded by plots.show in the first figure) replaced by a script
     that loads the shared file, by a path relative to the page, so the folder still opens offline and moved."""
-    from plotly.offline import get_plotlyjs
-
-    js = get_plotlyjs()
+    js = _plotly_js()
     at = body.find(js)
     if at < 0:
         return body
