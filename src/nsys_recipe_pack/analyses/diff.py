@@ -107,7 +107,11 @@ def _reasons(m: pd.DataFrame, tracked: pd.Series, tolerance_pct: float) -> pd.Se
         default=within), index=m.index)
 
 
-def most_moved(d: pd.DataFrame, verdict: str, top: int = 8) -> pd.DataFrame:
-    """The rows of one verdict whose time moved most, in ns rather than percent (tiny keys swing wildly)."""
-    rows = d[(d["verdict"] == verdict) & (d["metric"] != "share_pct")]
+def by_time_moved(rows: pd.DataFrame, top: int) -> pd.DataFrame:
+    """The `top` rows whose value moved most, in ns rather than percent (tiny keys swing wildly)."""
     return rows.reindex((rows["new"] - rows["base"]).abs().sort_values(ascending=False).index).head(top)
+
+
+def most_moved(d: pd.DataFrame, verdict: str, top: int = 8) -> pd.DataFrame:
+    """The time rows of one verdict that moved most."""
+    return by_time_moved(d[(d["verdict"] == verdict) & (d["metric"] != "share_pct")], top)

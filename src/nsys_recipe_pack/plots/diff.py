@@ -5,15 +5,14 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..analyses.diff import by_time_moved
 from ..escape import plotly_text
 
 COLORS = {"regressed": "#E45756", "improved": "#54A24B", "unchanged": "#BBBBBB"}
 
 
 def biggest_changes(d: pd.DataFrame, metric: str, top: int = 20) -> go.Figure:
-    t = d[(d["metric"] == metric) & d["change_pct"].notna()]
-    moved = (t["new"] - t["base"]).abs()  # largest in time, not in percent: tiny keys swing wildly
-    t = t.reindex(moved.sort_values(ascending=False).index).head(top).iloc[::-1]
+    t = by_time_moved(d[(d["metric"] == metric) & d["change_pct"].notna()], top).iloc[::-1]
     fig = go.Figure(go.Bar(
         x=t["change_pct"], y=plotly_text(t["key"].astype(str).str.slice(0, 60)), orientation="h",
         marker_color=[COLORS.get(v, "#888") for v in t["verdict"]],
