@@ -604,8 +604,8 @@ def _beside_problem(export: Path, report: Path, needs: set[str]) -> str | None:
     try:
         if stamp.stat().st_mtime_ns < report.stat().st_mtime_ns:
             return "is older than the report"
-        tables, filtered = _sqlite_tables(export) if sqlite_file else _parquetdir_tables(export)
-    except (OSError, sqlite3.Error, pa.ArrowException):
+        tables, filtered = _export_tables(export)
+    except (OSError, sqlite3.Error, pa.ArrowException, BadInputError):
         return "is not a readable export"
     if "StringIds" not in tables:
         return "is not an Nsight Systems export"
@@ -615,30 +615,15 @@ def _beside_problem(export: Path, report: Path, needs: set[str]) -> str | None:
     return f"lacks {', '.join(missing)}" if missing else None
 
 
-def _sqlite_tables(path: Path) -> tuple[set[str], bool]:
-    """The tables of an SQLite export, and whether it was made with a table filter (`nsys export --tables`)."""
-    with open(path, "rb") as fh:
-        if fh.read(16) != b"SQLite format 3\x00":
-            raise sqlite3.DatabaseError("not an SQLite file")
-    con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+def _export_tables(path: Path) -> tuple[set[str], bool]:
+    """The tables of an export, and whether it was made with a table filter (`nsys export --tables`)."""
+    src = ExportSource(path, "sqlite" if path.name.endswith(".sqlite") else "parquetdir")
     try:
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        filtered = "META_DATA_EXPORT" in tables and any(
-            v for (v,) in con.execute("SELECT value FROM META_DATA_EXPORT WHERE name = 'EXPORT_PARAM_TABLES_TO_EXPORT'"))
+        meta = _small_table(src, "META_DATA_EXPORT", ["name", "value"])
+        return src.tables, any(v for n, v in zip(meta.get("name", []), meta.get("value", []), strict=False)
+                               if n == "EXPORT_PARAM_TABLES_TO_EXPORT")
     finally:
-        con.close()
-    return tables, filtered
-
-
-def _parquetdir_tables(path: Path) -> tuple[set[str], bool]:
-    """The tables of a Parquet export folder, and whether it was made with a table filter."""
-    tables = {f.name[: -len(".parquet")] for f in path.glob("*.parquet")}
-    filtered = False
-    if "META_DATA_EXPORT" in tables:
-        meta = pq.ParquetFile(path / "META_DATA_EXPORT.parquet").read().to_pydict()
-        filtered = any(v for n, v in zip(meta.get("name", []), meta.get("value", []), strict=False)
-                       if n == "EXPORT_PARAM_TABLES_TO_EXPORT")
-    return tables, filtered
+        src.close()
 
 
 # ---------------------------------------------------------------------------------------------------
