@@ -195,10 +195,13 @@ def test_string_table_looks_up_distinct_ids_only_and_keeps_the_last_of_a_repeate
     from nsys_recipe_pack.loader import StringTable
 
     table = StringTable(np.array([3, 1, 7, 3]), pa.array(["c-old", "a", "g", "c"]))
-    got = table.lookup(pd.Series([1, 3, None, 99, 7, 1]))
-    assert got.tolist() == ["a", "c", None, None, "g", "a"]
+    words, at = table.distinct(pa.array([1, 3, None, 99, 7, 1], pa.int64()))
+    assert words[at].tolist() == ["a", "c", None, None, "g", "a"]
+    assert len(words) == 5  # 1, 3, 7, 99 and the null: one string each, not one per row
     words, at = table.distinct(pa.chunked_array([pa.array([7, None, 7], pa.uint32())]))
     assert words[at].tolist() == ["g", None, "g"]
+    assert table.ids_of(["g", "c-old", "a"]).tolist() == [1, 7]  # "c-old" lost its id to "c"
+    assert table.ids_containing("C").tolist() == [3]
 
 
 def test_a_task_s_arrow_tables_cross_the_spill_file_unchanged(nsys, tmp_path):
@@ -363,16 +366,62 @@ def test_a_clean_parquet_export_is_read_straight_to_arrow_with_what_the_general_
     assert meta["pids"] == [100, 101] and meta["nvtx_rank"] == {"100": 3, "101": 5}
     assert meta["env"] == {"RANK": "4", "HOSTNAME": "n1"} and meta["session_start_ns"] == 1_700_000_000_123_456_789
 
-    # the general (pandas) path on the same export: the same frames, dtypes included, and the same meta
-    for name in ("_read_nvtx_fast", "_read_runtime_fast", "_read_mpi_fast", "_read_gpu_fast"):
-        monkeypatch.setattr(loader, name, lambda *a: None)
-    general, general_meta = loader._read_frames(loader.ExportSource(export, "parquetdir"), NEEDS, export)
-    assert general_meta == meta
-    assert frames.keys() == general.keys()
-    for key in frames:  # tables the export lacks (memcpy, memset, sync) are empty pandas frames on both paths
-        frame, want = loader.as_frame(frames[key]), loader.as_frame(general[key])
-        assert frame.dtypes == want.dtypes, key
-        pdt.assert_frame_equal(frame.to_pandas(), want.to_pandas())
+    # the same export as SQLite reads the same, dtypes included
+    sq = _as_sqlite(export, tmp_path / "x.sqlite")
+    other, other_meta = loader._read_frames(loader.ExportSource(sq, "sqlite"), NEEDS, sq)
+    assert other_meta == meta
+    assert frames.keys() == other.keys()
+    for key in frames:  # tables the export lacks (memcpy, memset, sync) are empty frames in both
+        assert frames[key].dtypes == other[key].dtypes, key
+        pdt.assert_frame_equal(frames[key].to_pandas(), other[key].to_pandas())
+
+
+def _as_sqlite(export: Path, path: Path) -> Path:
+    """A Parquet export's tables written into an SQLite file, value for value."""
+    import sqlite3
+
+    import pyarrow.parquet as pq
+
+    con = sqlite3.connect(path)
+    for f in sorted(export.glob("*.parquet")):
+        t = pq.read_table(f)
+        con.execute(f'CREATE TABLE "{f.stem}" ({", ".join(t.column_names)})')
+        con.executemany(f'INSERT INTO "{f.stem}" VALUES ({", ".join("?" * t.num_columns)})',
+                        [tuple(r.values()) for r in t.to_pylist()])
+    con.commit()
+    con.close()
+    return path
+
+
+def test_sqlite_values_of_another_type_and_text_that_starts_null_are_read(tmp_path):
+    """SQLite types each value, not each column: a column that begins with nulls, or holds a stray value of
+    another type (a damaged export), still reads, the stray value as null."""
+    import sqlite3
+
+    path = tmp_path / "odd name's #1.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    con.executemany("INSERT INTO StringIds VALUES (?, ?)", [(1, "step"), (2, "k")])
+    con.execute("CREATE TABLE NVTX_EVENTS (start, end, eventType, text, textId, globalTid, domainId)")
+    rows = [(i, i + 1, 59, None, 1, 7 << 24, 0) for i in range(100_000)] + [(200_000, 200_001, 59, "late", None, 7 << 24, 0)]
+    con.executemany("INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, correlationId, globalPid, shortName)")
+    con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?, ?, ?)",
+                    [(i, i + 1, 0, i, 7 << 24, 2) for i in range(70_000)] + [(5, 6, "gpu0", 2.0, 7 << 24, 2)])
+    con.commit()
+    con.close()
+    src = loader.ExportSource(path, "sqlite")
+    frames, meta = loader._read_frames(src, {"nvtx", "kernel"}, path)
+    nvtx = frames["nvtx"]
+    codes, words = nvtx.codes("name")
+    assert len(nvtx) == 100_001 and words[codes[-1]] == "late" and words[codes[0]] == "step"
+    kernels = frames["kernels"].to_pandas()
+    assert len(kernels) == 70_001 and kernels["device"].iloc[-1] is pd.NA and kernels["correlation_id"].iloc[-1] == 2
+    assert kernels["name"].eq("k").all() and meta["pids"] == [7]
+    # only the rows a recipe asks for: one kernel's launches
+    few, _ = loader._read_frames(src, {"kernel"}, path, rows={"kernel": ["k"]})
+    assert len(few["kernels"]) == 70_001
+    src.close()
 
 
 def test_distinct_ids_match_numpy_unique():

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-import sqlite3
 import tempfile
 from pathlib import Path
 
@@ -383,23 +382,30 @@ def _stem(p: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------
-# export sources
+# export sources: one Arrow read path for SQLite and Parquet exports
+
+# the few text columns the pack reads (NVTX_EVENTS.text, StringIds.value, the name/value rows of the TARGET_INFO
+# and META_DATA tables); every other column it reads holds integers
+TEXT_COLUMNS = {"NVTX_EVENTS": {"text"}, "StringIds": {"value"}, "TARGET_INFO_SYSTEM_ENV": {"name", "value"},
+                "META_DATA_EXPORT": {"name", "value"}}
+SQLITE_BATCH_ROWS = 65536
 
 
 class ExportSource:
-    """Read-only access to an export's tables, reading only the columns asked for."""
+    """Read-only access to an export's tables as Arrow: only the columns (and rows) asked for, integers as int64
+    and text as strings, the same whether the export is SQLite or Parquet."""
 
     def __init__(self, path: Path, kind: str, origin: Path | None = None):
         self.path = path
         self.kind = kind
         self.origin = origin or path
+        self._tables: set[str] | None = None  # a Parquet folder's are listed on first use
+        self._cols: dict[str, list[str]] = {}
         if kind == "sqlite":
             self._check_sqlite()
-            self._con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-            self._tables = {r[0] for r in self._con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
-        else:
-            self._tables = None  # listed on first use: a warm run reads the loaded frames, not the export
-        self._cols: dict[str, list[str]] = {}
+            self._db = _SqliteReader(path)
+            self._tables = set(self._db.query("SELECT name FROM sqlite_master WHERE type='table'").column(0)
+                               .to_pylist())
 
     def _check_sqlite(self) -> None:
         with open(self.path, "rb") as fh:
@@ -411,7 +417,7 @@ class ExportSource:
 
     def close(self) -> None:
         if self.kind == "sqlite":
-            self._con.close()
+            self._db.close()
 
     @property
     def tables(self) -> set[str]:
@@ -425,30 +431,189 @@ class ExportSource:
     def columns(self, table: str) -> list[str]:
         if table not in self._cols:
             if self.kind == "sqlite":
-                self._cols[table] = [r[1] for r in self._con.execute(f'PRAGMA table_info("{table}")')]
+                info = self._db.query(f"PRAGMA table_info({_quoted(table)})")
+                self._cols[table] = [str(c) for c in info.column("name").to_pylist()] if info.num_columns else []
             else:
                 self._cols[table] = list(pq.read_schema(self.path / f"{table}.parquet").names)
         return self._cols[table]
 
-    def read_arrow(self, table: str, columns: list[str]) -> pa.Table:
-        if self.kind == "sqlite":
-            return pa.Table.from_pandas(self.read(table, columns), preserve_index=False)
-        return pq.ParquetFile(self.path / f"{table}.parquet").read(columns=columns)
-
-    def read(self, table: str, columns: list[str] | None = None) -> pd.DataFrame:
+    def count(self, table: str) -> int:
+        """Rows in a table (0 when absent), without reading them."""
         if not self.has(table):
-            return pd.DataFrame(columns=columns or [])
-        have = self.columns(table)
-        cols = [c for c in (columns or have) if c in have]
+            return 0
         if self.kind == "sqlite":
-            sel = ", ".join(f'"{c}"' for c in cols) or "*"
-            return pd.read_sql_query(f'SELECT {sel} FROM "{table}"', self._con)
-        tbl = pq.ParquetFile(self.path / f"{table}.parquet").read(columns=cols)  # 10x less overhead than read_table
-        # strings as plain Python objects (as from SQLite): the conversion to pandas' Arrow-backed `str`
-        # costs more than everything else in reading a table
-        return pd.DataFrame({name: col.to_numpy(zero_copy_only=False)
-                             if pa.types.is_string(col.type) or pa.types.is_large_string(col.type) else col.to_pandas()
-                             for name, col in zip(tbl.column_names, tbl.columns, strict=True)})
+            return int(self._db.query(f"SELECT count(*) FROM {_quoted(table)}").column(0)[0].as_py())
+        return pq.ParquetFile(self.path / f"{table}.parquet").metadata.num_rows
+
+    def read_arrow(self, table: str, columns: list[str], where: list[tuple[str, object]] | None = None) -> pa.Table:
+        """The asked-for columns the table has, in that order, integers as int64 and text as strings (nulls kept).
+
+        `where`: only the rows that meet one of these (column, test), a test being integer values the column holds
+        one of, or a word a text column contains in any case. Tests on columns the table lacks are left out, and
+        with none left every row is read. An absent table reads as no columns and no rows."""
+        if not self.has(table):
+            return pa.table({})
+        have = self.columns(table)
+        cols = [c for c in dict.fromkeys(columns) if c in have]
+        where = [(c, test) for c, test in where or [] if c in have] or None
+        if not cols:
+            return pa.table({})
+        raw = self._read_sqlite(table, cols, where) if self.kind == "sqlite" else self._read_parquet(table, cols, where)
+        text = TEXT_COLUMNS.get(table, set())
+        return pa.table({c: _normalised(raw.column(c), c in text) for c in cols})
+
+    def _read_sqlite(self, table: str, cols: list[str], where) -> pa.Table:
+        text = TEXT_COLUMNS.get(table, set())
+        condition = ""
+        if where is not None:
+            tests = []
+            for column, test in where:
+                if isinstance(test, str):
+                    tests.append(f"{_quoted(column)} LIKE '%' || {_literal(test)} || '%'")
+                else:
+                    tests.append(f"{_quoted(column)} IN ({','.join(str(int(v)) for v in np.unique(test))})")
+            condition = " WHERE " + " OR ".join(tests)
+
+        def sql(guarded: bool) -> str:
+            return (f"SELECT {', '.join(_sqlite_column(c, c in text, guarded) for c in cols)} "
+                    f"FROM {_quoted(table)}{condition}")
+
+        try:
+            raw = self._db.query(sql(guarded=False))
+        except _TypeMismatch:  # a damaged export: values of other types than the column's are read as nulls
+            raw = self._db.query(sql(guarded=True))
+        return pa.table({c: _unprefixed(raw.column(i)) if c in text else raw.column(i)
+                         for i, c in enumerate(cols)})
+
+    def _read_parquet(self, table: str, cols: list[str], where) -> pa.Table:
+        file = pq.ParquetFile(self.path / f"{table}.parquet")
+        if where is None:
+            return file.read(columns=cols)
+        parts = []  # a row group at a time, so only the matching rows are ever held
+        for i in range(file.num_row_groups):
+            group = file.read_row_group(i, columns=list(dict.fromkeys([*cols, *(c for c, _ in where)])))
+            keep = np.zeros(group.num_rows, bool)
+            for column, test in where:
+                keep |= _meets(_normalised(group.column(column), column in TEXT_COLUMNS.get(table, ())), test)
+            parts.append(group.select(cols).filter(arrow_of(keep)))
+        return pa.concat_tables(parts) if parts else file.schema_arrow.empty_table().select(cols)
+
+
+def _meets(col: pa.Array, test) -> np.ndarray:
+    """Which values hold one of the integers `test`, or (text) contain the word `test` in any case."""
+    if not isinstance(test, str):
+        return np.isin(numpy_of(col, -1), np.asarray(test, np.int64))
+    enc = col.dictionary_encode()
+    word = test.lower()
+    hit = np.array([word in w.lower() for w in enc.dictionary.to_pylist()], bool)
+    codes = numpy_of(enc.indices, -1)
+    return np.where(codes >= 0, np.r_[hit, False][codes], False)
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _sqlite_column(column: str, text: bool, guarded: bool) -> str:
+    """A column in a SELECT. Text gets a leading '.' and nulls become '': Arrow types a column by its first
+    rows, and a text column often starts with nulls. Integers as they are; `guarded`, anything else as null."""
+    q = _quoted(column)
+    if text:
+        return f"COALESCE('.' || {q}, '')"
+    if guarded:
+        return f"CASE typeof({q}) WHEN 'integer' THEN {q} WHEN 'real' THEN CAST({q} AS INTEGER) END"
+    return q
+
+
+def _unprefixed(col: pa.ChunkedArray) -> pa.Array:
+    """A text column read with `_sqlite_column` back to its strings and nulls (work on its distinct values)."""
+    enc = col.combine_chunks().cast(pa.string()).dictionary_encode()
+    words = enc.dictionary.to_pylist()
+    codes = numpy_of(enc.indices).astype(np.int32)
+    valid = np.array([w != "" for w in words], bool)[codes] if len(codes) else np.zeros(0, bool)
+    return pa.DictionaryArray.from_arrays(arrow_of(codes, valid=valid),
+                                          pa.array([w[1:] for w in words], pa.string())).dictionary_decode()
+
+
+def _normalised(col: pa.ChunkedArray | pa.Array, text: bool) -> pa.Array:
+    """Text as strings, anything else as int64 (unsigned ids keep their bits, as the export's readers do;
+    floats are truncated and NaN is null; values that are no number are null)."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    kind = col.type
+    if pa.types.is_dictionary(kind):
+        col, kind = col.dictionary_decode(), kind.value_type
+    if text:
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            return col.cast(pa.string())
+        return col.cast(pa.string()) if not pa.types.is_null(kind) else pa.nulls(len(col), pa.string())
+    if kind == pa.int64():
+        return col
+    if pa.types.is_integer(kind):
+        return col.cast(pa.int64(), safe=False)
+    if pa.types.is_floating(kind):
+        values = numpy_of(col, np.nan).astype(np.float64)
+        ok = np.isfinite(values)
+        return arrow_of(np.where(ok, values, 0).astype(np.int64), valid=ok)
+    if pa.types.is_null(kind):
+        return pa.nulls(len(col), pa.int64())
+    if pa.types.is_boolean(kind):
+        return arrow_of(numpy_of(col, False).astype(np.int64), valid=_valid_of(col))
+    # text in a column of numbers: a damaged export (rare, so pandas may parse it)
+    numbers = pd.to_numeric(pd.Series(col.to_pylist(), dtype=object), errors="coerce")
+    ok = numbers.notna().to_numpy()
+    return arrow_of(numbers.fillna(0).to_numpy().astype(np.int64), valid=ok)
+
+
+def _valid_of(col: pa.Array) -> np.ndarray:
+    return np.ones(len(col), bool) if not col.null_count else ~numpy_of(col.is_null(), False)
+
+
+class _TypeMismatch(Exception):
+    """A column holds values of another type than its first rows."""
+
+
+class _SqliteReader:
+    """SQLite to Arrow through ADBC's SQLite driver (C, no Python object per value), read-only."""
+
+    def __init__(self, path: Path):
+        import adbc_driver_manager
+        import adbc_driver_sqlite
+
+        self._adbc = adbc_driver_manager
+        self.path = path
+        try:
+            self._db = adbc_driver_sqlite.connect(Path(path).resolve().as_uri() + "?mode=ro")
+            self._conn = adbc_driver_manager.AdbcConnection(self._db)
+        except adbc_driver_manager.Error as exc:
+            raise BadInputError(f"{path}: cannot be opened as an SQLite export ({_first_line(exc)}); export the "
+                                "report again with `nsys export --type sqlite`") from None
+
+    def query(self, sql: str) -> pa.Table:
+        stmt = self._adbc.AdbcStatement(self._conn)
+        try:
+            stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(SQLITE_BATCH_ROWS)})
+            stmt.set_sql_query(sql)
+            handle, _ = stmt.execute_query()
+            return pa.RecordBatchReader._import_from_c(handle.address).read_all()
+        except (self._adbc.Error, pa.ArrowException, OSError) as exc:
+            if "type mismatch" in str(exc).lower():
+                raise _TypeMismatch(str(exc)) from None
+            raise BadInputError(f"{self.path}: cannot be read as an SQLite export ({_first_line(exc)}); export "
+                                "the report again with `nsys export --type sqlite`") from None
+        finally:
+            stmt.close()
+
+    def close(self) -> None:
+        self._conn.close()
+        self._db.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -605,7 +770,7 @@ def _beside_problem(export: Path, report: Path, needs: set[str]) -> str | None:
         if stamp.stat().st_mtime_ns < report.stat().st_mtime_ns:
             return "is older than the report"
         tables, filtered = _export_tables(export)
-    except (OSError, sqlite3.Error, pa.ArrowException, BadInputError):
+    except (OSError, pa.ArrowException, BadInputError):
         return "is not a readable export"
     if "StringIds" not in tables:
         return "is not an Nsight Systems export"
@@ -644,18 +809,24 @@ class StringTable:
         last = np.r_[sorted_ids[1:] != sorted_ids[:-1], True] if len(ids) else np.zeros(0, bool)  # a repeated id: the last
         self._ids, self._rows, self._values = sorted_ids[last], order[last], values
 
-    def lookup(self, ids: pd.Series) -> pd.Series:
-        """The string of each id (None where the id is missing or unknown)."""
-        ids = pd.to_numeric(ids, errors="coerce")
-        words, where = self._words(ids.fillna(-1).astype("int64").to_numpy())
-        return pd.Series(words[where], index=ids.index, dtype=object)
-
-    def distinct(self, ids: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    def distinct(self, ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
         """(words, at) with words[at] the string of each id of an integer column; no string made per row."""
-        values = ids.fill_null(0).to_numpy().astype(np.int64)  # 0 fits unsigned columns too
-        if ids.null_count:
-            values[ids.is_null().to_numpy(zero_copy_only=False)] = -1
-        return self._words(values)
+        return self._words(numpy_of(ids, -1).astype(np.int64))
+
+    def ids_of(self, wanted) -> np.ndarray:
+        """The ids whose string is one of `wanted`."""
+        if not len(self._ids):
+            return np.zeros(0, np.int64)
+        values = self._values.take(arrow_of(self._rows)).to_numpy(zero_copy_only=False)
+        return self._ids[np.isin(values, list(wanted))]
+
+    def ids_containing(self, word: str) -> np.ndarray:
+        """The ids whose string holds `word`, in any case."""
+        if not len(self._ids):
+            return np.zeros(0, np.int64)
+        values = self._values.take(arrow_of(self._rows)).to_numpy(zero_copy_only=False)
+        word = word.lower()
+        return self._ids[np.array([isinstance(v, str) and word in v.lower() for v in values], bool)]
 
     def _words(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         distinct, where = _distinct(ids)
@@ -664,7 +835,7 @@ class StringTable:
             pos = np.minimum(np.searchsorted(self._ids, distinct), len(self._ids) - 1)
             known = self._ids[pos] == distinct
             if known.any():
-                words[known] = self._values.take(pa.array(self._rows[pos[known]])).to_numpy(zero_copy_only=False)
+                words[known] = self._values.take(arrow_of(self._rows[pos[known]])).to_numpy(zero_copy_only=False)
         return words, where
 
 
@@ -684,19 +855,15 @@ def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _strings(src: ExportSource) -> StringTable:
-    if not src.has("StringIds"):
-        return StringTable(np.zeros(0, np.int64), pa.array([], pa.string()))
     s = src.read_arrow("StringIds", ["id", "value"])
-    return StringTable(s.column("id").to_numpy().astype(np.int64), s.column("value").combine_chunks())
+    if not {"id", "value"} <= set(s.column_names):
+        return StringTable(np.zeros(0, np.int64), pa.array([], pa.string()))
+    return StringTable(numpy_of(s.column("id"), -1), s.column("value").combine_chunks())
 
 
 def _small_table(src: ExportSource, table: str, cols: list[str]) -> dict[str, list]:
     """A few-row table's columns as Python lists (a missing column is left out)."""
-    if not src.has(table):
-        return {}
-    if src.kind == "sqlite":
-        return {c: list(v) for c, v in src.read(table, cols).to_dict("list").items()}
-    return src.read_arrow(table, [c for c in cols if c in src.columns(table)]).to_pydict()
+    return src.read_arrow(table, cols).to_pydict()
 
 
 def _env(src: ExportSource) -> tuple[dict, str | None]:
@@ -714,69 +881,61 @@ def _env(src: ExportSource) -> tuple[dict, str | None]:
 
 
 def _session_start(src: ExportSource) -> int:
-    for value in _small_table(src, "TARGET_INFO_SESSION_START_TIME", ["utcEpochNs"]).get("utcEpochNs", []):
-        number = pd.to_numeric(value, errors="coerce") if isinstance(value, str) else value
-        if number is not None and number == number:  # not null, not NaN
-            return int(number)
-    return 0
+    starts = _small_table(src, "TARGET_INFO_SESSION_START_TIME", ["utcEpochNs"]).get("utcEpochNs", [])
+    return next((int(v) for v in starts if v is not None), 0)
 
 
 NVTX_DTYPES = {"start_ns": "int64", "end_ns": "Int64", "event_type": "int64", "name": "object", "domain": "object",
                "tid": "int64", "pid": "int64"}
-RUNTIME_DTYPES = {"start_ns": "int64", "end_ns": "int64", "tid": "int64", "pid": "int64", "correlation_id": "int64",
-                  "name": "str"}  # as the general path's frame has them when every call has a correlation id
 MPI_DTYPES = {"start_ns": "int64", "end_ns": "int64", "tid": "int64", "pid": "int64"}
-
-
-def _clean_arrow(src: ExportSource, table: str, cols: list[str], times: tuple[str, ...] = ("start", "end")
-                 ) -> pa.Table | None:
-    """The columns of a table of a Parquet export when the fast readers can take it as it is: not empty,
-    numbers as integers and text as strings, and the columns `times` present with no nulls. None sends the
-    table down the general (pandas) path, which reads what it can of anything else."""
-    if src.kind != "parquetdir" or not src.has(table):
-        return None
-    raw = src.read_arrow(table, [c for c in cols if c in src.columns(table)])
-    if raw.num_rows == 0 or not set(times) <= set(raw.column_names):
-        return None
-    for field in raw.schema:
-        text = pa.types.is_string(field.type) or pa.types.is_large_string(field.type)
-        if not (pa.types.is_integer(field.type) or text and field.name == "text"):
-            return None
-    if any(raw.column(c).null_count for c in times):
-        return None
-    return raw
 
 
 def _ints(raw: pa.Table, column: str, fill: int = 0) -> np.ndarray:
     """An integer column as int64, nulls (and a missing column) as `fill`."""
     if column not in raw.column_names:
         return np.full(raw.num_rows, fill, np.int64)
-    return numpy_of(raw.column(column), fill).astype(np.int64)
+    return numpy_of(raw.column(column), fill).astype(np.int64, copy=False)
 
 
 def _tids(raw: pa.Table) -> np.ndarray:
-    """globalTid as the general path gives it: nulls 0, read as unsigned, kept as int64."""
-    return _ints(raw, "globalTid").astype(np.uint64).astype(np.int64)
+    """globalTid with nulls as 0."""
+    return _ints(raw, "globalTid")
 
 
 def _nullable(raw: pa.Table, column: str) -> pa.Array:
     """An integer column as int64 with its nulls (all null when missing): an `Int64` column of a Frame."""
     if column not in raw.column_names:
         return pa.nulls(raw.num_rows, pa.int64())
-    return raw.column(column).cast(pa.int64()).combine_chunks()
+    return raw.column(column).combine_chunks()
 
 
-def _read_nvtx_fast(src: ExportSource, strings: StringTable) -> Frame | None:
-    """`_read_nvtx` for a clean Parquet export, straight to Arrow."""
-    raw = _clean_arrow(src, "NVTX_EVENTS", TABLES["nvtx"]["NVTX_EVENTS"], times=("start", "eventType"))
-    if raw is None or not {"end", "globalTid"} <= set(raw.column_names):  # an end may be null: never closed
-        return None
+def _read_events(src: ExportSource, table: str, cols: list[str], times: tuple[str, ...],
+                 where: list | None = None) -> pa.Table:
+    """A table's columns, without the rows lacking one of the `times` columns (never so in an export nsys
+    wrote); a table with rows but without those columns is damaged."""
+    raw = src.read_arrow(table, cols, where)
+    if src.has(table) and not set(times) <= set(raw.column_names) and src.count(table):
+        raise BadInputError(f"{src.origin}: table {table} has no {'/'.join(times)} columns, so the export is "
+                            "damaged; export the report again with `nsys export`")
+    if not raw.num_rows:
+        return pa.table({c: pa.array([], pa.string() if c == "text" else pa.int64()) for c in cols})
+    missing = np.zeros(raw.num_rows, bool)
+    for c in times:
+        if raw.column(c).null_count:
+            missing |= ~_valid_of(raw.column(c).combine_chunks())
+    return raw.filter(arrow_of(~missing)) if missing.any() else raw
+
+
+def _read_nvtx(src: ExportSource, strings: StringTable, only_rank_names: bool = False) -> Frame:
+    """NVTX events with their names and domains (a range's name: its text when it has one, else the string its
+    textId names). only_rank_names: just the events whose name may give a rank ("rank 3", "MPI Rank 3")."""
+    where = [("textId", strings.ids_containing("rank")), ("text", "rank")] if only_rank_names else None
+    raw = _read_events(src, "NVTX_EVENTS", TABLES["nvtx"]["NVTX_EVENTS"], ("start", "eventType"), where)
     n = raw.num_rows
-    # a range's name: its text when it has one, else the string its textId names ("" when neither)
     if "text" in raw.column_names:
         text = raw.column("text").combine_chunks().dictionary_encode()
         text_words = np.array(text.dictionary.to_pylist(), object)
-        has_text = ~numpy_of(text.is_null())
+        has_text = ~numpy_of(text.is_null(), False)
         text_at = numpy_of(text.indices, 0).astype(np.int64)
     else:
         text_words, has_text, text_at = np.zeros(0, object), np.zeros(n, bool), np.zeros(n, np.int64)
@@ -804,39 +963,9 @@ def _read_nvtx_fast(src: ExportSource, strings: StringTable) -> Frame | None:
               "event_type": arrow_of(event_type[keep]), "name": _dictionary_of(words, at[keep]),
               "domain": _dictionary_of(np.r_[words, [""]].astype(object), domain_at[keep]),
               "tid": arrow_of(tid[keep]), "pid": arrow_of(_pid_of(tid[keep]))}
-    # the general path's domain column is `str` when some event (a create event included) has a named domain
+    # the domain column is `str` when some event (a create event included) has a named domain, as pandas infers it
     named_domain = bool(len(create)) and not np.r_[unnamed, True][domain_at].all()
     return Frame(pa.table(arrays), {**NVTX_DTYPES, "domain": "str" if named_domain else "object"})
-
-
-def _read_nvtx(src: ExportSource, strings: StringTable) -> pd.DataFrame:
-    cols = TABLES["nvtx"]["NVTX_EVENTS"]
-    raw = src.read("NVTX_EVENTS", cols)
-    if raw.empty:
-        return pd.DataFrame({c: pd.Series(dtype=t) for c, t in
-                             [("start_ns", "int64"), ("end_ns", "Int64"), ("event_type", "int64"),
-                              ("name", object), ("domain", object), ("tid", "int64"), ("pid", "int64")]})
-    text = raw["text"].astype(object) if "text" in raw else pd.Series(None, index=raw.index, dtype=object)
-    if "textId" in raw:
-        text = text.where(text.notna(), strings.lookup(raw["textId"]))
-    domain_id = pd.to_numeric(raw.get("domainId", pd.Series(0, index=raw.index)), errors="coerce").fillna(0)
-    domain_id = domain_id.astype("int64")
-    event_type = raw["eventType"].astype("int64")
-    tid = pd.to_numeric(raw["globalTid"], errors="coerce").fillna(0).astype("uint64")
-    create = event_type == 75
-    domains = pd.Series(text[create].to_numpy(), index=domain_id[create].to_numpy())
-    domains = domains[~domains.index.duplicated()]
-    domain = pd.Series(domains.reindex(domain_id.to_numpy()).to_numpy(), index=raw.index).fillna("")
-    out = pd.DataFrame({
-        "start_ns": raw["start"].astype("int64"),
-        "end_ns": pd.to_numeric(raw["end"], errors="coerce").astype("Int64"),
-        "event_type": event_type,
-        "name": text.fillna(""),
-        "domain": domain,
-        "tid": tid.astype("int64"),
-        "pid": _pid_of(tid),
-    })
-    return out[~create].reset_index(drop=True)
 
 
 GPU_COLUMNS = [("deviceId", "device"), ("streamId", "stream"), ("correlationId", "correlation_id"),
@@ -845,37 +974,36 @@ GPU_COLUMNS = [("deviceId", "device"), ("streamId", "stream"), ("correlationId",
                ("dstDeviceId", "dst_device"), ("memKind", "mem_kind")]
 
 
-def _require_times(src: ExportSource, table: str, raw: pd.DataFrame) -> None:
-    if src.has(table) and not {"start", "end"} <= set(raw.columns):
-        raise BadInputError(f"{src.origin}: table {table} has no start/end columns, so the export is damaged; "
-                            "export the report again with `nsys export`")
-
-
-def _read_gpu_fast(src: ExportSource, table: str, cols: list[str], strings: StringTable) -> Frame | None:
-    """`_read_gpu` for a clean Parquet export, straight to Arrow; None sends the table down the general path."""
-    raw = _clean_arrow(src, table, cols)
-    if raw is None or "globalPid" not in raw.column_names:
-        return None
-    have = set(raw.column_names)
+def _read_gpu(src: ExportSource, table: str, cols: list[str], strings: StringTable,
+              where: list | None = None) -> Frame:
+    """One GPU activity table, every column the recipes use present (null where the export lacks it)."""
+    raw = _read_events(src, table, cols, ("start", "end"), where)
     n = raw.num_rows
-    arrays = {"start_ns": raw.column("start").cast(pa.int64()), "end_ns": raw.column("end").cast(pa.int64())}
+    have = set(raw.column_names)
+    arrays = {"start_ns": arrow_of(_ints(raw, "start")), "end_ns": arrow_of(_ints(raw, "end"))}
     dtypes = {"start_ns": "int64", "end_ns": "int64"}
     for src_col, dst in GPU_COLUMNS:
         if src_col in cols:
-            arrays[dst] = raw.column(src_col).cast(pa.int64()) if src_col in have else pa.nulls(n, pa.int64())
+            arrays[dst] = raw.column(src_col).combine_chunks() if src_col in have else pa.nulls(n, pa.int64())
             dtypes[dst] = "Int64"
-    gp = raw.column("globalPid").fill_null(0).to_numpy().astype(np.uint64)
-    arrays["pid"], dtypes["pid"] = _pid_of(gp), "int64"
+    arrays["pid"], dtypes["pid"] = arrow_of(_pid_of(_ints(raw, "globalPid"))), "int64"
     if "shortName" in cols:
+        # a kernel's name: its short name (the full name when the export has no short names); its full name:
+        # the demangled name, else the short name
         short = "shortName" if "shortName" in have else "demangledName" if "demangledName" in have else None
         full = "demangledName" if "demangledName" in have else short
         if short is None:
-            return None
-        name_words, name_at = strings.distinct(raw.column(short))
-        name_words = np.array(["" if w is None else w for w in name_words], dtype=object)
-        full_words, full_at = strings.distinct(raw.column(full))
-        if any(w is None for w in full_words):
-            return None  # a full name missing: filled from the short name row by row, on the general path
+            name_words, name_at = np.array([""], object), np.zeros(n, np.int64)
+            full_words, full_at = name_words, name_at
+        else:
+            name_words, name_at = strings.distinct(raw.column(short))
+            name_words = np.array(["" if w is None else w for w in name_words], dtype=object)
+            full_words, full_at = strings.distinct(raw.column(full))
+            lacking = np.equal(full_words, None)
+            if lacking.any():  # a full name missing: the short name stands for it
+                short_for = lacking[full_at]
+                full_at = np.where(short_for, len(full_words) + name_at, full_at)
+                full_words = np.concatenate([full_words, name_words])
         arrays["name"], dtypes["name"] = _dictionary_of(name_words, name_at), "object"
         arrays["full_name"], dtypes["full_name"] = _dictionary_of(full_words, full_at), "object"
     return Frame(pa.table(arrays), dtypes)
@@ -884,47 +1012,21 @@ def _read_gpu_fast(src: ExportSource, table: str, cols: list[str], strings: Stri
 def _dictionary_of(words: np.ndarray, at: np.ndarray) -> pa.DictionaryArray:
     """words[at] as a dictionary column with each distinct string once."""
     enc = pa.array(words, pa.string()).dictionary_encode()
-    return pa.DictionaryArray.from_arrays(pa.array(enc.indices.to_numpy()[at].astype(np.int32)), enc.dictionary)
+    codes = numpy_of(enc.indices).astype(np.int32)[at] if len(at) else np.zeros(0, np.int32)
+    return pa.DictionaryArray.from_arrays(arrow_of(codes), enc.dictionary)
 
 
-def _read_gpu(src: ExportSource, table: str, cols: list[str], strings: StringTable) -> pd.DataFrame:
-    """One GPU activity table, every column the recipes use present (null where the export lacks it)."""
-    raw = src.read(table, cols)
-    _require_times(src, table, raw)
-    out = pd.DataFrame({
-        "start_ns": raw["start"].astype("int64") if len(raw) else pd.Series(dtype="int64"),
-        "end_ns": raw["end"].astype("int64") if len(raw) else pd.Series(dtype="int64"),
-    })
-    for src_col, dst in GPU_COLUMNS:
-        if src_col in cols:
-            values = raw[src_col] if src_col in raw else pd.Series(pd.NA, index=raw.index, dtype="Int64")
-            out[dst] = pd.to_numeric(values, errors="coerce").astype("Int64")
-    gp = raw["globalPid"] if "globalPid" in raw else pd.Series(0, index=raw.index)
-    out["pid"] = _pid_of(pd.to_numeric(gp, errors="coerce").fillna(0))
-    if "shortName" in cols:
-        short = raw["shortName"] if "shortName" in raw else raw.get("demangledName")
-        full = raw["demangledName"] if "demangledName" in raw else short
-        if short is None:
-            out["name"] = ""
-            out["full_name"] = ""
-        else:
-            out["name"] = strings.lookup(short).fillna("")
-            out["full_name"] = strings.lookup(full).fillna(out["name"])
-    return out
-
-
-def _read_runtime_fast(src: ExportSource, strings: StringTable) -> Frame | None:
-    """`_read_runtime` for a clean Parquet export, straight to Arrow."""
-    raw = _clean_arrow(src, "CUPTI_ACTIVITY_KIND_RUNTIME", TABLES["runtime"]["CUPTI_ACTIVITY_KIND_RUNTIME"],
-                       times=("start", "end", "correlationId"))
-    if raw is None:
-        return None
+def _read_runtime(src: ExportSource, strings: StringTable, where: list | None = None) -> Frame:
+    raw = _read_events(src, "CUPTI_ACTIVITY_KIND_RUNTIME", TABLES["runtime"]["CUPTI_ACTIVITY_KIND_RUNTIME"],
+                       ("start", "end"), where)
     tid = _tids(raw)
+    corr = _nullable(raw, "correlationId")
     arrays = {"start_ns": arrow_of(_ints(raw, "start")), "end_ns": arrow_of(_ints(raw, "end")),
-              "tid": arrow_of(tid), "pid": arrow_of(_pid_of(tid)),
-              "correlation_id": arrow_of(_ints(raw, "correlationId")),
+              "tid": arrow_of(tid), "pid": arrow_of(_pid_of(tid)), "correlation_id": corr,
               "name": _dictionary_of(*_id_words(raw, "nameId", strings, ""))}
-    return Frame(pa.table(arrays), dict(RUNTIME_DTYPES))
+    # a call without a correlation id makes the column nullable
+    return Frame(pa.table(arrays), {"start_ns": "int64", "end_ns": "int64", "tid": "int64", "pid": "int64",
+                                    "correlation_id": "Int64" if corr.null_count else "int64", "name": "str"})
 
 
 def _id_words(raw: pa.Table, column: str, strings: StringTable, missing: str) -> tuple[np.ndarray, np.ndarray]:
@@ -937,65 +1039,26 @@ def _id_words(raw: pa.Table, column: str, strings: StringTable, missing: str) ->
     return words, at
 
 
-def _read_runtime(src: ExportSource, strings: StringTable) -> pd.DataFrame:
-    raw = src.read("CUPTI_ACTIVITY_KIND_RUNTIME", TABLES["runtime"]["CUPTI_ACTIVITY_KIND_RUNTIME"])
-    _require_times(src, "CUPTI_ACTIVITY_KIND_RUNTIME", raw)
-    n = pd.RangeIndex(len(raw))
-    tid = pd.to_numeric(raw["globalTid"], errors="coerce").fillna(0).astype("uint64") if "globalTid" in raw else \
-        pd.Series(0, index=n, dtype="uint64")
-    corr = raw["correlationId"] if "correlationId" in raw else pd.Series(pd.NA, index=n, dtype="Int64")
-    names = strings.lookup(raw["nameId"]).fillna("") if "nameId" in raw else pd.Series("", index=n, dtype=object)
-    return pd.DataFrame({
-        "start_ns": raw["start"].astype("int64") if len(raw) else pd.Series(dtype="int64"),
-        "end_ns": raw["end"].astype("int64") if len(raw) else pd.Series(dtype="int64"),
-        "tid": tid.astype("int64").to_numpy(),
-        "pid": _pid_of(tid) if len(raw) else np.zeros(0, np.int64),
-        "correlation_id": pd.to_numeric(corr, errors="coerce").astype("Int64").to_numpy(),
-        "name": names.to_numpy(object),
-    })
-
-
 def _mpi_tables(src: ExportSource) -> list[str]:
     return sorted(t for t in src.tables if t.startswith(MPI_PREFIX) and t.endswith("_EVENTS"))
 
 
-def _read_mpi_fast(src: ExportSource, strings: StringTable) -> Frame | None:
-    """`_read_mpi` for a clean Parquet export, straight to Arrow; None when any MPI table is not clean."""
-    raws = [_clean_arrow(src, t, ["start", "end", "globalTid", "textId"]) for t in _mpi_tables(src)]
-    if not raws or any(raw is None for raw in raws):
-        return None
-    tid = np.concatenate([_tids(raw) for raw in raws])
+def _read_mpi(src: ExportSource, strings: StringTable) -> Frame:
+    """Every MPI_*_EVENTS table's calls, tables in name order; a call's name is its textId's string, "MPI"
+    without one."""
+    raws = [raw for raw in (_read_events(src, t, ["start", "end", "globalTid", "textId"], ("start", "end"))
+                            for t in _mpi_tables(src)) if raw.num_rows]
+    tid = np.concatenate([_tids(raw) for raw in raws]) if raws else np.zeros(0, np.int64)
     names = [_id_words(raw, "textId", strings, "MPI") for raw in raws]
-    words = np.concatenate([w for w, _ in names])
+    words = np.concatenate([w for w, _ in names]) if names else np.zeros(0, object)
     base = np.cumsum([0] + [len(w) for w, _ in names[:-1]])
-    at = np.concatenate([a + b for (_, a), b in zip(names, base, strict=True)])
-    arrays = {"start_ns": arrow_of(np.concatenate([_ints(raw, "start") for raw in raws])),
-              "end_ns": arrow_of(np.concatenate([_ints(raw, "end") for raw in raws])),
+    at = np.concatenate([a + b for (_, a), b in zip(names, base, strict=True)]) if names else np.zeros(0, np.int64)
+    arrays = {"start_ns": arrow_of(np.concatenate([_ints(raw, "start") for raw in raws]) if raws else tid),
+              "end_ns": arrow_of(np.concatenate([_ints(raw, "end") for raw in raws]) if raws else tid),
               "tid": arrow_of(tid), "pid": arrow_of(_pid_of(tid)), "name": _dictionary_of(words, at)}
-    # the general path's names are `str` when every table lacks textId (all "MPI"), else `object`
-    named = any("textId" in raw.column_names for raw in raws)
+    # names are `str` when every table lacks textId (all "MPI"), else `object`, as pandas infers them
+    named = not raws or any("textId" in raw.column_names for raw in raws)
     return Frame(pa.table(arrays), {**MPI_DTYPES, "name": "object" if named else "str"})
-
-
-def _read_mpi(src: ExportSource, strings: StringTable) -> pd.DataFrame:
-    frames = []
-    for table in _mpi_tables(src):
-        raw = src.read(table, ["start", "end", "globalTid", "textId"])
-        if raw.empty:
-            continue
-        tid = pd.to_numeric(raw["globalTid"], errors="coerce").fillna(0).astype("uint64")
-        frames.append(pd.DataFrame({
-            "start_ns": raw["start"].astype("int64"),
-            "end_ns": raw["end"].astype("int64"),
-            "tid": tid.astype("int64"),
-            "pid": _pid_of(tid),
-            "name": strings.lookup(raw["textId"]).fillna("MPI") if "textId" in raw else "MPI",
-        }))
-    if not frames:
-        return pd.DataFrame({"start_ns": pd.Series(dtype="int64"), "end_ns": pd.Series(dtype="int64"),
-                             "tid": pd.Series(dtype="int64"), "pid": pd.Series(dtype="int64"),
-                             "name": pd.Series(dtype=object)})
-    return pd.concat(frames, ignore_index=True)
 
 
 def _first_int(env: dict, keys: list[str]) -> tuple[int, str] | None:
@@ -1006,15 +1069,19 @@ def _first_int(env: dict, keys: list[str]) -> tuple[int, str] | None:
     return None
 
 
-def load_file(path: Path, needs: set[str], nsys_path: str | None = None) -> list[RankData]:
-    """Read one input and split it into ranks (one per process that did GPU work, or NVTX work)."""
+def load_file(path: Path, needs: set[str], nsys_path: str | None = None,
+              rows: dict[str, list[str]] | None = None) -> list[RankData]:
+    """Read one input and split it into ranks (one per process that did GPU work, or NVTX work).
+
+    rows: need -> names, for recipes that use only some rows (`kernel_pace --kernel`: one kernel's). An export
+    is then read for those rows only; a report's export in the pack's cache is read whole once, as its loaded
+    frames are kept for every later run."""
     src = open_source(path, needs, nsys_path)
     cache = _loaded_dir(src, needs)
     try:
         loaded = _read_loaded(cache) if cache is not None else None
         if loaded is None:
-            frames, meta = _read_frames(src, needs, path)
-            loaded = _to_frames(frames), meta
+            loaded = _read_frames(src, needs, path, rows if cache is None else None)
             if cache is not None:
                 _write_loaded(cache, *loaded)
     finally:
@@ -1022,7 +1089,7 @@ def load_file(path: Path, needs: set[str], nsys_path: str | None = None) -> list
     return _split_ranks(path, *loaded, read_from=src.origin)
 
 
-def _read_frames(src: ExportSource, needs: set[str], path: Path) -> tuple[dict, dict]:
+def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | None = None) -> tuple[dict, dict]:
     """The normalised frames a recipe needs, and what identifies the file's ranks."""
     if not (src.has("StringIds") or src.has("NVTX_EVENTS") or src.has("TARGET_INFO_SESSION_START_TIME")
             or src.kind == "parquetdir" and src.origin != src.path):
@@ -1031,31 +1098,35 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path) -> tuple[dict, 
     strings = _strings(src)
     env, hostname = _env(src)
     synthetic = "SYNTHETIC" in _small_table(src, "META_DATA_EXPORT", ["name"]).get("name", [])
-    frames: dict[str, pd.DataFrame | Frame] = {}
-    nvtx_all = _read_nvtx_fast(src, strings)
-    if nvtx_all is None:
-        nvtx_all = _read_nvtx(src, strings)
+    frames: dict[str, Frame] = {}
+    # NVTX always: its "rank N" ranges are one of the sources of the rank (only those, when no recipe needs more)
+    nvtx = _read_nvtx(src, strings, only_rank_names="nvtx" not in needs)
     if "nvtx" in needs:
-        frames["nvtx"] = nvtx_all
+        frames["nvtx"] = nvtx
     for need, attr in [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")]:
         if need in needs:
             (table, cols), = TABLES[need].items()
-            fast = _read_gpu_fast(src, table, cols, strings)
-            frames[attr] = fast if fast is not None else _read_gpu(src, table, cols, strings)
-    for need, fast, general in [("runtime", _read_runtime_fast, _read_runtime), ("mpi", _read_mpi_fast, _read_mpi)]:
-        if need in needs:
-            frame = fast(src, strings)
-            frames[need] = frame if frame is not None else general(src, strings)
+            names = (rows or {}).get(need)
+            where = [("shortName", strings.ids_of(names))] if names and "shortName" in cols else None
+            frame = _read_gpu(src, table, cols, strings, where)
+            if where is not None and not len(frame):  # none of those: all of them, for an error naming the closest
+                frame = _read_gpu(src, table, cols, strings)
+            frames[attr] = frame
+    if "runtime" in needs:
+        frames["runtime"] = _read_runtime(src, strings)
+    if "mpi" in needs:
+        frames["mpi"] = _read_mpi(src, strings)
     has_cuda = any(src.has(t) for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
                                         "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_RUNTIME"))
     gpu_pids: set[int] = set()
     if has_cuda:
         for attr in ("kernels", "memcpy"):
             if attr in frames:
-                gpu_pids.update(int(p) for p in np.unique(_pids(frames[attr])))
+                gpu_pids.update(int(p) for p in np.unique(frames[attr].values("pid")))
         if not gpu_pids and "runtime" in frames:
-            gpu_pids.update(int(p) for p in np.unique(_pids(frames["runtime"])))
-    nvtx = as_frame(nvtx_all)
+            gpu_pids.update(int(p) for p in np.unique(frames["runtime"].values("pid")))
+    if not gpu_pids and "nvtx" not in needs:  # the processes with NVTX ranges are the ranks: all ranges needed
+        nvtx = _read_nvtx(src, strings)
     range_pids = nvtx.values("pid")[np.isin(nvtx.values("event_type"), [59, 60])]
     pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(range_pids))
     meta = {"env": env, "hostname": hostname, "session_start_ns": _session_start(src), "synthetic": bool(synthetic),
@@ -1080,10 +1151,6 @@ def _rank_in_name(name) -> str | None:
         return None
     m = NVTX_RANK_RE.search(name)
     return m.group(1) if m else None
-
-
-def _pids(frame) -> np.ndarray:
-    return frame.values("pid") if isinstance(frame, Frame) else frame["pid"].to_numpy()
 
 
 def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = None) -> list[RankData]:
@@ -1111,8 +1178,7 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
                       read_from=str(read_from) if read_from is not None else None)
         for attr, frame in frames.items():
             if pid is not None and len(pids) > 1 and "pid" in frame:
-                frame = frame.filter(frame.values("pid") == pid) if isinstance(frame, Frame) else \
-                    frame[frame["pid"] == pid].reset_index(drop=True)
+                frame = frame.filter(frame.values("pid") == pid)
             rd._tables[attr] = frame
         nvtx = rd.frame("nvtx")
         if nvtx is not None and len(nvtx):
@@ -1125,7 +1191,7 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
 # the loaded frames of a cached report export, kept beside it as Arrow files: a warm run reads them
 # memory-mapped instead of decoding the export's Parquet and string ids again
 
-LOADED_FORMAT = 4  # bump when _read_frames or the layout below changes
+LOADED_FORMAT = 5  # bump when _read_frames or the layout below changes
 LOADED_FILE = "frames.arrows"
 
 
@@ -1183,17 +1249,6 @@ def _read_loaded(cache: Path) -> tuple[dict, dict] | None:
         return None
 
 
-def _to_frames(frames: dict) -> dict:
-    """pandas frames as Frames; one with a column no Arrow layout covers stays a pandas frame."""
-    out = {}
-    for attr, df in frames.items():
-        try:
-            out[attr] = df if isinstance(df, Frame) else Frame.from_pandas(df)
-        except (TypeError, pa.ArrowException):
-            out[attr] = df
-    return out
-
-
 def _column_to_arrow(series: pd.Series) -> tuple[pa.Array, str]:
     dtype = str(series.dtype)
     if dtype in ("object", "str"):
@@ -1206,8 +1261,6 @@ def _column_to_arrow(series: pd.Series) -> tuple[pa.Array, str]:
 def _write_loaded(cache: Path, frames: dict, meta: dict) -> None:
     """All frames of one report in one file of Arrow IPC streams (one open and one map per warm read, where
     a file per frame cost several times more), with where each stream lies in meta.json."""
-    if not all(isinstance(f, Frame) for f in frames.values()):
-        return  # a column the layout does not cover: read from the export every time instead
     tmp = Path(tempfile.mkdtemp(prefix=".loaded-", dir=cache.parent))
     try:
         spans = write_arrow_streams(tmp / LOADED_FILE, [frame.table for frame in frames.values()])

@@ -19,9 +19,13 @@ class RecipeSpec:
     add_arguments: Callable  # add_arguments(add, framework) with add(*flags, **argparse kwargs)
     per_iteration: bool  # whether ranks must agree on one iteration delimiter
     needs_for: Callable | None = None  # needs_for(options): fewer needs for some options (read less)
+    rows_for: Callable | None = None  # rows_for(options): need -> names, when only those rows are used
 
     def needs_given(self, options: dict) -> frozenset:
         return frozenset(self.needs_for(options)) if self.needs_for else self.needs
+
+    def rows_given(self, options: dict) -> dict | None:
+        return self.rows_for(options) if self.rows_for else None
 
 
 def _comma_list(text: str) -> list[str]:
@@ -86,6 +90,7 @@ RECIPES = {
         add_arguments=_pace_args,
         per_iteration=True,
         needs_for=pace.needs_for,
+        rows_for=pace.rows_for,
     ),
     "compute_memory_share": RecipeSpec(
         name="compute_memory_share",

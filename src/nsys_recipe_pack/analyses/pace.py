@@ -25,6 +25,11 @@ def needs_for(options: dict) -> set:
     return {"kernel"} if options.get("kernel") else NEEDS
 
 
+def rows_for(options: dict) -> dict | None:
+    """With --kernel, only that kernel's launches are read."""
+    return {"kernel": [options["kernel"]]} if options.get("kernel") else None
+
+
 def map_rank(rd, options: dict) -> dict:
     kernel = options.get("kernel")
     if kernel:
