@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .groups import distinct
 from .iterations import NCCL_KERNEL_RE, matching
 from .lazy import pd
 from .loader import Frame
@@ -77,7 +78,7 @@ def launched_ops(rd) -> Launched:
     op, call = pair_launches(op_key, call_key(rt))
     return Launched(op, op_start[op], op_end[op], collective[op], rt.values("start_ns")[call],
                     rt.values("end_ns")[call], rt.values("tid")[call], rt.values("pid")[call],
-                    int(len(op_key) - len(np.unique(op))))
+                    int(len(op_key) - len(distinct(op))))
 
 
 def collective_ops(rd) -> np.ndarray:

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..gpu import launched_ops
+from ..groups import distinct
 from ..intervals import union_lengths
 from ..iterations import closed_range_mask
 from ..loader import Frame, arrow_of, dictionary_column, ranked_tables
@@ -78,7 +79,7 @@ def map_rank(rd, options: dict) -> dict:
     count = np.zeros(n, np.int64)
     if op_idx:
         oi, ri = np.concatenate(op_idx), np.concatenate(rng_idx)
-        pairs = np.unique(ri * len(op_start) + oi)  # once per (range, op), also for an op with several paths
+        pairs = distinct(ri * len(op_start) + oi)  # once per (range, op), also for an op with several paths
         ri, oi = np.divmod(pairs, max(len(op_start), 1))
         s, e = op_start[oi], op_end[oi]
         order = np.argsort(ri, kind="stable")
