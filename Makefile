@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 NSYS_VERSION ?= 2023.4
 DEMO_OUT ?= demo-output
 
-.PHONY: setup nsys nsys-2024 browser demo test lint lab clean bench
+.PHONY: setup nsys nsys-2024 browser demo test lint lab clean bench bench-huge
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -46,6 +46,11 @@ test: nsys nsys-2024 browser lint
 # The pack against Nsight Systems' built-in recipes, scale and Dask runs: writes bench/RESULTS.md (not a test).
 bench: nsys
 	$(BIN)/python bench/bench.py $(BENCH_ARGS)
+
+# One long capture per rank (real reports replicated to 680 MB and 5.4 GB): the recipes against the floor (just
+# reading what each needs) and against the built-ins; writes the "huge reports" section of bench/RESULTS.md.
+bench-huge: nsys
+	$(BIN)/python bench/huge.py $(HUGE_ARGS)
 
 # JupyterLab on an output folder (default: the demo's): its notebooks run against the Parquet beside them.
 # As root (containers) it passes --allow-root; LAB_ARGS go to jupyter lab as they are, for example

@@ -453,3 +453,42 @@ def test_host_is_the_name_nsys_recorded_not_a_hostname_variable(tmp_path):
     with sqlite3.connect(data / "rank1.sqlite") as con:
         con.execute("delete from TARGET_INFO_SYSTEM_ENV where name = 'Hostname'")
     assert loader.load_file(data / "rank1.sqlite", {"nvtx"})[0].host == "synth-node000"  # no record: HOSTNAME
+
+
+def test_a_rank_too_big_for_the_machine_is_refused_naming_the_file_and_the_memory(tmp_path):
+    counts = {"NVTX_EVENTS": 3_000_000, "CUPTI_ACTIVITY_KIND_KERNEL": 1_000_000}
+    loader.check_memory(Path("r.sqlite"), counts, available=2 * 2**30)  # 4 M rows x 400 B = 1.5 GB: fits in 2
+    with pytest.raises(BadInputError) as exc:
+        loader.check_memory(Path("r.sqlite"), counts, available=2**30)
+    msg = str(exc.value)
+    assert msg.startswith("r.sqlite: ") and "about 1.5 GB of memory (4.0 M rows: NVTX_EVENTS 3.0 M" in msg
+    assert "1.0 GB is free" in msg and "\n" not in msg
+
+    # end to end: exit 3, one line, no output folder; the same run allowed more memory works
+    from nsys_recipe_pack.synth import write_synthetic
+
+    data = write_synthetic(tmp_path / "in", ranks=1, iterations=6, fmt="sqlite")
+    exe = Path(sys.executable).with_name("nsys-recipe")
+    argv = [str(exe), "run", "--name", "sync_summary", "--output", str(tmp_path / "out"), str(data)]
+    res = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "NSYS_RECIPE_MEMORY_GB": "0.00001"})
+    assert res.returncode == 3 and "rank0.sqlite: this rank needs about" in res.stderr
+    assert not (tmp_path / "out").exists()
+    res = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "NSYS_RECIPE_MEMORY_GB": "1"})
+    assert res.returncode == 0, res.stderr
+
+
+def test_a_long_read_reports_rows_read_and_time_left(monkeypatch):
+    monkeypatch.setattr(loader, "LONG_READ_ROWS", 10)
+    out = io.StringIO()
+    done = loader._ReadProgress(Path("big.sqlite"), {"NVTX_EVENTS": 3_000_000, "CUPTI_ACTIVITY_KIND_KERNEL": 1_000_000},
+                                stream=out)
+    done("NVTX_EVENTS")
+    done("CUPTI_ACTIVITY_KIND_KERNEL")
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "big.sqlite: reading 4.0 M rows"
+    assert lines[1].startswith("big.sqlite: 3.0 M of 4.0 M rows read in ") and "s left" in lines[1]
+    assert lines[2].startswith("big.sqlite: 4.0 M of 4.0 M rows read in ") and "left" not in lines[2]
+    quiet = io.StringIO()
+    monkeypatch.setattr(loader, "LONG_READ_ROWS", 10**9)
+    loader._ReadProgress(Path("small.sqlite"), {"NVTX_EVENTS": 100}, stream=quiet)("NVTX_EVENTS")
+    assert quiet.getvalue() == ""

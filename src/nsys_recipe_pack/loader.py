@@ -17,7 +17,9 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -1095,12 +1097,18 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
             or src.kind == "parquetdir" and src.origin != src.path):
         raise BadInputError(f"{path}: not an Nsight Systems export (no StringIds, NVTX_EVENTS or "
                             "TARGET_INFO_* tables); export the report with `nsys export`")
+    # the event tables read whole (those read for a few rows only hold little)
+    whole = [t for need in sorted(needs) if not (rows or {}).get(need) for t in TABLES.get(need, {})]
+    counts = {t: src.count(t) for t in whole}
+    check_memory(path, counts)
+    done = _ReadProgress(path, counts)
     strings = _strings(src)
     env, hostname = _env(src)
     synthetic = "SYNTHETIC" in _small_table(src, "META_DATA_EXPORT", ["name"]).get("name", [])
     frames: dict[str, Frame] = {}
     # NVTX always: its "rank N" ranges are one of the sources of the rank (only those, when no recipe needs more)
     nvtx = _read_nvtx(src, strings, only_rank_names="nvtx" not in needs)
+    done("NVTX_EVENTS")
     if "nvtx" in needs:
         frames["nvtx"] = nvtx
     for need, attr in [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")]:
@@ -1112,8 +1120,10 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
             if where is not None and not len(frame):  # none of those: all of them, for an error naming the closest
                 frame = _read_gpu(src, table, cols, strings)
             frames[attr] = frame
+            done(table)
     if "runtime" in needs:
         frames["runtime"] = _read_runtime(src, strings)
+        done("CUPTI_ACTIVITY_KIND_RUNTIME")
     if "mpi" in needs:
         frames["mpi"] = _read_mpi(src, strings)
     has_cuda = any(src.has(t) for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
@@ -1132,6 +1142,56 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     meta = {"env": env, "hostname": hostname, "session_start_ns": _session_start(src), "synthetic": bool(synthetic),
             "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": _nvtx_ranks(nvtx, pids or [None])}
     return frames, meta
+
+
+# Peak memory of a recipe over one rank, per event row it reads, as measured on long captures (the heaviest,
+# nvtx_gpu_proj, took 3.6 GB over 9.9 M rows of a 680 MB export; see bench/RESULTS.md): with some margin.
+BYTES_PER_ROW = 400
+LONG_READ_ROWS = 2_000_000  # a read of more rows than this reports its progress
+
+
+def check_memory(path: Path, counts: dict[str, int], available: int | None = None) -> None:
+    """Refuse a rank the machine cannot hold, naming the file and the memory it would need, instead of being
+    killed for it (or swapping) minutes later. NSYS_RECIPE_MEMORY_GB sets the memory the pack may use."""
+    rows = sum(counts.values())
+    need = rows * BYTES_PER_ROW
+    if available is None:
+        told = os.environ.get("NSYS_RECIPE_MEMORY_GB", "").strip()
+        if told:
+            available = int(float(told) * 2**30)
+        else:
+            import psutil
+
+            available = psutil.virtual_memory().available
+    if need > available:
+        biggest = ", ".join(f"{t} {n / 1e6:.1f} M" for t, n in sorted(counts.items(), key=lambda x: -x[1])[:3] if n)
+        raise BadInputError(f"{path}: this rank needs about {need / 2**30:.1f} GB of memory ({rows / 1e6:.1f} M rows: "
+                            f"{biggest}) and {available / 2**30:.1f} GB is free; run it on a machine with more memory, "
+                            "or profile a shorter span (nsys profile --duration, --capture-range); "
+                            "NSYS_RECIPE_MEMORY_GB=N lets the pack use N GB")
+
+
+class _ReadProgress:
+    """One long read (millions of rows): a line when it starts, and after each table the rows read so far and
+    the time left at that pace. Silent for the usual small reports."""
+
+    def __init__(self, path: Path, counts: dict[str, int], stream=None):
+        self.path, self.counts = path, counts
+        self.total = sum(counts.values())
+        self.read = 0
+        self.start = time.monotonic()
+        self.stream = stream or sys.stderr
+        if self.total >= LONG_READ_ROWS:
+            print(f"{path}: reading {self.total / 1e6:.1f} M rows", file=self.stream, flush=True)
+
+    def __call__(self, table: str) -> None:
+        self.read += self.counts.get(table, 0)
+        if self.total < LONG_READ_ROWS:
+            return
+        spent = time.monotonic() - self.start
+        left = spent * (self.total - self.read) / max(self.read, 1)
+        print(f"{self.path}: {self.read / 1e6:.1f} M of {self.total / 1e6:.1f} M rows read in {spent:.0f} s"
+              + (f", about {left:.0f} s left" if self.read < self.total else ""), file=self.stream, flush=True)
 
 
 def _nvtx_ranks(nvtx: Frame, pids: list) -> dict[str, int | None]:

@@ -1,0 +1,364 @@
+"""One long capture per rank: the pack's recipes against the floor (just reading what each needs) and against
+Nsight Systems' built-in counterparts, on the same file, in one run. Writes the "huge reports" section of
+bench/RESULTS.md and the raw numbers to bench/results-huge/.
+
+The inputs are real: `sample_reports/ai_profiler_a100/baseline_nvtx.nsys-rep` exported to SQLite by the nsys
+found, then its activity tables (NVTX, kernels, copies, memsets, runtime and OS runtime calls, syncs) replicated
+end to end in time COPIES times, each copy shifted by the capture's span and its correlation ids by the largest
+one, so that every launch still pairs with its own call. 250 copies make 2.34 M kernels, 4.82 M NVTX ranges and
+2.78 M runtime calls in 680 MB; 2,000 copies make 5.4 GB. The truth is known: every count and duration sum per
+name is COPIES times the original's (checked against SQL over the original export). Beside each replicated
+`X.sqlite` lie `X.nsys-rep` (the original report, older, so the built-ins read the export beside it) and
+`X_pqtdir` (the same tables as Parquet, for the built-ins that read Parquet and for the pack's Parquet runs).
+
+    make bench-huge                                  # 250 and 2000 copies
+    .venv/bin/python bench/huge.py --copies 250      # the 680 MB case only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from bench import BIN, PACK, ROOT, compile_bytecode, machine_meta, measure  # noqa: E402
+from nsys_recipe_pack import loader, nsys_tool  # noqa: E402
+
+SOURCE = ROOT / "sample_reports" / "ai_profiler_a100" / "baseline_nvtx.nsys-rep"
+REPLICATED = ["NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+              "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "OSRT_API"]
+KERNEL = "nchwToNhwcKernel"
+# pack recipe, its options, what it reads (loader needs), the built-in counterparts (each a command's arguments)
+CASES = [
+    ("kernel_pace", ["--kernel", KERNEL], {"kernel": [KERNEL]}, [["recipe", "cuda_gpu_kern_pace", "--name", KERNEL]]),
+    ("sync_summary", [], None, [["recipe", "cuda_api_sync"], ["recipe", "cuda_memcpy_sync"],
+                                ["recipe", "cuda_memset_sync"]]),
+    ("compute_memory_share", [], None, [["stats", "-r", "cuda_gpu_kern_sum"], ["recipe", "cuda_gpu_mem_time_sum"]]),
+    ("nvtx_gpu_proj", [], None, [["recipe", "nvtx_gpu_proj_trace"]]),
+]
+BEGIN, END = "<!-- huge-reports:begin -->", "<!-- huge-reports:end -->"
+
+
+def replicate(base: Path, dest: Path, copies: int) -> None:
+    """The base export with its activity tables repeated `copies` times end to end in time."""
+    tmp = dest.with_suffix(".partial")
+    shutil.copy(base, tmp)
+    con = sqlite3.connect(tmp)
+    tables = [t for t in REPLICATED if con.execute("SELECT 1 FROM sqlite_master WHERE name=?", (t,)).fetchone()]
+    low = min(con.execute(f"SELECT min(start) FROM {t}").fetchone()[0] for t in tables)
+    high = max(con.execute(f"SELECT max(coalesce(end, start)) FROM {t}").fetchone()[0] for t in tables)
+    span = high - low + 1000
+    corr = con.execute("SELECT max(correlationId) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0] + 1
+    con.execute("CREATE TEMP TABLE copy (k INTEGER)")
+    con.executemany("INSERT INTO temp.copy VALUES (?)", [(k,) for k in range(1, copies)])
+    for t in tables:
+        cols = [r[1] for r in con.execute(f"PRAGMA table_info({t})")]
+        last = con.execute(f"SELECT max(rowid) FROM {t}").fetchone()[0]
+        shifted = {"start": f"start + k * {span}", "end": f"end + k * {span}", "correlationId": f"correlationId + k * {corr}"}
+        sel = ", ".join(shifted.get(c, c) for c in cols)
+        no_domains = " AND eventType != 75" if t == "NVTX_EVENTS" else ""  # a domain is made once
+        con.execute(f"INSERT INTO {t} ({', '.join(cols)}) SELECT {sel} FROM temp.copy, {t} "
+                    f"WHERE {t}.rowid <= {last}{no_domains} ORDER BY k, {t}.rowid")
+    con.commit()
+    con.close()
+    os.replace(tmp, dest)
+
+
+def to_parquet(sqlite_path: Path, dest: Path) -> None:
+    """Every table of an SQLite export as `TABLE.parquet`, streamed a batch at a time through ADBC's driver."""
+    import adbc_driver_manager
+    import adbc_driver_sqlite
+
+    tmp = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    names = [r[0] for r in sqlite3.connect(sqlite_path).execute("SELECT name FROM sqlite_master WHERE type='table'")]
+    db = adbc_driver_sqlite.connect(sqlite_path.resolve().as_uri() + "?mode=ro")
+    conn = adbc_driver_manager.AdbcConnection(db)
+    for name in names:
+        stmt = adbc_driver_manager.AdbcStatement(conn)
+        stmt.set_options(**{"adbc.sqlite.query.batch_rows": "1000000"})
+        stmt.set_sql_query(f'SELECT * FROM "{name}"')
+        handle, _ = stmt.execute_query()
+        reader = pa.RecordBatchReader._import_from_c(handle.address)
+        batches = list(_batches_of(reader))
+        schema = _common_schema([b.schema for b in batches]) if batches else reader.schema
+        with pq.ParquetWriter(tmp / f"{name}.parquet", schema) as writer:
+            for batch in batches:
+                writer.write_table(pa.Table.from_batches([batch]).cast(schema))
+        stmt.close()
+    conn.close()
+    db.close()
+    shutil.rmtree(dest, ignore_errors=True)
+    os.replace(tmp, dest)
+
+
+def _batches_of(reader):
+    while True:
+        try:
+            yield reader.read_next_batch()
+        except StopIteration:
+            return
+
+
+def _common_schema(schemas: list[pa.Schema]) -> pa.Schema:
+    """A column typed null in some batches (all nulls there) takes its type from the others."""
+    fields = []
+    for i, field in enumerate(schemas[0]):
+        kinds = [s.field(i).type for s in schemas if not pa.types.is_null(s.field(i).type)]
+        fields.append(pa.field(field.name, kinds[0] if kinds else pa.int64()))
+    return pa.schema(fields)
+
+
+def make_case(work: Path, copies: int, nsys) -> Path:
+    """X.nsys-rep (the original, older), X.sqlite (replicated) and X_pqtdir beside it; returns X.nsys-rep."""
+    case = work / f"a100x{copies}"
+    case.mkdir(parents=True, exist_ok=True)
+    report = case / f"a100x{copies}.nsys-rep"
+    sqlite_path, pqt = report.with_suffix(".sqlite"), case / f"a100x{copies}_pqtdir"
+    if not (sqlite_path.exists() and pqt.exists()):
+        shutil.copy2(SOURCE, report)
+        base = work / "baseline_nvtx.sqlite"
+        if not base.exists():
+            subprocess.run([str(nsys.path), "export", "--type", "sqlite", "--quiet", "true", "--force-overwrite",
+                            "true", "--output", str(base), str(SOURCE)], check=True, capture_output=True)
+        time.sleep(1)  # the exports beside must be newer than the report
+        replicate(base, sqlite_path, copies)
+        to_parquet(sqlite_path, pqt)
+    return report
+
+
+def floor(path: Path, recipe: str) -> None:
+    """Read just the tables, columns and rows `recipe` needs from one export with the fastest reader for its
+    format (ADBC's SQLite driver, pyarrow's Parquet reader), into Arrow, and nothing else."""
+    from nsys_recipe_pack import analyses
+
+    spec = analyses.get(recipe)
+    options = {"kernel": KERNEL} if recipe == "kernel_pace" else {}
+    needs, rows = set(spec.needs_given(options)), spec.rows_given(options) or {}
+    wanted = {t: c for need in needs for t, c in loader.TABLES.get(need, {}).items()}
+    if "nvtx" not in needs:  # the rank's identity: the NVTX events whose names hold "rank"
+        wanted["NVTX_EVENTS"] = loader.TABLES["nvtx"]["NVTX_EVENTS"]
+    small = {"StringIds": ["id", "value"], "TARGET_INFO_SYSTEM_ENV": ["name", "value"],
+             "TARGET_INFO_SESSION_START_TIME": ["utcEpochNs"]}
+    rows_read = 0
+    if path.suffix == ".sqlite":
+        import adbc_driver_manager
+        import adbc_driver_sqlite
+
+        db = adbc_driver_sqlite.connect(path.resolve().as_uri() + "?mode=ro")
+        conn = adbc_driver_manager.AdbcConnection(db)
+        have = {r[0] for r in sqlite3.connect(path).execute("SELECT name FROM sqlite_master")}
+        for table, cols in [*small.items(), *wanted.items()]:
+            if table not in have:
+                continue
+            present = {r[1] for r in sqlite3.connect(path).execute(f"PRAGMA table_info({table})")}
+            text = loader.TEXT_COLUMNS.get(table, set())  # as the pack reads text: see loader._sqlite_column
+            sel = [f"COALESCE('.' || {c}, '')" if c in text else c for c in cols if c in present]
+            sql = f"SELECT {', '.join(sel)} FROM {table}"
+            if table == "CUPTI_ACTIVITY_KIND_KERNEL" and rows.get("kernel"):
+                sql += f" WHERE shortName IN (SELECT id FROM StringIds WHERE value = '{KERNEL}')"
+            elif table == "NVTX_EVENTS" and "nvtx" not in needs:
+                sql += " WHERE text LIKE '%rank%' OR textId IN (SELECT id FROM StringIds WHERE value LIKE '%rank%')"
+            stmt = adbc_driver_manager.AdbcStatement(conn)
+            stmt.set_options(**{"adbc.sqlite.query.batch_rows": "65536"})
+            stmt.set_sql_query(sql)
+            handle, _ = stmt.execute_query()
+            rows_read += pa.RecordBatchReader._import_from_c(handle.address).read_all().num_rows
+            stmt.close()
+    else:
+        import pyarrow.compute as pc
+
+        for table, cols in [*small.items(), *wanted.items()]:
+            f = path / f"{table}.parquet"
+            if not f.exists():
+                continue
+            t = pq.ParquetFile(f).read(columns=[c for c in cols if c in pq.read_schema(f).names])
+            if table == "CUPTI_ACTIVITY_KIND_KERNEL" and rows.get("kernel"):
+                ids = pq.read_table(path / "StringIds.parquet")
+                t = t.filter(pc.is_in(t["shortName"], ids.filter(pc.equal(ids["value"], KERNEL))["id"]))
+            rows_read += t.num_rows
+    print(f"read {rows_read} rows")
+
+
+def truth(base: Path, copies: int) -> dict:
+    """What the pack must find in a replicated case, by SQL over the original export: copies x its counts and sums."""
+    con = sqlite3.connect(base)
+    q = lambda sql: con.execute(sql).fetchall()  # noqa: E731
+    name = "COALESCE(text, (SELECT value FROM StringIds WHERE id = textId))"
+    api = "(SELECT value FROM StringIds WHERE id = nameId)"
+    out = {
+        "kernel_pace": {"launches": q(f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName IN "
+                                      f"(SELECT id FROM StringIds WHERE value = '{KERNEL}')")[0][0] * copies},
+        "compute_memory_share": {"kernel_ns": q("SELECT sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0][0] * copies,
+                                 "kernels": q("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0][0] * copies},
+        "nvtx_gpu_proj": {"ranges": {n: c * copies for n, c in q(
+            f"SELECT {name}, count(*) FROM NVTX_EVENTS WHERE eventType IN (59, 60) AND end IS NOT NULL AND end >= start "
+            "GROUP BY 1")}},
+        "sync_summary": {"syncs": {k: c * copies for k, c in q(
+            f"SELECT CASE WHEN {api} LIKE 'cudaDeviceSynchronize%' THEN 'device' WHEN {api} LIKE 'cudaStreamSynchronize%' "
+            f"THEN 'stream' WHEN {api} LIKE 'cudaEventSynchronize%' THEN 'event' END AS kind, count(*) "
+            "FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY 1 HAVING kind IS NOT NULL")}},
+    }
+    con.close()
+    return out
+
+
+def found(recipe: str, out: Path) -> dict:
+    """The same figures from the pack's output tables."""
+    import pandas as pd
+
+    if recipe == "kernel_pace":
+        return {"launches": len(pd.read_parquet(out / "pace.parquet"))}
+    if recipe == "compute_memory_share":
+        s = pd.read_parquet(out / "share.parquet")
+        k = s[s["category"].isin(["compute", "communication"])]
+        return {"kernel_ns": int(k["sum_ns"].sum()), "kernels": int(k["ops"].sum())}
+    if recipe == "nvtx_gpu_proj":
+        s = pd.read_parquet(out / "summary.parquet")
+        return {"ranges": {n: int(c) for n, c in s.groupby("name")["count"].sum().items()}}
+    c = pd.read_parquet(out / "sync_calls.parquet")
+    c = c[c["kind"].isin(["device", "stream", "event"])]
+    return {"syncs": {k: int(n) for k, n in c.groupby("kind", observed=True).size().items() if n}}
+
+
+def pack_case(recipe, args, inputs: Path, out: Path) -> list[str]:
+    return [PACK, "run", "--name", recipe, "--engine", "pack", *args, "--output", str(out), "--force-overwrite",
+            str(inputs)]
+
+
+def run(work: Path, copies_list: list[int], raw: Path, env: dict, nsys, repeat: int) -> list[dict]:
+    log = raw / "commands.log"
+    rows = []
+    for copies in copies_list:
+        report = make_case(work, copies, nsys)
+        sqlite_path, pqt = report.with_suffix(".sqlite"), report.with_name(report.stem + "_pqtdir")
+        counts = _counts(sqlite_path)
+        want = truth(work / "baseline_nvtx.sqlite", copies)
+        size_mb = sqlite_path.stat().st_size / 2**20
+        for recipe, args, _, builtins in CASES:
+            for form, path in (("sqlite", sqlite_path), ("parquet", pqt)):
+                for _ in range(repeat):
+                    fl = measure([sys.executable, __file__, "floor", "--recipe", recipe, str(path)], env, log)
+                    out = work / "out" / recipe
+                    pk = measure(pack_case(recipe, args, path, out), env, log)
+                    right = pk["ok"] and found(recipe, out) == want[recipe]
+                    rows.append({"copies": copies, "size_mb": round(size_mb), "recipe": recipe, "form": form,
+                                 "floor_s": fl["wall_s"], "floor_mb": fl["peak_mb"], "pack_s": pk["wall_s"],
+                                 "pack_mb": pk["peak_mb"], "ok": pk["ok"] and fl["ok"], "truth": bool(right),
+                                 "rows": counts})
+                    print(f"{copies:>5} {recipe:<22} {form:<8} floor {fl['wall_s']:6.2f} s  pack {pk['wall_s']:6.2f} s "
+                          f"{pk['peak_mb']:6} MB  truth {'ok' if right else 'DIFFERS'}", flush=True)
+            for _ in range(repeat):
+                total_s, peak, ok = 0.0, 0, True
+                for b in builtins:
+                    target = str(sqlite_path) if b[0] == "stats" else str(report)
+                    cmd = ([str(nsys.path), "stats", *b[1:], "--format", "csv", "--output", "-", "--quiet", target]
+                           if b[0] == "stats" else
+                           [str(nsys.path), "recipe", b[1], "--input", target, "--output",
+                            str(work / "out" / b[1]), "--force-overwrite", *b[2:]])
+                    r = measure(cmd, env, log)
+                    total_s, peak, ok = total_s + r["wall_s"], max(peak, r["peak_mb"]), ok and r["ok"]
+                rows.append({"copies": copies, "size_mb": round(size_mb), "recipe": recipe, "form": "built-in",
+                             "builtin": " + ".join(" ".join(b[:2]) for b in builtins), "builtin_s": round(total_s, 2),
+                             "builtin_mb": peak, "ok": ok})
+                print(f"{copies:>5} {recipe:<22} built-in {total_s:6.2f} s {peak:6} MB", flush=True)
+    return rows
+
+
+def _counts(sqlite_path: Path) -> dict:
+    con = sqlite3.connect(sqlite_path)
+    out = {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in REPLICATED}
+    con.close()
+    return out
+
+
+def write_section(results: Path, rows: list[dict], meta: dict) -> None:
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    lines = [BEGIN, "## Huge reports: one long capture per rank", "",
+             f"Written by `{meta['command']}` on {meta['date']} ({meta['cpu']}, {meta['cores']} cores, "
+             f"{meta['memory_gb']} GB; Nsight Systems {meta['nsys_version']}). Rerun with `make bench-huge`.", "",
+             "Inputs: the real `baseline_nvtx` report of `ai_profiler_a100` with its activity tables replicated "
+             "COPIES times end to end in time (how: the docstring of `bench/huge.py`). Floor: a process that "
+             "only reads the tables, columns and rows the recipe needs from the same file (ADBC's SQLite driver, "
+             "pyarrow's Parquet reader). Built-in: Nsight Systems' nearest counterparts on the `.nsys-rep` with "
+             "the export beside it (times summed, peak the largest). Times are wall seconds of the whole command, "
+             "medians where repeated; memory is the peak resident memory of the process tree. Truth: the pack's "
+             "counts and sums equal COPIES times those SQL gives over the original export (launches of the kernel, "
+             "kernel time and count, closed ranges per name, device/stream/event syncs).", "",
+             "| copies | SQLite MB | kernels / NVTX / runtime rows | recipe | read from | pack s | pack MB | floor s | "
+             "pack / floor | built-in | built-in s | built-in MB | built-in / pack | truth |",
+             "|---:|---:|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+    for (copies, recipe), g in df.groupby(["copies", "recipe"], sort=False):
+        b = g[g["form"] == "built-in"]
+        bs, bmb = float(b["builtin_s"].median()), float(b["builtin_mb"].median())
+        for form in ("sqlite", "parquet"):
+            p = g[g["form"] == form]
+            if p.empty:
+                continue
+            ps, pmb, fs = float(p["pack_s"].median()), float(p["pack_mb"].median()), float(p["floor_s"].median())
+            counts = p["rows"].iloc[0]
+            rows_text = (f"{counts['CUPTI_ACTIVITY_KIND_KERNEL'] / 1e6:.2f} M / {counts['NVTX_EVENTS'] / 1e6:.2f} M / "
+                         f"{counts['CUPTI_ACTIVITY_KIND_RUNTIME'] / 1e6:.2f} M")
+            flag = "" if p["ok"].all() and b["ok"].all() else " (failed: see log)"
+            lines.append(f"| {copies} | {int(p['size_mb'].iloc[0])} | {rows_text} | {recipe} | {form} | {ps:.2f}{flag} | "
+                         f"{pmb:.0f} | {fs:.2f} | {ps / max(fs, 1e-9):.2f}x | {b['builtin'].iloc[0]} | {bs:.2f} | "
+                         f"{bmb:.0f} | {bs / max(ps, 1e-9):.2f}x | {'found' if p['truth'].all() else 'DIFFERS'} |")
+    lines += ["", f"Every command, in order, with its output: `{meta['raw']}/commands.log`; raw numbers: "
+              f"`{meta['raw']}/huge.json`.", END]
+    text = results.read_text() if results.exists() else "# Benchmark results\n"
+    if BEGIN in text:
+        text = text[:text.index(BEGIN)] + "\n".join(lines) + text[text.index(END) + len(END):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
+    results.write_text(text)
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "floor":
+        p = argparse.ArgumentParser()
+        p.add_argument("floor")
+        p.add_argument("--recipe", required=True)
+        p.add_argument("path")
+        a = p.parse_args()
+        floor(Path(a.path), a.recipe)
+        return
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--copies", default="250,2000", help="replication factors, comma-separated")
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "nsys-recipe-bench-huge"))
+    p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
+    p.add_argument("--raw", default=str(ROOT / "bench" / "results-huge"))
+    args = p.parse_args()
+    nsys = nsys_tool.find_nsys(required=True)
+    work, raw = Path(args.work), Path(args.raw)
+    work.mkdir(parents=True, exist_ok=True)
+    raw.mkdir(parents=True, exist_ok=True)
+    (raw / "commands.log").write_text("")
+    compile_bytecode(nsys)
+    env = {**os.environ, "NSYS": str(nsys.path), "PATH": str(BIN) + os.pathsep + os.environ.get("PATH", ""),
+           "XDG_CACHE_HOME": str(work / "cache")}
+    rows = run(work, [int(c) for c in args.copies.split(",") if c], raw, env, nsys, args.repeat)
+    meta = machine_meta(nsys, 1, raw)
+    meta["command"] = "python bench/huge.py " + shlex.join(sys.argv[1:])
+    (raw / "huge.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
+    write_section(Path(args.results), rows, meta)
+    print(f"wrote {args.results}")
+
+
+if __name__ == "__main__":
+    main()
