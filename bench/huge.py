@@ -247,7 +247,7 @@ def run(work: Path, copies_list: list[int], raw: Path, env: dict, nsys, repeat: 
         sqlite_path, pqt = report.with_suffix(".sqlite"), report.with_name(report.stem + "_pqtdir")
         counts = _counts(sqlite_path)
         want = truth(work / "baseline_nvtx.sqlite", copies)
-        size_mb = sqlite_path.stat().st_size / 2**20
+        size_mb = sqlite_path.stat().st_size / 1e6
         for recipe, args, _, builtins in CASES:
             for form, path in (("sqlite", sqlite_path), ("parquet", pqt)):
                 for _ in range(repeat):
@@ -261,6 +261,14 @@ def run(work: Path, copies_list: list[int], raw: Path, env: dict, nsys, repeat: 
                                  "rows": counts})
                     print(f"{copies:>5} {recipe:<22} {form:<8} floor {fl['wall_s']:6.2f} s  pack {pk['wall_s']:6.2f} s "
                           f"{pk['peak_mb']:6} MB  truth {'ok' if right else 'DIFFERS'}", flush=True)
+            label = " + ".join(" ".join(b[:3] if b[0] == "stats" else b[1:2]) for b in builtins)
+            grown = _too_big(rows, recipe, size_mb)
+            if grown:  # it would be killed for memory (or swap for hours): recorded, not run
+                rows.append({"copies": copies, "size_mb": round(size_mb), "recipe": recipe, "form": "built-in",
+                             "builtin": label, "builtin_s": float("nan"), "builtin_mb": grown, "ok": False,
+                             "skipped": True})
+                print(f"{copies:>5} {recipe:<22} built-in not run: would need about {grown / 1024:.0f} GB", flush=True)
+                continue
             for _ in range(repeat):
                 total_s, peak, ok = 0.0, 0, True
                 for b in builtins:
@@ -272,10 +280,21 @@ def run(work: Path, copies_list: list[int], raw: Path, env: dict, nsys, repeat: 
                     r = measure(cmd, env, log)
                     total_s, peak, ok = total_s + r["wall_s"], max(peak, r["peak_mb"]), ok and r["ok"]
                 rows.append({"copies": copies, "size_mb": round(size_mb), "recipe": recipe, "form": "built-in",
-                             "builtin": " + ".join(" ".join(b[:2]) for b in builtins), "builtin_s": round(total_s, 2),
-                             "builtin_mb": peak, "ok": ok})
+                             "builtin": label, "builtin_s": round(total_s, 2), "builtin_mb": peak, "ok": ok})
                 print(f"{copies:>5} {recipe:<22} built-in {total_s:6.2f} s {peak:6} MB", flush=True)
     return rows
+
+
+def _too_big(rows: list[dict], recipe: str, size_mb: float) -> int:
+    """The memory (MB) a built-in would take on this case, grown in proportion to the file from its peak on a
+    smaller one, when that exceeds 80 % of this machine's memory; else 0."""
+    import psutil
+
+    before = [r for r in rows if r["recipe"] == recipe and r["form"] == "built-in" and not r.get("skipped")]
+    if not before:
+        return 0
+    grown = int(before[0]["builtin_mb"] * size_mb / before[0]["size_mb"])
+    return grown if grown * 2**20 > 0.8 * psutil.virtual_memory().total else 0
 
 
 def _counts(sqlite_path: Path) -> dict:
@@ -300,12 +319,13 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
              "medians where repeated; memory is the peak resident memory of the process tree. Truth: the pack's "
              "counts and sums equal COPIES times those SQL gives over the original export (launches of the kernel, "
              "kernel time and count, closed ranges per name, device/stream/event syncs).", "",
-             "| copies | SQLite MB | kernels / NVTX / runtime rows | recipe | read from | pack s | pack MB | floor s | "
+             "| copies | SQLite MB (10^6 B) | kernels / NVTX / runtime rows | recipe | read from | pack s | pack MB | floor s | "
              "pack / floor | built-in | built-in s | built-in MB | built-in / pack | truth |",
              "|---:|---:|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for (copies, recipe), g in df.groupby(["copies", "recipe"], sort=False):
         b = g[g["form"] == "built-in"]
         bs, bmb = float(b["builtin_s"].median()), float(b["builtin_mb"].median())
+        skipped = "skipped" in b and b["skipped"].fillna(False).astype(bool).any()
         for form in ("sqlite", "parquet"):
             p = g[g["form"] == form]
             if p.empty:
@@ -314,10 +334,12 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
             counts = p["rows"].iloc[0]
             rows_text = (f"{counts['CUPTI_ACTIVITY_KIND_KERNEL'] / 1e6:.2f} M / {counts['NVTX_EVENTS'] / 1e6:.2f} M / "
                          f"{counts['CUPTI_ACTIVITY_KIND_RUNTIME'] / 1e6:.2f} M")
-            flag = "" if p["ok"].all() and b["ok"].all() else " (failed: see log)"
+            flag = "" if p["ok"].all() else " (failed: see log)"
+            builtin = (f"not run: would need about {bmb / 1024:.0f} GB | — | — | —" if skipped else
+                       f"{bs:.2f}{'' if b['ok'].all() else ' (failed)'} | {bmb:.0f} | {bs / max(ps, 1e-9):.2f}x")
             lines.append(f"| {copies} | {int(p['size_mb'].iloc[0])} | {rows_text} | {recipe} | {form} | {ps:.2f}{flag} | "
-                         f"{pmb:.0f} | {fs:.2f} | {ps / max(fs, 1e-9):.2f}x | {b['builtin'].iloc[0]} | {bs:.2f} | "
-                         f"{bmb:.0f} | {bs / max(ps, 1e-9):.2f}x | {'found' if p['truth'].all() else 'DIFFERS'} |")
+                         f"{pmb:.0f} | {fs:.2f} | {ps / max(fs, 1e-9):.2f}x | {b['builtin'].iloc[0]} | {builtin} | "
+                         f"{'found' if p['truth'].all() else 'not found' if p['ok'].all() else '—'} |")
     lines += ["", f"Every command, in order, with its output: `{meta['raw']}/commands.log`; raw numbers: "
               f"`{meta['raw']}/huge.json`.", END]
     text = results.read_text() if results.exists() else "# Benchmark results\n"
