@@ -1072,18 +1072,19 @@ def _first_int(env: dict, keys: list[str]) -> tuple[int, str] | None:
 
 
 def load_file(path: Path, needs: set[str], nsys_path: str | None = None,
-              rows: dict[str, list[str]] | None = None) -> list[RankData]:
+              rows: dict[str, list[str]] | None = None, bytes_per_row: int | None = None) -> list[RankData]:
     """Read one input and split it into ranks (one per process that did GPU work, or NVTX work).
 
     rows: need -> names, for recipes that use only some rows (`kernel_pace --kernel`: one kernel's). An export
     is then read for those rows only; a report's export in the pack's cache is read whole once, as its loaded
-    frames are kept for every later run."""
+    frames are kept for every later run. bytes_per_row: the recipe's peak memory per event row read (see
+    `check_memory`)."""
     src = open_source(path, needs, nsys_path)
     cache = _loaded_dir(src, needs)
     try:
         loaded = _read_loaded(cache) if cache is not None else None
         if loaded is None:
-            loaded = _read_frames(src, needs, path, rows if cache is None else None)
+            loaded = _read_frames(src, needs, path, rows if cache is None else None, bytes_per_row)
             if cache is not None:
                 _write_loaded(cache, *loaded)
     finally:
@@ -1091,7 +1092,8 @@ def load_file(path: Path, needs: set[str], nsys_path: str | None = None,
     return _split_ranks(path, *loaded, read_from=src.origin)
 
 
-def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | None = None) -> tuple[dict, dict]:
+def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | None = None,
+                 bytes_per_row: int | None = None) -> tuple[dict, dict]:
     """The normalised frames a recipe needs, and what identifies the file's ranks."""
     if not (src.has("StringIds") or src.has("NVTX_EVENTS") or src.has("TARGET_INFO_SESSION_START_TIME")
             or src.kind == "parquetdir" and src.origin != src.path):
@@ -1100,7 +1102,7 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     # the event tables read whole (those read for a few rows only hold little)
     whole = [t for need in sorted(needs) if not (rows or {}).get(need) for t in TABLES.get(need, {})]
     counts = {t: src.count(t) for t in whole}
-    check_memory(path, counts)
+    check_memory(path, counts, bytes_per_row=bytes_per_row)
     done = _ReadProgress(path, counts)
     strings = _strings(src)
     env, hostname = _env(src)
@@ -1144,17 +1146,18 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     return frames, meta
 
 
-# Peak memory of a recipe over one rank, per event row it reads, as measured on long captures (the heaviest,
-# nvtx_gpu_proj, took 3.6 GB over 9.9 M rows of a 680 MB export; see bench/RESULTS.md): with some margin.
+# Peak memory of a recipe over one rank per event row it reads, where the recipe does not say its own (each
+# says what it was measured to take on the long captures of bench/RESULTS.md, with some margin)
 BYTES_PER_ROW = 400
 LONG_READ_ROWS = 2_000_000  # a read of more rows than this reports its progress
 
 
-def check_memory(path: Path, counts: dict[str, int], available: int | None = None) -> None:
+def check_memory(path: Path, counts: dict[str, int], available: int | None = None,
+                 bytes_per_row: int | None = None) -> None:
     """Refuse a rank the machine cannot hold, naming the file and the memory it would need, instead of being
     killed for it (or swapping) minutes later. NSYS_RECIPE_MEMORY_GB sets the memory the pack may use."""
     rows = sum(counts.values())
-    need = rows * BYTES_PER_ROW
+    need = rows * (bytes_per_row or BYTES_PER_ROW)
     if available is None:
         told = os.environ.get("NSYS_RECIPE_MEMORY_GB", "").strip()
         if told:

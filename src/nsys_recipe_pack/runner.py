@@ -42,7 +42,8 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
     spec = analyses.get(recipe)
     out = []
     try:
-        for rd in loader.load_file(Path(path), set(spec.needs_given(options)), nsys_path, spec.rows_given(options)):
+        for rd in loader.load_file(Path(path), set(spec.needs_given(options)), nsys_path, spec.rows_given(options),
+                                   spec.bytes_per_row):
             try:
                 res = spec.map_rank(rd, options)
             except MissingTraceError as exc:  # nothing to say about this rank; fatal only if true of all

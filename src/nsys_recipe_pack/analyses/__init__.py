@@ -20,6 +20,9 @@ class RecipeSpec:
     per_iteration: bool  # whether ranks must agree on one iteration delimiter
     needs_for: Callable | None = None  # needs_for(options): fewer needs for some options (read less)
     rows_for: Callable | None = None  # rows_for(options): need -> names, when only those rows are used
+    # peak memory over one rank per event row read: measured on a 680 MB export (bench/RESULTS.md, huge reports)
+    # with some margin; None: the loader's default
+    bytes_per_row: int | None = None
 
     def needs_given(self, options: dict) -> frozenset:
         return frozenset(self.needs_for(options)) if self.needs_for else self.needs
@@ -102,6 +105,7 @@ RECIPES = {
         reduce=share.reduce,
         add_arguments=_no_args,
         per_iteration=False,
+        bytes_per_row=260,  # 1.56 GB over 7.3 M rows
     ),
     "sync_summary": RecipeSpec(
         name="sync_summary",
@@ -113,6 +117,7 @@ RECIPES = {
         reduce=sync.reduce,
         add_arguments=_no_args,
         per_iteration=False,
+        bytes_per_row=260,  # 2.12 GB over 10.1 M rows
     ),
     "nvtx_gpu_proj": RecipeSpec(
         name="nvtx_gpu_proj",
@@ -124,6 +129,7 @@ RECIPES = {
         reduce=proj.reduce,
         add_arguments=_proj_args,
         per_iteration=False,
+        bytes_per_row=450,  # 3.82 GB over 10.1 M rows
     ),
 }
 OPTION_NAMES = {
