@@ -259,9 +259,10 @@ def run(work: Path, copies_list: list[int], raw: Path, env: dict, nsys, repeat: 
                                  "floor_s": fl["wall_s"], "floor_mb": fl["peak_mb"], "pack_s": pk["wall_s"],
                                  "pack_mb": pk["peak_mb"], "ok": pk["ok"] and fl["ok"], "truth": bool(right),
                                  "rows": counts})
+                    verdict = "truth found" if right else "truth NOT found" if pk["ok"] else "pack failed (see the log)"
                     print(f"{copies:>5} {recipe:<22} {form:<8} floor {fl['wall_s']:6.2f} s  pack {pk['wall_s']:6.2f} s "
-                          f"{pk['peak_mb']:6} MB  truth {'ok' if right else 'DIFFERS'}", flush=True)
-            label = " + ".join(" ".join(b[:3] if b[0] == "stats" else b[1:2]) for b in builtins)
+                          f"{pk['peak_mb']:6} MB  {verdict}", flush=True)
+            label = " + ".join("nsys " + " ".join(b[:3]) if b[0] == "stats" else b[1] for b in builtins)
             grown = _too_big(rows, recipe, size_mb)
             if grown:  # it would be killed for memory (or swap for hours): recorded, not run
                 rows.append({"copies": copies, "size_mb": round(size_mb), "recipe": recipe, "form": "built-in",
@@ -334,12 +335,16 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
             counts = p["rows"].iloc[0]
             rows_text = (f"{counts['CUPTI_ACTIVITY_KIND_KERNEL'] / 1e6:.2f} M / {counts['NVTX_EVENTS'] / 1e6:.2f} M / "
                          f"{counts['CUPTI_ACTIVITY_KIND_RUNTIME'] / 1e6:.2f} M")
-            flag = "" if p["ok"].all() else " (failed: see log)"
-            builtin = (f"not run: would need about {bmb / 1024:.0f} GB | — | — | —" if skipped else
+            failed = not p["ok"].all()
+            builtin = (f"not run: would need about {bmb / 1024:.0f} GB | — | —" if skipped else
                        f"{bs:.2f}{'' if b['ok'].all() else ' (failed)'} | {bmb:.0f} | {bs / max(ps, 1e-9):.2f}x")
-            lines.append(f"| {copies} | {int(p['size_mb'].iloc[0])} | {rows_text} | {recipe} | {form} | {ps:.2f}{flag} | "
-                         f"{pmb:.0f} | {fs:.2f} | {ps / max(fs, 1e-9):.2f}x | {b['builtin'].iloc[0]} | {builtin} | "
-                         f"{'found' if p['truth'].all() else 'not found' if p['ok'].all() else '—'} |")
+            pack = ("refused or failed (see the log) | — " if failed else f"{ps:.2f} | {pmb:.0f} ")
+            ratio = "—" if failed else f"{ps / max(fs, 1e-9):.2f}x"
+            if failed or skipped:
+                builtin = builtin.rsplit("|", 1)[0] + "| —"
+            lines.append(f"| {copies} | {int(p['size_mb'].iloc[0])} | {rows_text} | {recipe} | {form} | {pack}| "
+                         f"{fs:.2f} | {ratio} | {b['builtin'].iloc[0]} | {builtin} | "
+                         f"{'—' if failed else 'found' if p['truth'].all() else 'not found'} |")
     lines += ["", f"Every command, in order, with its output: `{meta['raw']}/commands.log`; raw numbers: "
               f"`{meta['raw']}/huge.json`.", END]
     text = results.read_text() if results.exists() else "# Benchmark results\n"
@@ -365,7 +370,13 @@ def main() -> None:
     p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "nsys-recipe-bench-huge"))
     p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
     p.add_argument("--raw", default=str(ROOT / "bench" / "results-huge"))
+    p.add_argument("--render-only", action="store_true", help="rewrite the section from the raw numbers in --raw")
     args = p.parse_args()
+    if args.render_only:
+        saved = json.loads((Path(args.raw) / "huge.json").read_text())
+        write_section(Path(args.results), saved["rows"], saved["meta"])
+        print(f"wrote {args.results}")
+        return
     nsys = nsys_tool.find_nsys(required=True)
     work, raw = Path(args.work), Path(args.raw)
     work.mkdir(parents=True, exist_ok=True)
