@@ -483,7 +483,11 @@ class ExportSource:
         try:
             raw = self._db.query(sql(guarded=False))
         except _TypeMismatch:  # a damaged export: values of other types than the column's are read as nulls
-            raw = self._db.query(sql(guarded=True))
+            try:
+                raw = self._db.query(sql(guarded=True))
+            except _TypeMismatch as exc:
+                raise BadInputError(f"{self.path}: table {table} cannot be read ({exc}); export the report again "
+                                    "with `nsys export --type sqlite`") from None
         return pa.table({c: _unprefixed(raw.column(i)) if c in text else raw.column(i)
                          for i, c in enumerate(cols)})
 
