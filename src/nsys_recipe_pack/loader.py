@@ -821,18 +821,18 @@ class StringTable:
 
     def ids_of(self, wanted) -> np.ndarray:
         """The ids whose string is one of `wanted`."""
-        if not len(self._ids):
-            return np.zeros(0, np.int64)
-        values = self._values.take(arrow_of(self._rows)).to_numpy(zero_copy_only=False)
-        return self._ids[np.isin(values, list(wanted))]
+        return self._ids[np.isin(self._strings(), list(wanted))]
 
     def ids_containing(self, word: str) -> np.ndarray:
         """The ids whose string holds `word`, in any case."""
-        if not len(self._ids):
-            return np.zeros(0, np.int64)
-        values = self._values.take(arrow_of(self._rows)).to_numpy(zero_copy_only=False)
         word = word.lower()
-        return self._ids[np.array([isinstance(v, str) and word in v.lower() for v in values], bool)]
+        return self._ids[np.array([isinstance(v, str) and word in v.lower() for v in self._strings()], bool)]
+
+    def _strings(self) -> np.ndarray:
+        """Each id's string, in the order of the ids."""
+        if not len(self._ids):
+            return np.zeros(0, object)
+        return self._values.take(arrow_of(self._rows)).to_numpy(zero_copy_only=False)
 
     def _words(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         distinct, where = _distinct(ids)
