@@ -53,14 +53,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture()
-def reaped_env():
-    """An environment whose processes are all ended after the test: everything started with it carries a
-    marker variable (children inherit it, daemons too), and whatever still runs with it is killed by pid."""
+def end_processes(env):
+    """Kill whatever still runs with the marker of `env` (from the `reaped_env` fixture)."""
     import psutil
 
-    marker = uuid.uuid4().hex
-    yield dict(os.environ, NSYS_RECIPE_TEST_RUN=marker)
+    marker = env["NSYS_RECIPE_TEST_RUN"]
     for _ in range(3):
         left = []
         for proc in psutil.process_iter(["pid"]):
@@ -77,3 +74,12 @@ def reaped_env():
             except psutil.NoSuchProcess:
                 pass
         psutil.wait_procs(left, timeout=10)
+
+
+@pytest.fixture()
+def reaped_env():
+    """An environment whose processes are all ended after the test: everything started with it carries a
+    marker variable (children inherit it, daemons too), and whatever still runs with it is killed by pid."""
+    env = dict(os.environ, NSYS_RECIPE_TEST_RUN=uuid.uuid4().hex)
+    yield env
+    end_processes(env)

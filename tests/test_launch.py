@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import ROOT, free_port
+from conftest import ROOT, end_processes, free_port
 
 from nsys_recipe_pack import launch
 from nsys_recipe_pack.errors import UsageError
@@ -97,7 +97,8 @@ def test_unknown_launcher_option_with_a_value_is_a_clear_error():
 
 
 
-NSYS_ABORTS = ("terminate called without an active exception", "Connection to Agent lost")
+NSYS_ABORTS = ("terminate called without an active exception", "Connection to Agent lost",
+               "Local Endpoint is not available")
 
 
 def test_real_four_rank_torchrun_job_through_profile(nsys, tmp_path, reaped_env):
@@ -105,28 +106,32 @@ def test_real_four_rank_torchrun_job_through_profile(nsys, tmp_path, reaped_env)
     exe = Path(sys.executable).with_name("nsys-recipe")
     torchrun = Path(sys.executable).with_name("torchrun")
     out = tmp_path / "prof"
-    job = [str(torchrun), "--nproc-per-node", "4", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-           str(ROOT / "scripts" / "cpu_ddp_train.py"), "--steps", "12", "--slow-rank", "1", "--slow-iterations",
-           "4-7", "--slow-ms", "40", "--batch", "64", "--hidden", "128"]
-    dry = subprocess.run([str(exe), "profile", "--output", str(out), "--dry-run", "--", *job],
+
+    def job():
+        return [str(torchrun), "--nproc-per-node", "4", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+                str(ROOT / "scripts" / "cpu_ddp_train.py"), "--steps", "12", "--slow-rank", "1", "--slow-iterations",
+                "4-7", "--slow-ms", "40", "--batch", "64", "--hidden", "128"]
+
+    dry = subprocess.run([str(exe), "profile", "--output", str(out), "--dry-run", "--", *job()],
                          capture_output=True, text=True, env=reaped_env)
     assert dry.returncode == 0, dry.stderr
     assert "--no-python" in dry.stdout and "rank%q{RANK}" in dry.stdout and not out.exists()
 
     # On this GPU-less machine nsys 2023.4 now and then aborts in one rank when several start at once on a
-    # busy machine ("terminate called without an active exception", more often with osrt traced, or "Connection
-    # to Agent lost"): only those failures of nsys itself are retried, at most twice, with any process of the
-    # failed try ended first; anything else fails at once
+    # busy machine ("terminate called without an active exception", more often with osrt traced, "Connection to
+    # Agent lost" or "Local Endpoint is not available"): only those failures of nsys itself are retried, at most
+    # twice, each try on a fresh port with any process of the failed try ended first; anything else fails at once
     for _ in range(3):
-        res = subprocess.run([str(exe), "profile", "--output", str(out), "--trace", "nvtx", "--", *job],
+        res = subprocess.run([str(exe), "profile", "--output", str(out), "--trace", "nvtx", "--", *job()],
                              capture_output=True, text=True, timeout=600, env=reaped_env)
         if res.returncode == 0 or not any(m in res.stderr for m in NSYS_ABORTS):
             break
+        end_processes(reaped_env)
         shutil.rmtree(out)
     assert res.returncode == 0, res.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == [f"rank{r}.nsys-rep" for r in range(4)]
 
-    again = subprocess.run([str(exe), "profile", "--output", str(out), "--trace", "nvtx", "--", *job],
+    again = subprocess.run([str(exe), "profile", "--output", str(out), "--trace", "nvtx", "--", *job()],
                            capture_output=True, text=True, env=reaped_env)
     assert again.returncode == 2 and "not empty" in again.stderr  # reports are never overwritten silently
 
