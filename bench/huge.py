@@ -143,9 +143,9 @@ def make_case(work: Path, copies: int, nsys) -> Path:
 def floor(path: Path, recipe: str) -> None:
     """Read just the tables, columns and rows `recipe` needs from one export with the fastest reader for its
     format (ADBC's SQLite driver, pyarrow's Parquet reader), into Arrow, and nothing else."""
-    from nsys_recipe_pack import analyses
+    from nsys_recipe_pack import recipes
 
-    spec = analyses.get(recipe)
+    spec = recipes.get(recipe)
     options = {"kernel": KERNEL} if recipe == "kernel_pace" else {}
     needs, rows = set(spec.needs_given(options)), spec.rows_given(options) or {}
     wanted = {t: c for need in needs for t, c in loader.TABLES.get(need, {}).items()}

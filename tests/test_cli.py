@@ -55,6 +55,28 @@ def test_unknown_recipe_is_a_usage_error():
     assert res.returncode == 2 and "unknown recipe" in one_line_error(res)
 
 
+def test_a_flag_of_another_recipe_is_a_usage_error_naming_the_recipe_that_takes_it(tmp_path):
+    res = cli("run", "--name", "kernel_pace", "--threshold", "3", "--output", str(tmp_path / "o"), str(MPI_SET))
+    assert res.returncode == 2 and not (tmp_path / "o").exists()
+    assert one_line_error(res).endswith("--threshold is not an option of kernel_pace; it is an option of "
+                                        "straggler_heatmap")
+    shared = cli("run", "--name", "kernel_pace,sync_summary", "--iteration", "x", "--sigma", "2", str(MPI_SET))
+    assert shared.returncode == 2
+    assert one_line_error(shared).endswith("--sigma is not an option of kernel_pace, sync_summary; it is an option "
+                                           "of straggler_heatmap")
+    listed = cli("list").stdout.splitlines()
+    options = listed[listed.index(next(ln for ln in listed if ln.startswith("straggler_heatmap"))) + 1]
+    assert options.split() == ["options:", "--iteration", "--iteration-kernel", "--sync", "--threshold", "--sigma"]
+
+
+def test_the_packs_own_error_inside_nsys_recipe_is_the_same_error(nsys, tmp_path):
+    res = cli("run", "--name", "kernel_pace", "--engine", "nsys", "--kernel", "jacobi_kernal", "--output",
+              str(tmp_path / "o"), str(MPI_SET))
+    assert res.returncode == 3 and not (tmp_path / "o").exists()
+    assert one_line_error(res).endswith("no kernel named 'jacobi_kernal'; closest names: 'jacobi_kernel'")
+    assert "nsys recipe kernel_pace` failed" not in res.stderr
+
+
 def test_existing_output_folder_is_not_touched(tmp_path):
     out = tmp_path / "o"
     out.mkdir()

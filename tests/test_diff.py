@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 from conftest import AI_SET
 
-from nsys_recipe_pack.analyses.diff import compare
+from nsys_recipe_pack.diff import compare
 
 
 def test_compare_by_hand():
@@ -57,7 +57,8 @@ def test_ai_profiler_optimisation_improves_and_the_reverse_fails(tmp_path, nsys)
 
 
 def test_each_row_says_whether_it_gates_and_per_op_ranges_are_compared_per_op():
-    from nsys_recipe_pack.analyses.diff import most_moved, op_name
+    from nsys_recipe_pack.diff import most_moved
+    from nsys_recipe_pack.nvtx import op_name
 
     base = pd.DataFrame({"metric": ["nvtx_total_ns"] * 3 + ["median_iteration_ns"],
                          "key": ["step", "forward", "tiny", "all ranks"], "value": [1000.0, 400.0, 3.0, 100.0]})

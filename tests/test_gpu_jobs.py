@@ -9,7 +9,7 @@ import pytest
 from conftest import SAMPLES
 
 from nsys_recipe_pack import runner
-from nsys_recipe_pack.analyses.straggler import verdicts
+from nsys_recipe_pack.recipes.straggler_heatmap import verdicts
 
 H100 = SAMPLES / "h100_gloo_8rank"
 EXPORTS = sorted(str(p) for p in H100.glob("rank*.sqlite"))

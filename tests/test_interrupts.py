@@ -105,6 +105,12 @@ def test_ctrl_c_at_each_stage_of_several_recipes_leaves_nothing_and_a_rerun_just
     import os
 
     env = dict(os.environ, XDG_CACHE_HOME=str(tmp_path / ("cold" if stage == "loading" else "warm")))
+    interrupted_env = env
+    if stage == "loading":  # exports of these small reports take a fraction of a second: each is made to last 2 s
+        slow = tmp_path / "slow-nsys"
+        slow.write_text(f'#!/bin/sh\n[ "$1" = export ] && sleep 2\nexec "{nsys.path}" "$@"\n')
+        slow.chmod(0o755)
+        interrupted_env = dict(env, NSYS=str(slow))
     out = tmp_path / "o"
     args = ["run", "--name", "straggler_heatmap,kernel_pace", "--engine", "pack", "--mode", "none", "--report",
             "--output", str(out), str(CPU_SET)]
@@ -112,7 +118,7 @@ def test_ctrl_c_at_each_stage_of_several_recipes_leaves_nothing_and_a_rerun_just
         warm = subprocess.run([str(Path(sys.executable).with_name("nsys-recipe")), *args[:-3], "--output",
                                str(tmp_path / "warmup"), str(CPU_SET)], env=env, capture_output=True, text=True)
         assert warm.returncode == 0, warm.stderr
-    proc = start(args, cwd=tmp_path, env=env)
+    proc = start(args, cwd=tmp_path, env=interrupted_env)
     exports = tmp_path / "cold" / "nsys-recipe-pack" / "exports"
 
     def staged(name):

@@ -5,9 +5,9 @@ import pandas as pd
 import pytest
 
 from nsys_recipe_pack import iterations
-from nsys_recipe_pack.analyses import share
 from nsys_recipe_pack.errors import BadInputError
 from nsys_recipe_pack.loader import RankData
+from nsys_recipe_pack.recipes import compute_memory_share as share
 
 
 def nvtx(rows):

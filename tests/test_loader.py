@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from conftest import MPI_SET
 
-from nsys_recipe_pack import analyses, loader, nsys_tool, runner
+from nsys_recipe_pack import loader, nsys_tool, recipes, runner
 from nsys_recipe_pack.errors import BadInputError, UsageError
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "sync", "mpi"}
@@ -284,9 +284,9 @@ def test_no_recipe_map_imports_pandas_on_a_warm_run(nsys, tmp_path):
     # on a warm run the pool forks the workers before pandas is imported (it costs about 0.3 s of CPU) and
     # the parent imports it while they map: that only pays if no per-rank work over a warm cache needs it
     report = sorted(MPI_SET.glob("*.qdrep"))[0]
-    assert set(analyses.RECIPES) == {"straggler_heatmap", "kernel_pace", "compute_memory_share", "sync_summary",
+    assert set(recipes.all_recipes()) == {"straggler_heatmap", "kernel_pace", "compute_memory_share", "sync_summary",
                                      "nvtx_gpu_proj"}
-    runs = [(name, {}) for name in analyses.RECIPES] + [("kernel_pace", {"kernel": "jacobi_kernel"})]
+    runs = [(name, {}) for name in recipes.all_recipes()] + [("kernel_pace", {"kernel": "jacobi_kernel"})]
     for recipe, options in runs:
         args = (str(report), recipe, options, None)
         runner.map_file(*args)  # exports and fills the loaded cache

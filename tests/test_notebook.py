@@ -8,7 +8,7 @@ import pandas as pd
 
 from nsys_recipe_pack import runner
 from nsys_recipe_pack.notebook import render_report
-from nsys_recipe_pack.plots import straggler as plots
+from nsys_recipe_pack.plots import straggler_heatmap as plots
 from nsys_recipe_pack.synth import Straggler, write_synthetic
 
 
@@ -95,8 +95,8 @@ def test_nvtx_gpu_proj_report(tmp_path, nsys):
 
 
 def test_rank_figures_bin_beyond_256_ranks():
-    from nsys_recipe_pack.plots import share as share_plots
-    from nsys_recipe_pack.plots import sync as sync_plots
+    from nsys_recipe_pack.plots import compute_memory_share as share_plots
+    from nsys_recipe_pack.plots import sync_summary as sync_plots
 
     ranks = np.arange(1000)
     share = pd.DataFrame({"rank": np.repeat(ranks, 2), "category": np.tile(["compute", "idle"], 1000),
@@ -129,7 +129,7 @@ def test_a_report_notebook_runs_again_from_its_folder_after_a_move(tmp_path):
 
 
 def test_tables_read_well_and_long_ranges_do_not_hide_short_gpu_bars():
-    from nsys_recipe_pack.plots import header, proj, three_digits
+    from nsys_recipe_pack.plots import header, nvtx_gpu_proj, three_digits
 
     assert [three_digits(v) for v in (254.5, 31.24, 3.14159, 0.012345, 12.0, float("nan"))] == \
         ["254", "31.2", "3.14", "0.0123", "12", "—"]
@@ -137,9 +137,9 @@ def test_tables_read_well_and_long_ranges_do_not_hide_short_gpu_bars():
         ["excess (ms)", "straggler iterations", "mean (µs)", "bandwidth (GB/s)"]
     summary = pd.DataFrame({"name": ["step", "opt"], "count": [10, 10], "cpu_total_ns": [30_000e6, 1_500e6],
                             "gpu_busy_total_ns": [1_700e6, 20e6], "gpu_proj_total_ns": [1_800e6, 30e6]})
-    assert proj.top_ranges(summary).layout.xaxis.type == "log"  # 20 ms next to 30 s: decades apart
+    assert nvtx_gpu_proj.top_ranges(summary).layout.xaxis.type == "log"  # 20 ms next to 30 s: decades apart
     even = summary.assign(cpu_total_ns=[30e6, 25e6], gpu_busy_total_ns=[20e6, 15e6])
-    assert proj.top_ranges(even).layout.xaxis.type is None
+    assert nvtx_gpu_proj.top_ranges(even).layout.xaxis.type is None
 
 
 def test_heatmap_and_arrival_skew_put_each_iteration_at_the_same_place():

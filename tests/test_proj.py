@@ -11,8 +11,8 @@ import pandas as pd
 from conftest import AI_SET
 
 from nsys_recipe_pack import gpu, runner
-from nsys_recipe_pack.analyses import proj
 from nsys_recipe_pack.loader import RankData
+from nsys_recipe_pack.recipes import nvtx_gpu_proj as proj
 
 MS = 1_000_000
 

@@ -4,9 +4,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from nsys_recipe_pack.analyses import straggler
 from nsys_recipe_pack.errors import BadInputError
 from nsys_recipe_pack.loader import RankData
+from nsys_recipe_pack.recipes import straggler_heatmap as straggler
 
 MS = 1_000_000
 TID = 42
@@ -209,7 +209,7 @@ def test_component_excess_and_noise_from_the_cells_own_components_match_the_whol
 
 
 def test_verdicts_say_the_answer_first_and_call_one_off_flags_incidental():
-    from nsys_recipe_pack.analyses.straggler import incidental, verdicts
+    from nsys_recipe_pack.recipes.straggler_heatmap import incidental, verdicts
 
     cells = [(2, i, 30e6) for i in range(20, 30)] + [(2, 35, 20e6)]  # a run of 10 and one more
     cells += [(1, 2, 9e6), (1, 34, 9e6), (1, 40, 9e6)]  # three scattered iterations

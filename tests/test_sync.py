@@ -12,9 +12,9 @@ import pytest
 from conftest import AI_SET, MPI_SET
 
 from nsys_recipe_pack import runner
-from nsys_recipe_pack.analyses import sync
 from nsys_recipe_pack.loader import RankData
 from nsys_recipe_pack.nvtx import innermost_of, stack_levels_of
+from nsys_recipe_pack.recipes import sync_summary as sync
 
 BUILTIN = {"cuda_api_sync": ["device", "stream"], "cuda_memcpy_async": ["memcpy_pageable"],
            "cuda_memcpy_sync": ["memcpy_sync"], "cuda_memset_sync": ["memset_sync"]}

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
-from . import analyses, runner
+from . import recipes, runner
 from .errors import UsageError
 
 
@@ -44,14 +43,12 @@ def run_recipe(name: str, inputs, output=None, *, overwrite: bool | None = None,
     earlier output of the pack is replaced once the new one is complete, and any other existing folder is
     left alone with an error; `overwrite=True` replaces whatever is there (`force_overwrite=True`, as on the
     command line, means the same); `overwrite=False` never replaces."""
-    analyses.get(name)
-    allowed = set(analyses.OPTION_NAMES[name])
+    recipe = recipes.get(name)
+    allowed = set(recipe.option_names())
     unknown = set(options) - allowed
     if unknown:
         raise TypeError(f"{name} takes no option {', '.join(sorted(unknown))}; it takes {', '.join(sorted(allowed)) or 'none'}")
-    defaults = argparse.ArgumentParser()
-    analyses.get(name).add_arguments(defaults.add_argument)
-    opts = {**vars(defaults.parse_args([])), **options}
+    opts = {**recipe.option_defaults(), **options}
     opts["skip_bad"] = skip_bad
     opts["_dask_scheduler"] = dask_scheduler
     inputs = [str(inputs)] if isinstance(inputs, (str, Path)) else [str(i) for i in inputs]

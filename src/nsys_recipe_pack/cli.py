@@ -11,7 +11,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from . import analyses, nsys_tool, resources
+from . import nsys_tool, recipes, resources
 from .errors import EXIT_MISSING_TOOL, EXIT_USAGE, MissingToolError, MissingTraceError, PackError, UsageError
 from .escape import terminal_text
 
@@ -53,15 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--skip-bad", action="store_true",
                      help="go on without unusable inputs; each is listed with its reason in files.parquet")
     run.add_argument("--dask-scheduler", default=None, metavar="ADDRESS", help="scheduler for --mode dask-futures")
-    seen: set[str] = set()
-
-    def add(*flags, **kw):
-        if flags[0] not in seen:
-            seen.add(flags[0])
-            run.add_argument(*flags, **kw)
-
-    for spec in analyses.RECIPES.values():
-        spec.add_arguments(add)
+    _add_recipe_options(run)
 
     rep = sub.add_parser("report", help="every recipe with its data over one or more runs: notebooks, HTML, index")
     rep.add_argument("inputs", nargs="*", metavar="RUN", help="one report, export or folder of them per run")
@@ -121,6 +113,21 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _add_recipe_options(run: argparse.ArgumentParser) -> None:
+    """Every recipe's options on `run`, each flag once (several recipes share --iteration), none with a
+    default: what was not given is absent, and each recipe fills in its own defaults (`_recipe_options`)."""
+    group = run.add_argument_group("recipe options (each recipe takes only its own; `nsys-recipe list` names them)")
+    seen: set[str] = set()
+
+    def add(*flags, **kw):
+        if flags[0] not in seen:
+            seen.add(flags[0])
+            group.add_argument(*flags, **{**kw, "default": argparse.SUPPRESS})
+
+    for recipe in recipes.all_recipes().values():
+        recipe.add_options(add)
+
+
 def _builtins(nsys_path: str | None = None) -> dict:
     found = nsys_tool.find_nsys(nsys_path, required=False)
     return nsys_tool.builtin_recipes(str(found.path)) if found and found.recipe_python_path() else {}
@@ -128,19 +135,38 @@ def _builtins(nsys_path: str | None = None) -> dict:
 
 def cmd_list(args) -> int:
     builtins = _builtins()
-    width = max(len(n) for n in [*analyses.RECIPES, *builtins])
-    for name, spec in sorted(analyses.RECIPES.items()):
-        print(f"{name:<{width}}  {spec.description}")
+    ours = recipes.all_recipes()
+    width = max(len(n) for n in [*ours, *builtins])
+    for name, recipe in sorted(ours.items()):
+        print(f"{name:<{width}}  {recipe.description}")
+        flags = _flags(recipe)
+        if flags:
+            print(f"{'':<{width}}  options: {' '.join(flags)}")
     if builtins:
         print("\nNsight Systems' built-in recipes (run through `nsys recipe`):")
         for name, title in sorted(builtins.items()):
-            if name not in analyses.RECIPES:
+            if name not in ours:
                 print(f"{name:<{width}}  [nsys built-in] {title}")
     return 0
 
 
-def _recipe_options(args, name: str) -> dict:
-    return {key: getattr(args, key, None) for key in analyses.OPTION_NAMES[name]}
+def _flags(recipe) -> list[str]:
+    return [action.option_strings[0] for action in recipe.parser()._actions]
+
+
+def _recipe_options(args, names: list[str]) -> dict[str, dict]:
+    """Each named recipe's options: its defaults, then what was given. A flag that none of the named recipes
+    takes is a usage error naming the recipes that do."""
+    ours = {name: recipes.get(name) for name in names if name in recipes.all_recipes()}
+    given = {key for recipe in recipes.all_recipes().values() for key in recipe.option_names() if hasattr(args, key)}
+    for key in sorted(given):
+        if not any(key in recipe.option_names() for recipe in ours.values()):
+            takers = [r for r in recipes.all_recipes().values() if key in r.option_names()]
+            flag = next(a.option_strings[0] for a in takers[0].parser()._actions if a.dest == key)
+            raise UsageError(f"{flag} is not an option of {', '.join(names)}; it is an option of "
+                             f"{', '.join(r.name for r in takers)}")
+    return {name: {**recipe.option_defaults(), **{k: getattr(args, k) for k in recipe.option_names() if k in given}}
+            for name, recipe in ours.items()}
 
 
 def cmd_run(args) -> int:
@@ -148,13 +174,14 @@ def cmd_run(args) -> int:
 
     inputs = list(args.inputs) + list(args.more_inputs)
     names = args.name
-    unknown = [n for n in names if n not in analyses.RECIPES]
+    unknown = [n for n in names if n not in recipes.all_recipes()]
     builtins = _builtins(args.nsys) if unknown else {}
     for n in unknown:
         if n not in builtins:
-            analyses.get(n)  # the one-line "unknown recipe" error
+            recipes.get(n)  # the one-line "unknown recipe" error
     if len(set(names)) != len(names):
         raise UsageError(f"--name lists a recipe twice: {','.join(names)}")
+    options = _recipe_options(args, names)
     if args.dask_scheduler and args.mode != "dask-futures":
         raise UsageError("--dask-scheduler goes with --mode dask-futures")
     base = Path(args.output) if args.output else None
@@ -162,14 +189,15 @@ def cmd_run(args) -> int:
         base = base or runner.default_output("nsys-recipe")
         runner.check_output(base, args.force_overwrite)
     try:
-        results = _run_each(args, names, inputs, base)
+        results = _run_each(args, names, inputs, base, options)
     finally:  # interrupted, or no recipe ran: nothing of this run stays
         if len(names) > 1 and base.is_dir() and not any(base.iterdir()):
             base.rmdir()
     return summary.print_recipe_table(results) if len(names) > 1 else 0
 
 
-def _run_each(args, names: list[str], inputs: list[str], base: Path | None) -> list[tuple[str, str, str, int]]:
+def _run_each(args, names: list[str], inputs: list[str], base: Path | None,
+              options: dict[str, dict]) -> list[tuple[str, str, str, int]]:
     """Run the recipes one after another: (recipe, status, output or reason, exit code) of each. With several,
     a recipe that cannot run does not stop the others."""
     from . import runner, summary
@@ -178,18 +206,16 @@ def _run_each(args, names: list[str], inputs: list[str], base: Path | None) -> l
     for name in names:
         output = (base / name) if len(names) > 1 else base
         try:
-            if name not in analyses.RECIPES:
+            if name not in options:
                 nsys = nsys_tool.find_nsys(args.nsys)
                 out = runner.run_builtin(name, inputs, str(output) if output else None, force=args.force_overwrite,
                                          mode=args.mode, nsys=nsys, dask_scheduler=args.dask_scheduler)
                 print(f"output: {out}")
             else:
-                options = _recipe_options(args, name)
-                options["_dask_scheduler"] = args.dask_scheduler
-                options["skip_bad"] = args.skip_bad
+                given = {**options[name], "_dask_scheduler": args.dask_scheduler, "skip_bad": args.skip_bad}
                 out = runner.run(name, inputs, str(output) if output else None, force=args.force_overwrite,
                                  mode=args.mode, engine=args.engine, report=args.report, nsys_path=args.nsys,
-                                 jobs=args.jobs, options=options)
+                                 jobs=args.jobs, options=given)
                 summary.print_summary(name, out)
             results.append((name, "done", str(out), 0))
         except (UsageError, MissingToolError):
@@ -204,18 +230,17 @@ def _run_each(args, names: list[str], inputs: list[str], base: Path | None) -> l
 
 
 def cmd_report(args) -> int:
-    from . import batch
+    from . import report
 
-    batch.report(args.inputs, args.output, force=args.force_overwrite, nsys_path=args.nsys)
+    report.report(args.inputs, args.output, force=args.force_overwrite, nsys_path=args.nsys)
     return 0
 
 
 def cmd_diff(args) -> int:
-    from . import compare
+    from .diff import MIN_SHARE, diff_runs, most_moved
 
-    out, table = compare.diff_runs(args.base, args.new, args.output, tolerance=args.tolerance,
-                                   force=args.force_overwrite, nsys_path=args.nsys)
-    from .analyses.diff import MIN_SHARE, most_moved
+    out, table = diff_runs(args.base, args.new, args.output, tolerance=args.tolerance, force=args.force_overwrite,
+                           nsys_path=args.nsys)
 
     gating = table[table["gates"]]
     for verdict, title in (("regressed", "slower"), ("improved", "faster")):

@@ -5,15 +5,17 @@ Only `recipe_class` imports `nsys_recipe`, and only when NVIDIA's framework load
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
-from . import analyses, runner
+from . import recipes, runner
 from .errors import PackError
 
 
 def add_recipe_options(parser, name: str) -> None:
-    analyses.get(name).add_arguments(parser.add_recipe_argument, framework=True)
+    recipes.get(name).add_options(parser.add_recipe_argument, framework=True)
 
 
 def nsys_of_framework() -> str | None:
@@ -27,7 +29,7 @@ def nsys_of_framework() -> str | None:
 
 def run_in_framework(recipe, context, name: str) -> None:
     """Map with the framework's context, reduce and write with the pack's code."""
-    options = {k: recipe.get_parsed_arg(k) for k in analyses.OPTION_NAMES[name]}
+    options = {k: recipe.get_parsed_arg(k) for k in recipes.get(name).option_names()}
     options["skip_bad"] = bool(recipe.get_parsed_arg("skip_bad"))
     inputs = [str(p) for p in recipe.get_parsed_arg("input")]
     try:
@@ -35,7 +37,11 @@ def run_in_framework(recipe, context, name: str) -> None:
                                           nsys_path=nsys_of_framework()))
         tables, analysis = runner.reduce_all(name, mapped, options)
     except PackError as exc:
-        print(f"nsys-recipe-pack error: {exc} [exit {exc.exit_code}] [{type(exc).__name__}]", file=sys.stderr)
+        print(f"nsys-recipe-pack error: {exc} [exit {exc.exit_code}]", file=sys.stderr)
+        where = os.environ.get(runner.ERROR_FILE_ENV)  # set by the pack's own runner.run_framework_engine
+        if where:
+            Path(where).write_text(json.dumps({"message": str(exc), "exit_code": exc.exit_code,
+                                               "kind": type(exc).__name__}))
         raise SystemExit(exc.exit_code) from None
     out = Path(recipe.get_output_dir())
     analysis["engine"] = "nsys recipe"
@@ -47,10 +53,9 @@ def run_in_framework(recipe, context, name: str) -> None:
     for table in runner.write_tables(out, tables, analysis).values():
         recipe.add_output_file(table, "Parquet")
     recipe.add_output_file("analysis.json", "JSON")
-    from . import resources
-
-    if resources.notebook_path(name).exists():
-        recipe.create_notebook(f"{name}.ipynb", dir_path=str(resources.notebooks_dir()))
+    notebook = recipes.get(name).notebook_path()
+    if notebook.exists():
+        recipe.create_notebook(notebook.name, dir_path=str(notebook.parent))
     recipe._analysis_dict.update({"InputFiles": inputs, "Outputs": recipe._output_files})
     recipe.create_analysis_file()
 
@@ -79,5 +84,5 @@ def recipe_class(name: str, module: str):
 
     class_name = "".join(part.capitalize() for part in name.split("_"))
     new = type(class_name, (recipe.Recipe,), {"run": run, "get_argument_parser": classmethod(get_argument_parser),
-                                              "__module__": module, "__doc__": analyses.get(name).description})
+                                              "__module__": module, "__doc__": recipes.get(name).description})
     return new

@@ -122,7 +122,10 @@ def _load_plotly_from(body: str, page: Path, shared_js: Path) -> str:
 def render_report(recipe: str, output_dir: Path, parameters: dict | None = None, shared_js: Path | None = None) -> Path:
     """Executed notebook as output_dir/<recipe>.ipynb and its HTML as output_dir/report.html, loading plotly.js
     from shared_js (default: plotly.min.js beside it)."""
+    from . import recipes
+
     output_dir = Path(output_dir)
-    executed = execute_notebook(resources.notebook_path(recipe), output_dir, output_dir / f"{recipe}.ipynb",
-                                parameters)
+    known = recipes.all_recipes().get(recipe)  # else one of the commands' own notebooks (diff)
+    template = known.notebook_path() if known else resources.notebook_path(recipe)
+    executed = execute_notebook(template, output_dir, output_dir / f"{recipe}.ipynb", parameters)
     return notebook_to_html(executed, output_dir / "report.html", shared_js=shared_js or output_dir / PLOTLY_JS)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import BadInputError, MissingToolError, UsageError
+from .staging import staged_output
 
 DEFAULT_VERSION = "2023.4"
 
@@ -211,13 +212,8 @@ def setup_nsys(version: str = DEFAULT_VERSION, with_host: bool = False, log=prin
         unpacked = work / "x"
         for deb in sorted(debs.glob("*.deb")):
             subprocess.run(["dpkg", "-x", str(deb), str(unpacked)], check=True)
-        staged = work / "root"
-        staged.mkdir()
-        _layout(unpacked, staged, with_host)
-        # Keep a previously fetched half (e.g. target only) out of the way, then swap in atomically.
-        if root.exists():
-            shutil.rmtree(root)
-        os.replace(staged, root)
+        with staged_output(root, replace=True) as staged:  # a half fetched before (target only) is replaced
+            _layout(unpacked, staged, with_host)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     _version_of.cache_clear()

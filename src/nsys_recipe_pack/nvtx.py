@@ -7,6 +7,8 @@ started before it. Both are a sort, a cumulative sum and an as-of join.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 
@@ -103,3 +105,12 @@ def _asof_backward(q_tid, q_level, q_t, c_tid, c_level, c_t) -> np.ndarray:
     same = group[nq:][hit] == group[:nq][ok]
     out[np.flatnonzero(ok)[same]] = hit[same]
     return out
+
+
+OP_INSTANCE_RE = re.compile(r",\s*(?:seq|op_id|sizes|input_op_ids)\s*=.*$", re.DOTALL)
+
+
+def op_name(names):
+    """A range name without what numbers one instance of an op (`aten::mm, seq = 65, op_id = 7` -> `aten::mm`):
+    PyTorch's emit_nvtx names every op instance, and thousands of instances compare better as one op."""
+    return names.astype(str).str.replace(OP_INSTANCE_RE, "", regex=True)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -24,10 +23,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import analyses, errors, loader, nsys_tool, progress, resources, versions
+from . import errors, loader, nsys_tool, progress, recipes, resources, versions
 from .errors import BadInputError, MissingToolError, MissingTraceError, PackError, UsageError
 from .lazy import pd
 from .ranks import assign_ranks
+from .staging import staged_output
 
 # `file` is the input as named; `read_from` what was read for it: the report itself, or an export beside it
 FILES_COLUMNS = ["rank", "file", "rank_source", "host", "local_rank", "gpu", "pid", "read_from"]
@@ -39,7 +39,7 @@ FILES_COLUMNS = ["rank", "file", "rank_source", "host", "local_rank", "gpu", "pi
 
 def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None) -> list[dict]:
     """Load one input and run the recipe's per-rank analysis on each rank it holds."""
-    spec = analyses.get(recipe)
+    spec = recipes.get(recipe)
     out = []
     try:
         for rd in loader.load_file(Path(path), set(spec.needs_given(options)), nsys_path, spec.rows_given(options),
@@ -66,7 +66,7 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
 
 
 def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[dict, dict]:
-    spec = analyses.get(recipe)
+    spec = recipes.get(recipe)
     results = [r for per_file in mapped for r in per_file]
     bad = [r for r in results if "bad_file" in r]
     results = [r for r in results if "bad_file" not in r]
@@ -189,25 +189,6 @@ def check_output(output: Path, force: bool) -> None:
         raise UsageError(f"{output}: output folder already exists; pass --force-overwrite or choose --output")
 
 
-def staging_dir(output: Path) -> Path:
-    output.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f".{output.name}.partial-", dir=output.parent))
-
-
-def publish(staged: Path, output: Path, force: bool) -> None:
-    """Move a finished staging folder into place; an old output goes only once the new one is whole."""
-    if output.exists():
-        if not force:
-            shutil.rmtree(staged, ignore_errors=True)
-            raise UsageError(f"{output}: output folder already exists; pass --force-overwrite")
-        trash = output.parent / f".{output.name}.old-{os.getpid()}"
-        os.replace(output, trash)
-        os.replace(staged, output)
-        shutil.rmtree(trash, ignore_errors=True)
-    else:
-        os.replace(staged, output)
-
-
 def write_tables(out_dir: Path, tables: dict, analysis: dict) -> dict:
     written = {}
     for name, df in tables.items():
@@ -225,7 +206,7 @@ def write_tables(out_dir: Path, tables: dict, analysis: dict) -> dict:
 
 def write_nsys_analysis(out_dir: Path, final_name: str, recipe: str, mode: str, inputs: list[str], outputs: dict,
                         started: datetime) -> None:
-    spec = analyses.get(recipe)
+    spec = recipes.get(recipe)
     doc = {
         "RecipeJsonVersion": "1.2.0",
         "RecipeName": recipe,
@@ -240,9 +221,9 @@ def write_nsys_analysis(out_dir: Path, final_name: str, recipe: str, mode: str, 
 
 
 def copy_notebook(out_dir: Path, recipe: str) -> None:
-    nb = resources.notebook_path(recipe)
+    nb = recipes.get(recipe).notebook_path()
     if nb.exists():
-        shutil.copy(nb, out_dir / nb.name)
+        shutil.copy(nb, out_dir / f"{recipe}.ipynb")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -261,7 +242,7 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
     # (a cold run, or a user's export) uses pandas: then workers inherit it, imported before they fork.
     # Over reports whose frames are cached (the first report tells) the parent imports it for the reduce
     # while they map.
-    needs = set(analyses.get(recipe).needs_given(options))
+    needs = set(recipes.get(recipe).needs_given(options))
     lazy_pandas = (all(loader.input_kind(f) == "report" for f in files)
                    and loader.frames_cached(files[0], needs, nsys_path))
     if not lazy_pandas:
@@ -378,7 +359,7 @@ def _name_analysis_file(staged: Path, out: Path) -> None:
 def framework_argv(recipe: str, options: dict) -> list[str]:
     """The recipe's options as `nsys recipe` arguments (the same flags `nsys-recipe run` takes)."""
     argv = []
-    for key in analyses.OPTION_NAMES[recipe]:
+    for key in recipes.get(recipe).option_names():
         value = options.get(key)
         if value is not None:
             argv += ["--" + key.replace("_", "-"), ",".join(value) if isinstance(value, list) else str(value)]
@@ -387,24 +368,29 @@ def framework_argv(recipe: str, options: dict) -> list[str]:
     return argv
 
 
-FRAMEWORK_ERROR_RE = re.compile(r"^nsys-recipe-pack error: (.*) \[exit (\d+)\](?: \[(\w+)\])?$")
+ERROR_FILE_ENV = "NSYS_RECIPE_PACK_ERROR_FILE"  # where a recipe under `nsys recipe` writes the pack's own error
 
 
 def run_framework_engine(recipe: str, files: list[Path], argv_options: list[str], mode: str,
                          nsys: nsys_tool.Nsys, staged: Path, dask_scheduler: str | None = None) -> None:
-    """Run through `nsys recipe` with the pack's recipes on NSYS_RECIPE_PATH into `staged`."""
-    env = dask_env(nsys_tool.recipe_env(nsys, resources.recipes_dir()), dask_scheduler)
-    cmd = [str(nsys.path), "recipe", recipe, "--mode", mode, "--output", str(staged),
-           "--input", *[str(f) for f in files], *argv_options]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if res.returncode != 0 or not staged.exists():
-        tail = "\n".join((res.stderr + res.stdout).strip().splitlines()[-15:])
-        pack_error = [m for m in map(FRAMEWORK_ERROR_RE.match, tail.splitlines()) if m]
-        if pack_error:  # the pack's own error inside the framework: the same error here
-            message, code, kind = pack_error[-1].groups()
-            cls = getattr(errors, kind or "", None)
-            raise (cls if isinstance(cls, type) and issubclass(cls, PackError) else PackError)(message, int(code))
-        raise PackError(f"`nsys recipe {recipe}` failed (exit {res.returncode}):\n{tail}", 3)
+    """Run through `nsys recipe` with the pack's recipes on NSYS_RECIPE_PATH into `staged`. The pack's own error
+    inside the framework (framework.run_in_framework) comes back as JSON and is raised here as the same error."""
+    with tempfile.TemporaryDirectory(prefix="nsys-recipe-error-") as folder:
+        error_file = Path(folder) / "error.json"
+        env = {**dask_env(nsys_tool.recipe_env(nsys, resources.recipes_dir()), dask_scheduler),
+               ERROR_FILE_ENV: str(error_file)}
+        cmd = [str(nsys.path), "recipe", recipe, "--mode", mode, "--output", str(staged),
+               "--input", *[str(f) for f in files], *argv_options]
+        res = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if res.returncode == 0 and staged.exists():
+            return
+        if error_file.exists():
+            error = json.loads(error_file.read_text())
+            cls = getattr(errors, error["kind"], None)
+            raise (cls if isinstance(cls, type) and issubclass(cls, PackError) else PackError)(
+                error["message"], int(error["exit_code"]))
+    tail = "\n".join((res.stderr + res.stdout).strip().splitlines()[-15:])
+    raise PackError(f"`nsys recipe {recipe}` failed (exit {res.returncode}):\n{tail}", 3)
 
 
 def run(recipe: str, inputs: list[str], output: str | None = None, *, force: bool = False,
@@ -414,15 +400,17 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
     report page loads (default: one beside it), for several pages of one report folder."""
     quiet = log is not None  # a caller that takes the messages (nsys-recipe report) shows its own progress
     log = log or (lambda msg: print(msg, file=sys.stderr))
-    analyses.get(recipe)
-    options = dict(options or {})
+    adapter = framework_adapter(recipe)
+    options = {**recipes.get(recipe).option_defaults(), **(options or {})}  # report passes none
     files = loader.expand_inputs(inputs)
     out = Path(output) if output else default_output(recipe)
     check_output(out, force)
     all_reports = all(loader.input_kind(f) == "report" for f in files)
     nsys = None
     notes = []
-    if engine in ("auto", "nsys") and all_reports:
+    if engine == "nsys" and adapter is None:
+        raise UsageError(f"{recipe} has no `nsys recipe` adapter (recipes/{recipe}/ in the pack); use --engine pack")
+    if engine in ("auto", "nsys") and all_reports and adapter is not None:
         nsys = nsys_tool.find_nsys(nsys_path, required=engine == "nsys")
         if nsys is not None and nsys.recipe_python_path() is None:
             if engine == "nsys":
@@ -431,7 +419,7 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
             nsys = None
         too_new = _too_new_reports(files, nsys) if nsys is not None else {}
         if too_new:  # `nsys recipe` cannot open them: the pack's runner reads the exports beside them instead
-            needs = set(analyses.get(recipe).needs_given(options))
+            needs = set(recipes.get(recipe).needs_given(options))
             beside = sum(loader.export_beside(f, needs)[0] is not None for f in too_new)
             if beside:  # else the runner fails on them with the one-line error that says what to do
                 notes.append(f"{len(too_new)} report(s) made by Nsight Systems {', '.join(sorted(set(too_new.values())))}"
@@ -443,11 +431,10 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
         raise UsageError("--engine nsys needs every input to be a .nsys-rep/.qdrep report "
                          "(`nsys recipe` takes no exports)")
     started = datetime.now()
-    staged = staging_dir(out)
-    try:
+    with staged_output(out, force) as staged:
         if nsys is not None:
             log(f"running {recipe} through `nsys recipe` ({nsys.version}) on {len(files)} report(s)")
-            shutil.rmtree(staged)
+            shutil.rmtree(staged)  # `nsys recipe` makes its output folder itself
             with _step(f"{recipe}: nsys recipe on {len(files)} report(s)", quiet):
                 run_framework_engine(recipe, files, framework_argv(recipe, options), mode, nsys, staged,
                                      options.get("_dask_scheduler") if mode == "dask-futures" else None)
@@ -468,11 +455,13 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
 
             with _step(f"{recipe}: report (notebook and HTML)", quiet):
                 render_report(recipe, staged, shared_js=shared_js)
-        publish(staged, out, force)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
     return out
+
+
+def framework_adapter(recipe: str) -> Path | None:
+    """The recipe's folder for NVIDIA's framework (recipes/NAME/NAME.py and metadata.json), None if it has none."""
+    folder = resources.recipes_dir() / recipe
+    return folder if (folder / f"{recipe}.py").is_file() else None
 
 
 def _step(desc: str, quiet: bool):
@@ -509,10 +498,9 @@ def run_builtin(name: str, inputs: list[str], output: str | None, *, force: bool
                             f"{made_by} or newer")
     out = Path(output) if output else default_output(name)
     check_output(out, force)
-    staged = staging_dir(out)
-    shutil.rmtree(staged)
     log(f"running Nsight Systems' built-in {name} ({nsys.version}) on {len(files)} report(s)")
-    try:
+    with staged_output(out, force) as staged:
+        shutil.rmtree(staged)  # `nsys recipe` makes its output folder itself
         res = subprocess.run([str(nsys.path), "recipe", name, "--mode", mode, "--output", str(staged), "--input",
                               *[str(f) for f in files]],
                              env=dask_env(nsys_tool.recipe_env(nsys), dask_scheduler), capture_output=True, text=True)
@@ -520,8 +508,4 @@ def run_builtin(name: str, inputs: list[str], output: str | None, *, force: bool
             tail = [ln for ln in (res.stderr + res.stdout).strip().splitlines() if ln.strip()][-1:] or ["no output"]
             raise BadInputError(f"`nsys recipe {name}` produced no output (exit {res.returncode}): {tail[0].strip()}")
         _name_analysis_file(staged, out)
-        publish(staged, out, force)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
     return out

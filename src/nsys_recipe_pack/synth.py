@@ -22,9 +22,7 @@ only `TARGET_INFO_SESSION_START_TIME.utcEpochNs + start` lines the ranks up.
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import sqlite3
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -35,6 +33,7 @@ import pyarrow.parquet as pq
 
 from .errors import UsageError
 from .lazy import pd
+from .staging import staged_output
 
 SCHEMA_FILE = Path(__file__).with_name("data") / "nsys_2023_4_schema.json"
 MS = 1_000_000
@@ -629,16 +628,10 @@ def _shared_tables(strings: dict, schema: dict) -> dict[str, pa.Table]:
     return {t: _typed(t, df, schema) for t, df in out.items()}
 
 
-def _fresh_dir(out: Path, overwrite: bool) -> Path:
+def _check_output(out: Path, overwrite: bool) -> None:
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise UsageError(f"{out}: already exists and is not empty; choose another --output or pass "
                          "--force-overwrite")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    return tmp
 
 
 def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str = "parquetdir",
@@ -659,17 +652,11 @@ def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str =
     schema = _schema(shape)
     stragglers = _check_stragglers(stragglers, ranks, iterations)
     out = Path(output_dir)
-    tmp = _fresh_dir(out, overwrite)
-    try:
+    _check_output(out, overwrite)
+    with staged_output(out, replace=True) as tmp:
         truth = _write_all(tmp, ranks, iterations, fmt, stragglers, seed, gpus_per_node, shape, schema, job)
         (tmp / "truth.json").write_text(json.dumps(truth, indent=1))
         (tmp / "README.md").write_text(_readme(truth))
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..analyses.diff import by_time_moved
+from ..diff import by_time_moved
 from ..escape import plotly_text
 
 COLORS = {"regressed": "#E45756", "improved": "#54A24B", "unchanged": "#BBBBBB"}

@@ -9,43 +9,18 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from . import analyses, loader, progress, runner
-from .analyses.straggler import verdicts
+from . import loader, progress, recipes, runner
 from .errors import MissingToolError, PackError, UsageError
 from .escape import html_text
 from .notebook import PLOTLY_JS, execute_notebook, notebook_to_html
 from .resources import notebook_path
-
-
-def _ms(ns) -> str:
-    return f"{ns / 1e6:,.1f} ms"
+from .staging import staged_output
 
 
 def headline(recipe: str, out: Path) -> str:
-    """One line with the number that matters most for this recipe's output."""
-    if recipe == "straggler_heatmap":
-        r = pd.read_parquet(out / "ranks.parquet")
-        said = verdicts(r, pd.read_parquet(out / "stragglers.parquet"), top=1)
-        return said[0] if said else f"no straggler in {len(r)} ranks"
-    if recipe == "kernel_pace":
-        s = pd.read_parquet(out / "stats.parquet").set_index("rank").loc[-1]
-        return f"median iteration {_ms(s['median_ns'])}, p95 {_ms(s['p95_ns'])}, cv {s['cv']:.2f}"
-    if recipe == "nvtx_gpu_proj":
-        s = pd.read_parquet(out / "summary.parquet")
-        t = s.groupby("name")["gpu_busy_total_ns"].sum().sort_values(ascending=False)
-        t = t[t > 0]
-        return f"most GPU time: {t.index[0]!s} ({_ms(t.iloc[0])})" if len(t) else "no GPU work inside NVTX ranges"
-    if recipe == "sync_summary":
-        s = pd.read_parquet(out / "summary.parquet")
-        f = pd.read_parquet(out / "findings.parquet")
-        return f"{int(s['count'].sum())} blocking calls, {_ms(s['total_ns'].sum())}; {len(f)} finding(s)"
-    if recipe == "compute_memory_share":
-        s = pd.read_parquet(out / "share.parquet").groupby("category")["union_ns"].sum()
-        pct = 100 * s / s.sum()
-        copies = pct[pct.index.str.startswith("memcpy")].sum()
-        return (f"compute {pct.get('compute', 0):.1f} %, communication {pct.get('communication', 0):.1f} %, "
-                f"copies {copies:.1f} %, idle {pct.get('idle', 0):.1f} %")
-    return ""
+    """One line with the number that matters most in this recipe's output."""
+    said = recipes.get(recipe).headline
+    return said(out) if said else ""
 
 
 def _run_name(spec: str, taken: set) -> str:
@@ -66,12 +41,11 @@ def report(inputs: list[str], output: str, force: bool = False, nsys_path: str |
     runner.check_output(out, force)
     for spec in inputs:
         loader.expand_inputs([spec])  # every run must name real inputs before anything is done
-    staged = runner.staging_dir(out)
     started = datetime.now()
-    try:
+    with staged_output(out, force) as staged:
         taken: set = set()
         runs = [(spec, _run_name(spec, taken)) for spec in inputs]
-        jobs = [(spec, name, recipe) for spec, name in runs for recipe in analyses.RECIPES]
+        jobs = [(spec, name, recipe) for spec, name in runs for recipe in recipes.all_recipes()]
         results: list[dict] = []
         for spec, name, recipe in progress.iterate(jobs, total=len(jobs), desc="report"):
             target = staged / name / recipe
@@ -96,10 +70,6 @@ def report(inputs: list[str], output: str, force: bool = False, nsys_path: str |
                 notebook_to_html(run_dir / "overview.ipynb", run_dir / "overview.html", shared_js=staged / PLOTLY_JS)
         index.to_parquet(staged / "index.parquet", index=False)
         (staged / "index.html").write_text(_index_html(index, runs, started))
-        runner.publish(staged, out, force)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
     log(f"report: {out / 'index.html'}")
     return out
 

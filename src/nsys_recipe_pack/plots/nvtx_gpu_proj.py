@@ -63,3 +63,8 @@ def rank_spread(summary: pd.DataFrame, top: int = 10) -> go.Figure:
     fig.update_layout(title="GPU busy time per rank for the top ranges (one point per rank)",
                       yaxis_title="GPU busy time (ms)", showlegend=False)
     return fig
+
+
+def overview(out) -> list:
+    """This recipe's figures on the run overview page (`nsys-recipe report`)."""
+    return [top_ranges(pd.read_parquet(out / "summary.parquet"), top=10)]

@@ -67,3 +67,8 @@ def sum_vs_union(share: pd.DataFrame) -> go.Figure:
     fig.update_layout(barmode="group", title="Two ways of counting: summed op time vs exclusive wall time",
                       xaxis_title="category", yaxis_title="time (ms)")
     return fig
+
+
+def overview(out) -> list:
+    """This recipe's figures on the run overview page (`nsys-recipe report`)."""
+    return [stacked(pd.read_parquet(out / "share.parquet"))]

@@ -59,3 +59,8 @@ def lag(pace: pd.DataFrame) -> go.Figure:
     fig.update_layout(title="Start of each iteration after the earliest rank (aligned clocks)",
                       xaxis_title="iteration", yaxis_title="lag (ms)")
     return fig
+
+
+def overview(out) -> list:
+    """This recipe's figures on the run overview page (`nsys-recipe report`)."""
+    return [progress(pd.read_parquet(out / "pace.parquet"))]

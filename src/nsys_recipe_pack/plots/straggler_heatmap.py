@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..analyses.straggler import GPU_COMPONENTS
 from ..escape import plotly_text
+from ..recipes.straggler_heatmap import GPU_COMPONENTS
 
 MAX_HEATMAP_ROWS = 256
 # the heatmap and the arrival-skew chart share their horizontal layout, so an iteration sits at the same place
@@ -130,3 +130,8 @@ def arrival_skew(it: pd.DataFrame) -> go.Figure:
                       xaxis=_iteration_axis(it["iteration"]), yaxis_title="arrival skew (ms)", margin=MARGIN,
                       legend={"x": 1.02, "xanchor": "left", "y": 1})
     return fig
+
+
+def overview(out) -> list:
+    """This recipe's figures on the run overview page (`nsys-recipe report`)."""
+    return [heatmap(pd.read_parquet(out / "iterations.parquet"))]

@@ -6,7 +6,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..escape import plotly_text
-from . import rank_bins, scatter_class
+from . import rank_bins, scatter_class, table
 
 MAX_POINTS = 20000
 
@@ -57,3 +57,11 @@ def timeline(calls: pd.DataFrame) -> go.Figure:
     fig.update_layout(title=title, xaxis_title="time since the first call (s, each rank's own clock)",
                       yaxis_title="duration (us)", yaxis_type="log")
     return fig
+
+
+def overview(out) -> list:
+    """This recipe's figures and findings on the run overview page (`nsys-recipe report`)."""
+    by_api = pd.read_parquet(out / "summary.parquet")
+    findings = pd.read_parquet(out / "findings.parquet")
+    return ([by_kind(by_api)] if len(by_api) else []) + (
+        [table(findings[["rank", "severity", "finding", "evidence"]])] if len(findings) else [])

@@ -16,6 +16,8 @@ GPU compute, memcpy, host time outside them) that accounts for at least half of 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 
@@ -32,6 +34,7 @@ from ..iterations import (
 from ..lazy import pd
 from ..loader import Frame, arrow_of, dictionary_column, sorted_place
 from ..nvtx import innermost_of
+from . import Recipe, comma_list, indented, iteration_options, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "mpi"}
 DEFAULT_THRESHOLD = 0.10
@@ -570,3 +573,61 @@ def verdicts(ranks: pd.DataFrame, stragglers: pd.DataFrame, top: int = 5) -> lis
             for r in few.head(8).itertuples()) + (", …" if len(few) > 8 else "")
             + " (one-off delays, not a rank that holds the job back)")
     return lines
+
+
+def add_options(add, framework: bool = False) -> None:
+    iteration_options(add)
+    add("--sync", metavar="NAME[,NAME]", type=comma_list, default=None,
+        help="extra NVTX range names that are sync points (collective names are matched anyway)")
+    add("--threshold", type=float, default=DEFAULT_THRESHOLD,
+        help="minimum excess busy time over the iteration's cross-rank median, as a fraction (default 0.1)")
+    add("--sigma", type=float, default=DEFAULT_SIGMA,
+        help="minimum excess in units of the run-wide robust noise scale (default 4)")
+
+
+def summary(out, top: int = 5) -> list[str]:
+    ranks = pd.read_parquet(out / "ranks.parquet")
+    analysis = json.loads((out / "analysis.json").read_text())
+    d = analysis.get("delimiter") or {}
+    lines = [f"iterations delimited by {d.get('kind')} {d.get('name')!r} ({d.get('source')}); "
+             f"{analysis.get('ranks')} ranks"]
+    holds_back = ~ranks["incidental"] if "incidental" in ranks else True  # outputs of earlier versions lack it
+    flagged = ranks[(ranks["straggler_iterations"] > 0) & holds_back].head(top)
+    if flagged.empty:
+        lines.append("no rank holds the others back" if (ranks["straggler_iterations"] > 0).any()
+                     else "no straggler found")
+        lines.extend(verdicts(ranks, pd.read_parquet(out / "stragglers.parquet"), top))
+        return lines
+    table = pd.DataFrame({
+        "rank": flagged["rank"],
+        "straggler iterations": flagged["straggler_iterations"].astype(str) + "/" + flagged["iterations"].astype(str),
+        "excess ms": flagged["excess_total_ns"].map(ms_cell),
+        "worst score": flagged["worst_score"].map(lambda v: f"{v:.2f}"),
+        "top cause": flagged["top_cause"].fillna(""),
+    })
+    lines.extend(indented("top stragglers:", table.to_string(index=False)))
+    lines.extend(verdicts(ranks, pd.read_parquet(out / "stragglers.parquet"), top))
+    if analysis.get("pattern"):
+        lines.append(f"pattern: {analysis['pattern']}")
+    return lines
+
+
+def headline(out) -> str:
+    ranks = pd.read_parquet(out / "ranks.parquet")
+    said = verdicts(ranks, pd.read_parquet(out / "stragglers.parquet"), top=1)
+    return said[0] if said else f"no straggler in {len(ranks)} ranks"
+
+
+RECIPE = Recipe(
+    name="straggler_heatmap",
+    display_name="Straggler heatmap",
+    description="Which rank holds the others back, in which iterations, and why (rank x iteration heatmap).",
+    needs=frozenset(NEEDS),
+    map_rank=map_rank,
+    reduce=reduce,
+    add_options=add_options,
+    per_iteration=True,
+    summary=summary,
+    headline=headline,
+    figures="nsys_recipe_pack.plots.straggler_heatmap",
+)

@@ -22,6 +22,7 @@ from ..iterations import range_arrays
 from ..lazy import pd
 from ..loader import arrow_of, dictionary_column, ranked_tables, sorted_place
 from ..nvtx import innermost_of
+from . import Recipe, indented, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
 SMALL_HTOD_BYTES = 64000
@@ -328,3 +329,35 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
                             columns=["rank", *FINDING_COLUMNS])
     findings["rank"] = findings["rank"].astype("int64")
     return {"sync_calls": calls, "summary": summary, "findings": findings}
+
+
+def summary(out, top: int = 5) -> list[str]:
+    by_api = pd.read_parquet(out / "summary.parquet")
+    findings = pd.read_parquet(out / "findings.parquet")
+    t = by_api.groupby("kind").agg(count=("count", "sum"), total_ns=("total_ns", "sum"))
+    lines = indented("blocking calls by kind, all ranks:",
+                     t.assign(total_ms=t["total_ns"].map(ms_cell))[["count", "total_ms"]].to_string())
+    lines.append(f"{len(findings)} finding(s)" + (":" if len(findings) else ""))
+    lines += [f"  rank {r.rank} [{r.severity}] {r.finding}: {r.evidence}" for r in findings.head(top).itertuples()]
+    return lines
+
+
+def headline(out) -> str:
+    s = pd.read_parquet(out / "summary.parquet")
+    f = pd.read_parquet(out / "findings.parquet")
+    return f"{int(s['count'].sum())} blocking calls, {ms(s['total_ns'].sum())}; {len(f)} finding(s)"
+
+
+RECIPE = Recipe(
+    name="sync_summary",
+    display_name="Sync summary",
+    description="Where the host blocks on the GPU (device, stream, event syncs, synchronous and pageable "
+                "copies, memsets), inside which NVTX range, with findings.",
+    needs=frozenset(NEEDS),
+    map_rank=map_rank,
+    reduce=reduce,
+    bytes_per_row=260,  # 2.12 GB over 10.1 M rows
+    summary=summary,
+    headline=headline,
+    figures="nsys_recipe_pack.plots.sync_summary",
+)

@@ -16,6 +16,7 @@ from ..intervals import split_into_windows
 from ..iterations import closest_names, find_iterations
 from ..lazy import pd
 from ..loader import dictionary_column
+from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
 
@@ -102,3 +103,66 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     stats.append(_stats(end - start, -1))
     stats = pd.DataFrame(stats).astype({"rank": "int64", "count": "int64", "min_ns": "Int64", "max_ns": "Int64"})
     return {"pace": pace, "stats": stats}
+
+
+def add_options(add, framework: bool = False) -> None:
+    # under `nsys recipe kernel_pace`, --name is accepted too, like the built-in cuda_gpu_kern_pace
+    flags = ("--kernel", "--name") if framework else ("--kernel",)
+    add(*flags, dest="kernel", metavar="KERNEL", default=None,
+        help="one iteration per launch of this kernel (its short name), as cuda_gpu_kern_pace --name")
+    iteration_options(add)
+
+
+def summary(out, top: int = 5) -> list[str]:
+    stats = pd.read_parquet(out / "stats.parquet")
+    table = pd.DataFrame({
+        "rank": stats["rank"].map(lambda r: "all" if r == -1 else str(r)),
+        "count": stats["count"],
+        "median ms": stats["median_ns"].map(ms_cell),
+        "p95 ms": stats["p95_ns"].map(ms_cell),
+        "cv": stats["cv"].map(lambda v: "" if pd.isna(v) else f"{v:.3f}"),
+    })
+    worst = table.iloc[:-1].assign(_cv=stats["cv"].iloc[:-1]).sort_values("_cv", ascending=False).head(top)
+    rows = pd.concat([worst.drop(columns="_cv"), table.iloc[[-1]]])
+    return indented("least steady ranks (by coefficient of variation):", rows.to_string(index=False))
+
+
+def headline(out) -> str:
+    s = pd.read_parquet(out / "stats.parquet").set_index("rank").loc[-1]
+    return f"median iteration {ms(s['median_ns'])}, p95 {ms(s['p95_ns'])}, cv {s['cv']:.2f}"
+
+
+def diff_metrics(ranks) -> pd.DataFrame | None:
+    """The median iteration over all ranks of a run (a run without iterations has none)."""
+    durations = []
+    for rd in ranks:
+        try:
+            it = find_iterations(rd)
+        except Exception:  # noqa: BLE001 - a run without iterations simply has no such metric
+            continue
+        durations.append(it.end_ns - it.start_ns)
+    if not durations:
+        return None
+    return pd.DataFrame({"metric": "median_iteration_ns", "key": "all ranks",
+                         "value": [float(np.median(np.concatenate(durations)))]})
+
+
+RECIPE = Recipe(
+    name="kernel_pace",
+    display_name="Kernel pace",
+    description="How steadily each rank's iterations (or launches of one kernel) progress, and the lag "
+                "between ranks.",
+    needs=frozenset(NEEDS),
+    map_rank=map_rank,
+    reduce=reduce,
+    add_options=add_options,
+    per_iteration=True,
+    needs_for=needs_for,
+    rows_for=rows_for,
+    summary=summary,
+    headline=headline,
+    figures="nsys_recipe_pack.plots.kernel_pace",
+    diff_metrics=diff_metrics,
+    diff_needs=frozenset({"nvtx", "kernel", "memcpy", "memset"}),
+    metrics=(Metric("median_iteration_ns", "median iteration", always_tracked=True),),
+)

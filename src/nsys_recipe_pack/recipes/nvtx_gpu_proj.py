@@ -19,9 +19,11 @@ import pyarrow as pa
 from ..gpu import launched_ops
 from ..groups import distinct
 from ..intervals import union_lengths
-from ..iterations import closed_range_mask
+from ..iterations import closed_range_mask, closed_ranges
+from ..lazy import pd
 from ..loader import Frame, arrow_of, dictionary_column, ranked_tables
-from ..nvtx import innermost_of, parents_of, stack_levels_of
+from ..nvtx import innermost_of, op_name, parents_of, stack_levels_of
+from . import Metric, Recipe, indented, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
 ATTRIBUTIONS = ("process", "thread")
@@ -119,3 +121,57 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     return {"ranges": ranges, "summary": summary,
             "settings": {"unlinked_gpu_ops": int(sum(r["unlinked_ops"] for r in per_rank)),
                          "attribution": options.get("attribution") or "process"}}
+
+
+def add_options(add, framework: bool = False) -> None:
+    add("--attribution", choices=ATTRIBUTIONS, default="process",
+        help="process (default): GPU work launched by a thread with no NVTX range open counts for the ranges open "
+             "on the other threads of its process (PyTorch's autograd thread); thread: the launching thread "
+             "only, as Nsight Systems' nvtx_gpu_proj_trace")
+
+
+def summary(out, top: int = 8) -> list[str]:
+    s = pd.read_parquet(out / "summary.parquet")
+    t = s.groupby("name")[["count", "cpu_total_ns", "gpu_busy_total_ns"]].sum()
+    t = t.sort_values("gpu_busy_total_ns", ascending=False).head(top)
+    table = pd.DataFrame({"count": t["count"], "cpu ms": t["cpu_total_ns"].map(ms_cell),
+                          "gpu busy ms": t["gpu_busy_total_ns"].map(ms_cell),
+                          "cpu/gpu": (t["cpu_total_ns"] / t["gpu_busy_total_ns"].where(t["gpu_busy_total_ns"] > 0))
+                          .map(lambda v: "" if pd.isna(v) else f"{v:.2f}")})
+    table.index = [str(i)[:40] for i in table.index]
+    return indented("ranges with the most GPU time, all ranks:", table.to_string())
+
+
+def headline(out) -> str:
+    s = pd.read_parquet(out / "summary.parquet")
+    t = s.groupby("name")["gpu_busy_total_ns"].sum().sort_values(ascending=False)
+    t = t[t > 0]
+    return f"most GPU time: {t.index[0]!s} ({ms(t.iloc[0])})" if len(t) else "no GPU work inside NVTX ranges"
+
+
+def diff_metrics(ranks) -> pd.DataFrame | None:
+    """Time inside NVTX ranges by name over a run, per op for PyTorch's per-instance names (nvtx.op_name)."""
+    ranges = pd.concat([closed_ranges(rd.nvtx) for rd in ranks], ignore_index=True)
+    if not len(ranges):
+        return None
+    t = (ranges["end_ns"] - ranges["start_ns"]).groupby(op_name(ranges["name"])).sum()
+    return pd.DataFrame({"metric": "nvtx_total_ns", "key": t.index, "value": t.to_numpy(np.float64)})
+
+
+RECIPE = Recipe(
+    name="nvtx_gpu_proj",
+    display_name="NVTX GPU projection",
+    description="What each NVTX range costs on the GPU: its GPU ops projected onto it (start, end, busy "
+                "union), and whether the GPU or the CPU launch path bounds it.",
+    needs=frozenset(NEEDS),
+    map_rank=map_rank,
+    reduce=reduce,
+    add_options=add_options,
+    bytes_per_row=450,  # 3.82 GB over 10.1 M rows
+    summary=summary,
+    headline=headline,
+    figures="nsys_recipe_pack.plots.nvtx_gpu_proj",
+    diff_metrics=diff_metrics,
+    diff_needs=frozenset({"nvtx"}),
+    metrics=(Metric("nvtx_total_ns", "NVTX time"),),
+)
