@@ -48,6 +48,20 @@ PAIRS = [
 ]
 
 
+RECIPES_SYNTH = ("straggler_heatmap", "kernel_pace", "nvtx_gpu_proj", "sync_summary", "compute_memory_share")
+SECTION_RE = re.compile(r"<!-- ([\w-]+):begin -->.*?<!-- \1:end -->", re.DOTALL)
+
+
+def replace_section(results: Path, begin: str, end: str, block: str) -> None:
+    """Put `block` (from `begin` to `end`) in place of that section of the results file, or at its end."""
+    text = results.read_text() if results.exists() else "# Benchmark results\n"
+    if begin in text:
+        text = text[:text.index(begin)] + block + text[text.index(end) + len(end):]
+    else:
+        text = text.rstrip("\n") + "\n\n" + block + "\n"
+    results.write_text(text)
+
+
 def compile_bytecode(nsys) -> None:
     """Bytecode for both tools' Python before timing, as a first run would leave it where bytecode is written:
     where it is not (PYTHONDONTWRITEBYTECODE), every command would otherwise compile its modules again."""
@@ -171,7 +185,7 @@ def synthetic_rows(work: Path, env: dict, sizes: list[int], log: Path) -> list[d
     rows = []
     for n in sizes:
         d = synth_set(work, env, n, 50, log)
-        for recipe in ("straggler_heatmap", "kernel_pace", "nvtx_gpu_proj", "sync_summary", "compute_memory_share"):
+        for recipe in RECIPES_SYNTH:
             r = measure(pack_cmd(recipe, [], d, work / "out" / f"synth-{recipe}-{n}"), env, log)
             rows.append({"ranks": n, "recipe": recipe, **r})
             print(f"{n:>5} {recipe:<22} synthetic: {r['wall_s']:7.2f} s {r['peak_mb']:6} MB", flush=True)
@@ -286,7 +300,8 @@ def write_results(path: Path, meta: dict, cmp_rows, syn_rows, scale_rows, dask) 
             p, b = pk.iloc[0], bi.iloc[0]
             flag = "" if p["ok"] and b["ok"] else " (failed: see log)"
             lines.append(f"| {n} | {pair} | {b['recipe']} | {state} | {p['wall_s']:.2f} | {b['wall_s']:.2f} | "
-                         f"{b['wall_s'] / max(p['wall_s'], 1e-9):.2f}x{flag} | {p['peak_mb']:.0f} | {b['peak_mb']:.0f} |")
+                         f"{b['wall_s'] / max(p['wall_s'], 1e-9):.2f}x{flag} | {p['peak_mb']:.0f} | "
+                         f"{b['peak_mb']:.0f} |")
         lines.append("")
     if syn_rows:
         lines += ["## The pack on SYNTHETIC exports (50 iterations per rank)", "",
@@ -309,7 +324,9 @@ def write_results(path: Path, meta: dict, cmp_rows, syn_rows, scale_rows, dask) 
     raw = meta["raw"]
     lines += ["## Commands", "", f"Every command run, in order, is in `{raw}/commands.log` with its output; "
               f"the raw numbers are in `{raw}/*.json`.", ""]
-    path.write_text("\n".join(lines))
+    # the sections other scripts write (huge.py, before_after.py) stay
+    kept = [m.group(0) for m in SECTION_RE.finditer(path.read_text())] if path.exists() else []
+    path.write_text("\n".join(lines + [block + "\n" for block in kept]))
 
 
 def trim_log(log: Path) -> None:

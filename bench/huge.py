@@ -33,7 +33,7 @@ import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from bench import BIN, PACK, ROOT, compile_bytecode, machine_meta, measure  # noqa: E402
+from bench import BIN, PACK, ROOT, compile_bytecode, machine_meta, measure, replace_section  # noqa: E402
 from nsys_recipe_pack import loader, nsys_tool  # noqa: E402
 
 SOURCE = ROOT / "sample_reports" / "ai_profiler_a100" / "baseline_nvtx.nsys-rep"
@@ -66,7 +66,8 @@ def replicate(base: Path, dest: Path, copies: int) -> None:
     for t in tables:
         cols = [r[1] for r in con.execute(f"PRAGMA table_info({t})")]
         last = con.execute(f"SELECT max(rowid) FROM {t}").fetchone()[0]
-        shifted = {"start": f"start + k * {span}", "end": f"end + k * {span}", "correlationId": f"correlationId + k * {corr}"}
+        shifted = {"start": f"start + k * {span}", "end": f"end + k * {span}",
+                   "correlationId": f"correlationId + k * {corr}"}
         sel = ", ".join(shifted.get(c, c) for c in cols)
         no_domains = " AND eventType != 75" if t == "NVTX_EVENTS" else ""  # a domain is made once
         con.execute(f"INSERT INTO {t} ({', '.join(cols)}) SELECT {sel} FROM temp.copy, {t} "
@@ -202,13 +203,15 @@ def truth(base: Path, copies: int) -> dict:
     out = {
         "kernel_pace": {"launches": q(f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName IN "
                                       f"(SELECT id FROM StringIds WHERE value = '{KERNEL}')")[0][0] * copies},
-        "compute_memory_share": {"kernel_ns": q("SELECT sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0][0] * copies,
+        "compute_memory_share": {"kernel_ns": q("SELECT sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0][0]
+                                 * copies,
                                  "kernels": q("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0][0] * copies},
         "nvtx_gpu_proj": {"ranges": {n: c * copies for n, c in q(
-            f"SELECT {name}, count(*) FROM NVTX_EVENTS WHERE eventType IN (59, 60) AND end IS NOT NULL AND end >= start "
-            "GROUP BY 1")}},
+            f"SELECT {name}, count(*) FROM NVTX_EVENTS WHERE eventType IN (59, 60) AND end IS NOT NULL "
+            "AND end >= start GROUP BY 1")}},
         "sync_summary": {"syncs": {k: c * copies for k, c in q(
-            f"SELECT CASE WHEN {api} LIKE 'cudaDeviceSynchronize%' THEN 'device' WHEN {api} LIKE 'cudaStreamSynchronize%' "
+            f"SELECT CASE WHEN {api} LIKE 'cudaDeviceSynchronize%' THEN 'device' "
+            f"WHEN {api} LIKE 'cudaStreamSynchronize%' "
             f"THEN 'stream' WHEN {api} LIKE 'cudaEventSynchronize%' THEN 'event' END AS kind, count(*) "
             "FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY 1 HAVING kind IS NOT NULL")}},
     }
@@ -320,8 +323,8 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
              "medians where repeated; memory is the peak resident memory of the process tree. Truth: the pack's "
              "counts and sums equal COPIES times those SQL gives over the original export (launches of the kernel, "
              "kernel time and count, closed ranges per name, device/stream/event syncs).", "",
-             "| copies | SQLite MB (10^6 B) | kernels / NVTX / runtime rows | recipe | read from | pack s | pack MB | floor s | "
-             "pack / floor | built-in | built-in s | built-in MB | built-in / pack | truth |",
+             "| copies | SQLite MB (10^6 B) | kernels / NVTX / runtime rows | recipe | read from | pack s | pack MB "
+             "| floor s | pack / floor | built-in | built-in s | built-in MB | built-in / pack | truth |",
              "|---:|---:|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for (copies, recipe), g in df.groupby(["copies", "recipe"], sort=False):
         b = g[g["form"] == "built-in"]
@@ -347,12 +350,7 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
                          f"{'—' if failed else 'found' if p['truth'].all() else 'not found'} |")
     lines += ["", f"Every command, in order, with its output: `{meta['raw']}/commands.log`; raw numbers: "
               f"`{meta['raw']}/huge.json`.", END]
-    text = results.read_text() if results.exists() else "# Benchmark results\n"
-    if BEGIN in text:
-        text = text[:text.index(BEGIN)] + "\n".join(lines) + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip("\n") + "\n\n" + "\n".join(lines) + "\n"
-    results.write_text(text)
+    replace_section(results, BEGIN, END, "\n".join(lines))
 
 
 def main() -> None:

@@ -63,8 +63,8 @@ def export_forms(work: Path, nsys) -> dict[str, Path]:
                                     str(r)], check=True, capture_output=True)
                 tmp.rename(dest)
             sets[f"{folder.name}/{kind}"] = dest
-    for job, fmt, schema in (("nccl", "sqlite", "2023.4"), ("nccl", "parquetdir", "2023.4"), ("mpi", "sqlite", "2023.4"),
-                             ("nccl", "sqlite", "newer")):
+    for job, fmt, schema in (("nccl", "sqlite", "2023.4"), ("nccl", "parquetdir", "2023.4"),
+                             ("mpi", "sqlite", "2023.4"), ("nccl", "sqlite", "newer")):
         dest = work / f"synthetic-{job}-{fmt}-{schema}"
         if not dest.exists():
             stragglers = ["rank=1,iterations=8-9,cause=gpu,slowdown=2"]

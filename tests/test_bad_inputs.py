@@ -1,4 +1,4 @@
-"""Every bad input gets one clear line and the SPEC's exit code, leaves nothing behind, and is documented.
+"""Every bad input gets one clear line and the exit code the README lists, leaves nothing behind, and is documented.
 
 The README's "What happens with bad input" table is generated from these cases:
 NSYS_RECIPE_UPDATE_README=1 pytest tests/test_bad_inputs.py rewrites it; otherwise a stale table fails.

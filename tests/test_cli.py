@@ -140,11 +140,13 @@ def test_main_returns_exit_code_without_traceback(capsys):
 
 
 def test_synth_command_and_default_output_name(tmp_path):
-    res = cli("synth", "--ranks", "3", "--iterations", "8", "--straggler", "rank=1,iterations=2-4,cause=compute,slowdown=1.6",
+    res = cli("synth", "--ranks", "3", "--iterations", "8", "--straggler",
+              "rank=1,iterations=2-4,cause=compute,slowdown=1.6",
               "--output", str(tmp_path / "syn"))
     assert res.returncode == 0, res.stderr
     assert "SYNTHETIC" in res.stdout
-    res = cli("synth", "--ranks", "3", "--straggler", "rank=1,iterations=2-4,cause=disk", "--output", str(tmp_path / "x"))
+    res = cli("synth", "--ranks", "3", "--straggler", "rank=1,iterations=2-4,cause=disk", "--output",
+              str(tmp_path / "x"))
     assert res.returncode == 2 and "cause must be one of" in one_line_error(res)
     first = cli("run", "--name", "straggler_heatmap", str(tmp_path / "syn"), cwd=tmp_path)
     second = cli("run", "--name", "straggler_heatmap", str(tmp_path / "syn"), cwd=tmp_path)
@@ -195,7 +197,8 @@ def test_builtin_and_pack_recipes_in_one_run(nsys, tmp_path):
     assert int(stats.loc["MPI", "Count"]) == mine == 5 * 1000
     assert (out / "cuda_api_sum" / "cuda_api_sum.nsys-analysis").exists()
     assert (out / "straggler_heatmap" / "iterations.parquet").exists()
-    res = cli("run", "--name", "cuda_api_sum", "--output", str(tmp_path / "x"), str(tmp_path / "mpi" / "report1_pqtdir"))
+    res = cli("run", "--name", "cuda_api_sum", "--output", str(tmp_path / "x"),
+              str(tmp_path / "mpi" / "report1_pqtdir"))
     assert res.returncode == 2 and "reads .nsys-rep/.qdrep reports only" in one_line_error(res)
 
 

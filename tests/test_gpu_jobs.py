@@ -110,5 +110,6 @@ def test_the_folder_as_shipped_reads_each_rank_once_from_its_export(tmp_path, st
     out = runner.run("straggler_heatmap", [str(H100)], str(tmp_path / "o"), engine="pack")
     files = pd.read_parquet(out / "files.parquet")
     assert sorted(files["rank"]) == list(range(8))
-    assert [p.rsplit("/", 1)[-1] for p in files.sort_values("rank")["read_from"]] == [f"rank{r}.sqlite" for r in range(8)]
+    read_from = [p.rsplit("/", 1)[-1] for p in files.sort_values("rank")["read_from"]]
+    assert read_from == [f"rank{r}.sqlite" for r in range(8)]
     pd.testing.assert_frame_equal(pd.read_parquet(out / "stragglers.parquet"), stragglers["stragglers"])

@@ -54,7 +54,8 @@ def test_srun_and_mpirun_rank_variables():
     assert ompi.argv[:6] == ["mpirun", "-np", "4", "--mca", "btl", "tcp,self"] and ompi.argv[-1] == "./jacobi"
     mpich = plan(["mpiexec", "-n", "4", "-genv", "A", "1", "./jacobi"], which={"mpiexec": "/x"}.get,
                  run=run_version("HYDRA build details:\n    Version: 4.0.2"))
-    assert mpich.output_pattern == "/prof/rank%q{PMI_RANK}" and mpich.argv[:6] == ["mpiexec", "-n", "4", "-genv", "A", "1"]
+    assert mpich.output_pattern == "/prof/rank%q{PMI_RANK}"
+    assert mpich.argv[:6] == ["mpiexec", "-n", "4", "-genv", "A", "1"]
     forced = plan(["mpirun", "-np", "2", "./a"], rank_var="PMIX_RANK")
     assert forced.output_pattern == "/prof/rank%q{PMIX_RANK}"
 

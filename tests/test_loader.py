@@ -403,7 +403,8 @@ def test_sqlite_values_of_another_type_and_text_that_starts_null_are_read(tmp_pa
     con.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
     con.executemany("INSERT INTO StringIds VALUES (?, ?)", [(1, "step"), (2, "k")])
     con.execute("CREATE TABLE NVTX_EVENTS (start, end, eventType, text, textId, globalTid, domainId)")
-    rows = [(i, i + 1, 59, None, 1, 7 << 24, 0) for i in range(100_000)] + [(200_000, 200_001, 59, "late", None, 7 << 24, 0)]
+    rows = [(i, i + 1, 59, None, 1, 7 << 24, 0) for i in range(100_000)]
+    rows.append((200_000, 200_001, 59, "late", None, 7 << 24, 0))
     con.executemany("INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
     con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, correlationId, globalPid, shortName)")
     con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?, ?, ?)",

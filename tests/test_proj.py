@@ -27,7 +27,8 @@ def test_projection_equals_nvtx_gpu_proj_trace(nsys, tmp_path):
     theirs = pd.read_parquet(ref / "trace.parquet")
     theirs["end"] = theirs["Projected Start"] + theirs["Projected Duration"]
     # like with like: the built-in counts only the launching thread's ranges
-    out = runner.run("nvtx_gpu_proj", [str(data)], str(tmp_path / "o"), engine="pack", options={"attribution": "thread"})
+    out = runner.run("nvtx_gpu_proj", [str(data)], str(tmp_path / "o"), engine="pack",
+                     options={"attribution": "thread"})
     mine = pd.read_parquet(out / "ranges.parquet")
     files = pd.read_parquet(out / "files.parquet")
     mine["File"] = mine["rank"].map(dict(zip(files["rank"], files["file"].map(lambda f: Path(f).stem), strict=True)))
@@ -52,11 +53,13 @@ def test_projection_by_hand_with_overlapping_streams():
     # A itself launches k3 (GPU [90,95)); a launch outside every range gives an op that belongs to none
     nvtx = pd.DataFrame({"start_ns": [0, 10 * MS], "end_ns": pd.array([100 * MS, 50 * MS], dtype="Int64"),
                          "event_type": [59, 59], "name": ["A", "B"], "domain": ["", ""], "tid": [5, 5], "pid": [1, 1]})
-    rt = pd.DataFrame({"start_ns": [12 * MS, 14 * MS, 60 * MS, 150 * MS], "end_ns": [13 * MS, 15 * MS, 61 * MS, 151 * MS],
+    rt = pd.DataFrame({"start_ns": [12 * MS, 14 * MS, 60 * MS, 150 * MS],
+                       "end_ns": [13 * MS, 15 * MS, 61 * MS, 151 * MS],
                        "tid": [5, 5, 5, 5], "pid": [1, 1, 1, 1],
                        "correlation_id": pd.array([1, 2, 3, 4], dtype="Int64"), "name": ["cudaLaunchKernel"] * 4})
-    k = pd.DataFrame({"start_ns": [20 * MS, 40 * MS, 90 * MS, 160 * MS], "end_ns": [60 * MS, 80 * MS, 95 * MS, 170 * MS],
-                      "device": [0] * 4, "stream": [7, 8, 7, 7], "correlation_id": pd.array([1, 2, 3, 4], dtype="Int64"),
+    k = pd.DataFrame({"start_ns": [20 * MS, 40 * MS, 90 * MS, 160 * MS],
+                      "end_ns": [60 * MS, 80 * MS, 95 * MS, 170 * MS], "device": [0] * 4, "stream": [7, 8, 7, 7],
+                      "correlation_id": pd.array([1, 2, 3, 4], dtype="Int64"),
                       "pid": [1] * 4, "name": ["k1", "k2", "k3", "k4"], "full_name": ["k1", "k2", "k3", "k4"]})
     rd = RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx, kernels=k, runtime=rt, has_cuda=True)
     res = proj.map_rank(rd, {})

@@ -299,8 +299,9 @@ def test_exports_beside_readable_reports_are_read_and_named(nsys, tmp_path):
     run = tmp_path / "cpu"
     shutil.copytree(CPU_SET, run)
     for rank in (0, 1):
-        subprocess.run([str(nsys.path), "export", "-q", "true", "--type", "sqlite", "-o", str(run / f"rank{rank}.sqlite"),
-                        str(run / f"rank{rank}.nsys-rep")], check=True, capture_output=True)
+        subprocess.run([str(nsys.path), "export", "-q", "true", "--type", "sqlite", "-o",
+                        str(run / f"rank{rank}.sqlite"), str(run / f"rank{rank}.nsys-rep")],
+                       check=True, capture_output=True)
     # rank 2: an export of two tables only, as `nsys export --tables` leaves it: too little for the recipe
     subprocess.run([str(nsys.path), "export", "-q", "true", "--type", "parquetdir", "--tables",
                     "^StringIds$,^NVTX_EVENTS$", "-o", str(run / "rank2_pqtdir"), str(run / "rank2.nsys-rep")],

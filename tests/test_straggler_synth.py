@@ -101,7 +101,8 @@ def test_recurrence_tells_a_persistent_straggler_from_a_rotating_culprit(tmp_pat
     rotating = [Straggler(rank=(i // 2) % RANKS, first=i, last=i, cause="dataloader", slowdown=1.5)
                 for i in range(4, 36, 2)]  # 16 single iterations, 8 ranks two each
     for name, spec in (("persistent", persistent), ("rotating", rotating)):
-        data = write_synthetic(tmp_path / name, ranks=RANKS, iterations=ITERS, fmt="parquetdir", stragglers=spec, seed=11)
+        data = write_synthetic(tmp_path / name, ranks=RANKS, iterations=ITERS, fmt="parquetdir", stragglers=spec,
+                               seed=11)
         out = runner.run("straggler_heatmap", [str(data)], str(tmp_path / f"out-{name}"), mode="none", options={})
         ranks = pd.read_parquet(out / "ranks.parquet").set_index("rank")
         said = json.loads((out / "analysis.json").read_text())["pattern"]
@@ -113,4 +114,5 @@ def test_recurrence_tells_a_persistent_straggler_from_a_rotating_culprit(tmp_pat
             assert said.startswith("the culprit moves: 8 ranks"), said
             flagged = ranks[ranks["straggler_iterations"] > 0]
             assert len(flagged) == RANKS and (flagged["recurrence"] == "intermittent").all()
-            assert (flagged["longest_run"] == 1).all() and (flagged["episodes"] == flagged["straggler_iterations"]).all()
+            assert (flagged["longest_run"] == 1).all()
+            assert (flagged["episodes"] == flagged["straggler_iterations"]).all()

@@ -302,7 +302,8 @@ def test_parse_straggler():
     assert parse_straggler("rank=2,iterations=7-") == Straggler(2, 7, -1)
     for bad, says in [("rank=3", "give rank=R"), ("rank=x,iterations=1-2", "whole number"),
                       ("rank=1,iterations=5-2", "A <= B"), ("rank=1,iterations=1-2,cause=disk", "cause must be"),
-                      ("rank=1,iterations=1-2,slowdown=0.5", "slowdown"), ("rank=1,iterations=1-2,slowdown=x", "slowdown"),
+                      ("rank=1,iterations=1-2,slowdown=0.5", "slowdown"),
+                      ("rank=1,iterations=1-2,slowdown=x", "slowdown"),
                       ("rank=1,iterations=a-b", "iterations must"), ("rank=1,iterations=1,speed=2", "unknown key"),
                       ("nonsense", "KEY=VALUE")]:
         with pytest.raises(ValueError, match=says):

@@ -47,7 +47,8 @@ def run_recipe(name: str, inputs, output=None, *, overwrite: bool | None = None,
     allowed = set(recipe.option_names())
     unknown = set(options) - allowed
     if unknown:
-        raise TypeError(f"{name} takes no option {', '.join(sorted(unknown))}; it takes {', '.join(sorted(allowed)) or 'none'}")
+        raise TypeError(f"{name} takes no option {', '.join(sorted(unknown))}; "
+                        f"it takes {', '.join(sorted(allowed)) or 'none'}")
     opts = {**recipe.option_defaults(), **options}
     opts["skip_bad"] = skip_bad
     opts["_dask_scheduler"] = dask_scheduler

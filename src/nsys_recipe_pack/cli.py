@@ -284,7 +284,8 @@ def cmd_doctor(args) -> int:
             print(f"  {mod}: {getattr(m, '__version__', 'installed')}")
         except ImportError:
             ok = ok and not needed
-            hint = "pip install nsys-recipe-pack" if needed else "pip install 'dask[distributed]' (for --mode dask-futures)"
+            hint = ("pip install nsys-recipe-pack" if needed
+                    else "pip install 'dask[distributed]' (for --mode dask-futures)")
             print(f"  {mod}: missing -> {hint}")
     print(f"recipes: {resources.recipes_dir()} (use NSYS_RECIPE_PATH={resources.recipes_dir()} nsys recipe NAME)")
     print(f"notebooks: {resources.notebooks_dir()}")
@@ -360,8 +361,8 @@ def cmd_synth(args) -> int:
     return synth.main(args)
 
 
-COMMANDS = {"list": cmd_list, "run": cmd_run, "diff": cmd_diff, "report": cmd_report, "doctor": cmd_doctor, "setup-nsys": cmd_setup, "synth": cmd_synth,
-            "dask-worker": cmd_dask_worker, "profile": cmd_profile}
+COMMANDS = {"list": cmd_list, "run": cmd_run, "diff": cmd_diff, "report": cmd_report, "doctor": cmd_doctor,
+            "setup-nsys": cmd_setup, "synth": cmd_synth, "dask-worker": cmd_dask_worker, "profile": cmd_profile}
 
 
 def _terminated(signum, frame):

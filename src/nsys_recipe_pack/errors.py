@@ -7,7 +7,7 @@ EXIT_MISSING_TOOL = 4
 
 
 class PackError(Exception):
-    """An error the user can act on; `exit_code` follows the SPEC's contract."""
+    """An error the user can act on; `exit_code` is one of the exit codes the README lists."""
 
     exit_code = EXIT_BAD_INPUT
 

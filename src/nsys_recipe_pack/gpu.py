@@ -36,15 +36,16 @@ def call_key(df: pd.DataFrame) -> np.ndarray:
     return df["pid"].to_numpy(np.int64) * (1 << 33) + corr
 
 
-def gpu_frames(rd) -> list:
+def gpu_frames(rank_data) -> list:
     """The rank's non-empty kernel, copy and memset tables (loader Frames), in that order."""
-    return [f for f in (rd.frame("kernels"), rd.frame("memcpy"), rd.frame("memset")) if f is not None and len(f)]
+    frames = (rank_data.frame("kernels"), rank_data.frame("memcpy"), rank_data.frame("memset"))
+    return [f for f in frames if f is not None and len(f)]
 
 
-def gpu_intervals(rd) -> tuple[np.ndarray, np.ndarray]:
+def gpu_intervals(rank_data) -> tuple[np.ndarray, np.ndarray]:
     """Start and end of every kernel, copy and memset (in `gpu_frames` order), for when only the GPU's busy
     time matters."""
-    frames = gpu_frames(rd)
+    frames = gpu_frames(rank_data)
     if not frames:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     return (np.concatenate([f.values("start_ns") for f in frames]),
@@ -66,26 +67,26 @@ class Launched:
     unlinked: int
 
 
-def launched_ops(rd) -> Launched:
-    frames = gpu_frames(rd)
-    op_start, op_end = gpu_intervals(rd)
-    rt = rd.frame("runtime")
-    if not frames or rt is None or not len(rt):
+def launched_ops(rank_data) -> Launched:
+    frames = gpu_frames(rank_data)
+    op_start, op_end = gpu_intervals(rank_data)
+    runtime = rank_data.frame("runtime")
+    if not frames or runtime is None or not len(runtime):
         empty = np.zeros(0, np.int64)
         return Launched(empty, empty, empty, np.zeros(0, bool), empty, empty, empty, empty, len(op_start))
     op_key = np.concatenate([call_key(f) for f in frames])
-    collective = collective_ops(rd)
-    op, call = pair_launches(op_key, call_key(rt))
-    return Launched(op, op_start[op], op_end[op], collective[op], rt.values("start_ns")[call],
-                    rt.values("end_ns")[call], rt.values("tid")[call], rt.values("pid")[call],
+    collective = collective_ops(rank_data)
+    op, call = pair_launches(op_key, call_key(runtime))
+    return Launched(op, op_start[op], op_end[op], collective[op], runtime.values("start_ns")[call],
+                    runtime.values("end_ns")[call], runtime.values("tid")[call], runtime.values("pid")[call],
                     int(len(op_key) - len(distinct(op))))
 
 
-def collective_ops(rd) -> np.ndarray:
+def collective_ops(rank_data) -> np.ndarray:
     """Which ops, in `gpu_intervals` order, are communication kernels (NCCL): their GPU time includes the
     wait for the other ranks."""
-    collective = np.zeros(sum(len(f) for f in gpu_frames(rd)), bool)
-    kernels = rd.frame("kernels")
+    collective = np.zeros(sum(len(f) for f in gpu_frames(rank_data)), bool)
+    kernels = rank_data.frame("kernels")
     if kernels is not None and len(kernels):
         codes, words = kernels.codes("name")
         collective[:len(kernels)] = matching(words, NCCL_KERNEL_RE)[codes]

@@ -14,3 +14,36 @@ def distinct(values: np.ndarray) -> np.ndarray:
     """The sorted distinct values, as np.unique(values) gives them."""
     s = np.sort(np.asarray(values), kind="quicksort")
     return s[np.r_[True, s[1:] != s[:-1]]] if len(s) else s
+
+
+class SortedGroups:
+    """Rows grouped by an integer key, sorted once (stably), then reduced per group as often as needed:
+    the sort, first-of-each-group and `reduceat` idiom written once. Groups come in key order."""
+
+    def __init__(self, key: np.ndarray):
+        key = np.asarray(key)
+        self.order = np.argsort(key, kind="stable")  # rows in group order, each group's rows in input order
+        sorted_key = key[self.order]
+        self.first = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]]) if len(key) else \
+            np.zeros(0, np.intp)  # where each group starts in `order`
+        self.keys = sorted_key[self.first]
+        self.lead = self.order[self.first]  # each group's first row
+        self.size = np.diff(np.r_[self.first, len(key)])
+
+    def __len__(self) -> int:
+        return len(self.first)
+
+    def _reduce(self, ufunc, values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values)
+        if not len(self.first):
+            return np.zeros(0, values.dtype)
+        return ufunc.reduceat(values[self.order], self.first)
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        return self._reduce(np.add, values)
+
+    def min(self, values: np.ndarray) -> np.ndarray:
+        return self._reduce(np.minimum, values)
+
+    def max(self, values: np.ndarray) -> np.ndarray:
+        return self._reduce(np.maximum, values)

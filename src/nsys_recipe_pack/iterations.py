@@ -152,22 +152,22 @@ def _mostly_inside(inner: tuple[np.ndarray, np.ndarray], outer: tuple[np.ndarray
     return inside.mean() > 0.5
 
 
-def find_iterations(rd, iteration: str | None = None, iteration_kernel: str | None = None,
+def find_iterations(rank_data, iteration: str | None = None, iteration_kernel: str | None = None,
                     ranges: Ranges | None = None) -> Iterations:
     """The rank's iterations: instances of the delimiting NVTX range on its busiest thread (outermost of
     nested repeats), or launches of the delimiting kernel. `ranges`: the rank's `range_arrays`, when the
     caller has them already."""
-    kernels = rd.frame("kernels")
+    kernels = rank_data.frame("kernels")
     if iteration_kernel:
-        return _kernel_iterations(kernels, iteration_kernel, "--iteration-kernel", rd.file)
-    r = ranges if ranges is not None else range_arrays(rd.frame("nvtx"))
+        return _kernel_iterations(kernels, iteration_kernel, "--iteration-kernel", rank_data.file)
+    r = ranges if ranges is not None else range_arrays(rank_data.frame("nvtx"))
     if iteration:
         name, domain = parse_name_domain(iteration)
         sel = r.name_is(name)
         if domain is not None:
             sel &= r.domain_is(domain)
         if not sel.any():
-            raise BadInputError(f"{rd.file}: no NVTX range named {iteration!r}; closest names: "
+            raise BadInputError(f"{rank_data.file}: no NVTX range named {iteration!r}; closest names: "
                                 f"{closest_names(name, r.names[r.name])}")
         delim = Delimiter("nvtx", name, domain, "--iteration")
     else:
@@ -177,12 +177,12 @@ def find_iterations(rd, iteration: str | None = None, iteration_kernel: str | No
                 codes, words = kernels.codes("name")
                 named = codes[codes >= 0]
                 if len(named) and (named == most_common(named)).sum() >= MIN_REPEATS:
-                    return _kernel_iterations(kernels, str(words[most_common(named)]), "auto", rd.file)
+                    return _kernel_iterations(kernels, str(words[most_common(named)]), "auto", rank_data.file)
             what = "has no NVTX ranges or CUDA kernels (profile with `nsys profile -t cuda,nvtx`)" if (
                 not len(r) and (kernels is None or not len(kernels))) else \
                 "has no NVTX range or kernel that repeats at least 5 times"
-            raise BadInputError(f"{rd.file}: cannot find iterations: the report {what}; or pass --iteration NAME "
-                                "(an NVTX range) or --iteration-kernel NAME")
+            raise BadInputError(f"{rank_data.file}: cannot find iterations: the report {what}; or pass --iteration "
+                                "NAME (an NVTX range) or --iteration-kernel NAME")
         n, d = found
         sel = (r.name == n) & (r.domain == d)
         delim = Delimiter("nvtx", str(r.names[n]), r.domains[d] or None, "auto")
@@ -242,7 +242,7 @@ class SyncPoints:
         return self.source < PEER_SOURCES
 
 
-def sync_points(rd, ranges: Ranges, sync_names: list[str] | None = None) -> SyncPoints:
+def sync_points(rank_data, ranges: Ranges, sync_names: list[str] | None = None) -> SyncPoints:
     """Collectives and sync points of a rank: NVTX ranges of the NCCL domain or with collective names (and
     `sync_names`), NCCL kernels, MPI calls, and CUDA runtime calls that block the host on the GPU."""
     parts = []
@@ -251,19 +251,19 @@ def sync_points(rd, ranges: Ranges, sync_names: list[str] | None = None) -> Sync
         if sync_names:
             is_sync |= np.isin(ranges.names, list(sync_names))[ranges.name]
         parts.append((ranges.start_ns[is_sync], ranges.end_ns[is_sync], 0))
-    k = rd.frame("kernels")
+    k = rank_data.frame("kernels")
     if k is not None and len(k):
         codes, words = k.codes("name")
         nccl = matching(words, NCCL_KERNEL_RE)[codes]
         parts.append((k.values("start_ns")[nccl], k.values("end_ns")[nccl], 1))
-    mpi = rd.frame("mpi")
+    mpi = rank_data.frame("mpi")
     if mpi is not None and len(mpi):
         parts.append((mpi.values("start_ns"), mpi.values("end_ns"), 2))
-    rt = rd.frame("runtime")
-    if rt is not None and len(rt):
-        codes, words = rt.codes("name")
+    runtime = rank_data.frame("runtime")
+    if runtime is not None and len(runtime):
+        codes, words = runtime.codes("name")
         blocking = matching(words, HOST_SYNC_API_RE)[codes]
-        parts.append((rt.values("start_ns")[blocking], rt.values("end_ns")[blocking], 3))
+        parts.append((runtime.values("start_ns")[blocking], runtime.values("end_ns")[blocking], 3))
     if not parts:
         empty = np.zeros(0, np.int64)
         return SyncPoints(empty, empty, empty)

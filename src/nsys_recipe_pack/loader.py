@@ -812,7 +812,8 @@ class StringTable:
     def __init__(self, ids: np.ndarray, values: pa.Array):
         order = np.argsort(ids, kind="stable")
         sorted_ids = ids[order]
-        last = np.r_[sorted_ids[1:] != sorted_ids[:-1], True] if len(ids) else np.zeros(0, bool)  # a repeated id: the last
+        # a repeated id: the last one
+        last = np.r_[sorted_ids[1:] != sorted_ids[:-1], True] if len(ids) else np.zeros(0, bool)
         self._ids, self._rows, self._values = sorted_ids[last], order[last], values
 
     def distinct(self, ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -1239,18 +1240,19 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
             cands["nvtx"] = (meta["nvtx_rank"][str(pid)], "NVTX")
         if file_rank is not None and len(pids) == 1:
             cands["filename"] = (file_rank, "file name")
-        rd = RankData(file=str(path), pid=pid, session_start_ns=meta["session_start_ns"], env=env,
+        rank_data = RankData(file=str(path), pid=pid, session_start_ns=meta["session_start_ns"], env=env,
                       rank_candidates=cands, host=host, local_rank=local[0] if local and len(pids) == 1 else None,
                       has_cuda=meta["has_cuda"], synthetic=meta["synthetic"],
                       read_from=str(read_from) if read_from is not None else None)
         for attr, frame in frames.items():
             if pid is not None and len(pids) > 1 and "pid" in frame:
                 frame = frame.filter(frame.values("pid") == pid)
-            rd._tables[attr] = frame
-        nvtx = rd.frame("nvtx")
+            rank_data._tables[attr] = frame
+        nvtx = rank_data.frame("nvtx")
         if nvtx is not None and len(nvtx):
-            rd.unclosed_ranges = int((np.isin(nvtx.values("event_type"), [59, 60]) & nvtx.is_null("end_ns")).sum())
-        ranks.append(rd)
+            ranges = np.isin(nvtx.values("event_type"), [59, 60])
+            rank_data.unclosed_ranges = int((ranges & nvtx.is_null("end_ns")).sum())
+        ranks.append(rank_data)
     return ranks
 
 

@@ -109,7 +109,7 @@ def _candidates(explicit: str | None):
 
 
 def find_nsys(explicit: str | None = None, required: bool = True) -> Nsys | None:
-    """The first working nsys in SPEC's discovery order."""
+    """The first working nsys: --nsys, $NSYS, PATH, the usual install folders, then the pack's cache (_candidates)."""
     for path, source in _candidates(explicit):
         p = Path(path)
         if p.is_dir():

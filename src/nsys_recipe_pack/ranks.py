@@ -1,4 +1,4 @@
-"""Which rank each loaded process is, decided once over the whole run (SPEC: "Ranks")."""
+"""Which rank each loaded process is, decided once over the whole run (the README's straggler_heatmap section)."""
 
 from __future__ import annotations
 

@@ -80,10 +80,12 @@ def _index_html(index: pd.DataFrame, runs: list, started: datetime) -> str:
              "<style>body{font-family:sans-serif;margin:2em;max-width:1200px}table{border-collapse:collapse}"
              "td,th{border:1px solid #ccc;padding:6px 10px;vertical-align:top;text-align:left}"
              ".na{color:#888}</style></head><body>",
-             f"<h1>nsys-recipe-pack report</h1><p>{len(runs)} run(s), made {e(started.strftime('%Y-%m-%d %H:%M'))}.</p>"]
+             f"<h1>nsys-recipe-pack report</h1><p>{len(runs)} run(s), "
+             f"made {e(started.strftime('%Y-%m-%d %H:%M'))}.</p>"]
     for spec, name in runs:
         parts.append(f"<h2>{e(name)}</h2><p>input: <code>{e(spec)}</code> — "
-                     f"<a href='{e(quote(name))}/overview.html'>overview</a></p><table><tr><th>recipe</th><th>headline</th></tr>")
+                     f"<a href='{e(quote(name))}/overview.html'>overview</a></p>"
+                     "<table><tr><th>recipe</th><th>headline</th></tr>")
         for r in index[index["run"] == name].itertuples():
             if r.status == "done":
                 cell = f"<a href='{e(quote(name))}/{e(r.recipe)}/report.html'>{e(r.recipe)}</a>"

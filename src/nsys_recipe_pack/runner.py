@@ -37,22 +37,24 @@ FILES_COLUMNS = ["rank", "file", "rank_source", "host", "local_rank", "gpu", "pi
 # map
 
 
+# what the reduce needs to know of each rank besides its result: key -> RankData attribute
+IDENTITY = {"file": "file", "read_from": "read_from", "pid": "pid", "candidates": "rank_candidates", "host": "host",
+            "local_rank": "local_rank", "gpu": "gpu", "session_start_ns": "session_start_ns",
+            "synthetic": "synthetic", "unclosed_ranges": "unclosed_ranges"}
+
+
 def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None) -> list[dict]:
     """Load one input and run the recipe's per-rank analysis on each rank it holds."""
     spec = recipes.get(recipe)
     out = []
     try:
-        for rd in loader.load_file(Path(path), set(spec.needs_given(options)), nsys_path, spec.rows_given(options),
-                                   spec.bytes_per_row):
+        for rank_data in loader.load_file(Path(path), set(spec.needs_given(options)), nsys_path,
+                                          spec.rows_given(options), spec.bytes_per_row):
             try:
-                res = spec.map_rank(rd, options)
+                res = spec.map_rank(rank_data, options)
             except MissingTraceError as exc:  # nothing to say about this rank; fatal only if true of all
                 res = {"missing": str(exc)}
-            res["identity"] = {
-                "file": rd.file, "read_from": rd.read_from, "pid": rd.pid, "candidates": rd.rank_candidates, "host": rd.host,
-                "local_rank": rd.local_rank, "gpu": rd.gpu, "session_start_ns": rd.session_start_ns,
-                "synthetic": rd.synthetic, "unclosed_ranges": rd.unclosed_ranges,
-            }
+            res["identity"] = {key: getattr(rank_data, attr) for key, attr in IDENTITY.items()}
             out.append(res)
     except MissingToolError:
         raise
@@ -297,7 +299,8 @@ def _map_files(chunk: list[tuple], spill: str) -> tuple[list[list[dict]], str | 
 
 def _slots(done: list[list[dict]], kind: type) -> list[tuple[dict, str]]:
     """(result, key) of every value of this type in a task's results, in one fixed order."""
-    return [(res, key) for per_file in done for res in per_file for key, value in res.items() if isinstance(value, kind)]
+    return [(res, key) for per_file in done for res in per_file for key, value in res.items()
+            if isinstance(value, kind)]
 
 
 def _unspill(done: list[list[dict]], path: str | None) -> list[list[dict]]:
@@ -422,7 +425,8 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
             needs = set(recipes.get(recipe).needs_given(options))
             beside = sum(loader.export_beside(f, needs)[0] is not None for f in too_new)
             if beside:  # else the runner fails on them with the one-line error that says what to do
-                notes.append(f"{len(too_new)} report(s) made by Nsight Systems {', '.join(sorted(set(too_new.values())))}"
+                made_by = ", ".join(sorted(set(too_new.values())))
+                notes.append(f"{len(too_new)} report(s) made by Nsight Systems {made_by}"
                              f", newer than the nsys found ({nsys.version}): run with the pack's runner, which reads "
                              f"the export beside {'each' if beside == len(too_new) else f'{beside} of them'}")
                 log(f"note: {notes[-1]}")
@@ -492,8 +496,9 @@ def run_builtin(name: str, inputs: list[str], output: str | None, *, force: bool
     too_new = _too_new_reports(files, nsys)
     if too_new:  # an export beside them is no help here
         (first, made_by), more = next(iter(too_new.items())), len(too_new) - 1
-        raise BadInputError(f"{first}: report made by Nsight Systems {made_by}, newer than the nsys found ({nsys.version} "
-                            f"at {nsys.path}), which cannot read it{f' (nor {more} more report(s))' if more else ''}; "
+        others = f" (nor {more} more report(s))" if more else ""
+        raise BadInputError(f"{first}: report made by Nsight Systems {made_by}, newer than the nsys found "
+                            f"({nsys.version} at {nsys.path}), which cannot read it{others}; "
                             f"the built-in recipe {name} reads reports only: pass --nsys PATH of Nsight Systems "
                             f"{made_by} or newer")
     out = Path(output) if output else default_output(name)

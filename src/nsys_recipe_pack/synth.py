@@ -467,7 +467,8 @@ def _gpu_extras(spans: dict, iterations: int, gtid: int, gpid: int, pid: int, de
         copies("dtoh_item", 2, 2, 0, 4, corr[:, 6], None, None),
     ], ignore_index=True)
     memset = pd.DataFrame({"start": at["memset"][0], "end": at["memset"][1], "deviceId": device,
-                           "contextId": np.uint64(1), "streamId": np.uint64(COMPUTE_STREAM), "correlationId": corr[:, 2],
+                           "contextId": np.uint64(1), "streamId": np.uint64(COMPUTE_STREAM),
+                           "correlationId": corr[:, 2],
                            "globalPid": np.uint64(gpid), "value": 0, "bytes": 16 << 20, "memKind": 2})
     graph = [pd.DataFrame({"start": at[k][0], "end": at[k][1], "shortName": np.uint64(strings[k]),
                            "demangledName": np.uint64(strings[k]), "mangledName": np.uint64(strings[k]),

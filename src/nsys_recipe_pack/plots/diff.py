@@ -26,7 +26,8 @@ def biggest_changes(d: pd.DataFrame, metric: str, top: int = 20) -> go.Figure:
 
 def shares(d: pd.DataFrame) -> go.Figure:
     t = d[d["metric"] == "share_pct"].set_index("key")
-    fig = go.Figure([go.Bar(x=plotly_text(t.index), y=t["base"], name="base"), go.Bar(x=plotly_text(t.index), y=t["new"], name="new")])
+    fig = go.Figure([go.Bar(x=plotly_text(t.index), y=t["base"], name="base"),
+                     go.Bar(x=plotly_text(t.index), y=t["new"], name="new")])
     fig.update_layout(barmode="group", title="Share of GPU wall time by category, base vs new",
                       xaxis_title="category", yaxis_title="% of GPU wall time")
     return fig

@@ -53,7 +53,8 @@ def lag(pace: pd.DataFrame) -> go.Figure:
     fig = go.Figure()
     fig.add_trace(trace(x=worst.index, y=worst["lag_ns"] / 1e6, mode="lines", name="latest rank",
                                customdata=worst["rank"],
-                               hovertemplate="iteration %{x}<br>%{y:.3f} ms behind<br>rank %{customdata}<extra></extra>"))
+                               hovertemplate="iteration %{x}<br>%{y:.3f} ms behind<br>rank %{customdata}"
+                                             "<extra></extra>"))
     fig.add_trace(trace(x=med.index, y=med / 1e6, mode="lines", name="median rank",
                                hovertemplate="iteration %{x}<br>median %{y:.3f} ms<extra></extra>"))
     fig.update_layout(title="Start of each iteration after the earliest rank (aligned clocks)",

@@ -17,7 +17,8 @@ def _by_name(summary: pd.DataFrame) -> pd.DataFrame:
 def top_ranges(summary: pd.DataFrame, top: int = 20) -> go.Figure:
     t = _by_name(summary).sort_values("gpu_ms").tail(top)
     fig = go.Figure([
-        go.Bar(y=plotly_text(t.index), x=t["gpu_ms"], orientation="h", name="GPU busy (union of its ops)", customdata=t["count"],
+        go.Bar(y=plotly_text(t.index), x=t["gpu_ms"], orientation="h", name="GPU busy (union of its ops)",
+               customdata=t["count"],
                hovertemplate="%{y}<br>GPU busy %{x:,.2f} ms over %{customdata} instances<extra></extra>"),
         go.Bar(y=plotly_text(t.index), x=t["cpu_ms"], orientation="h", name="CPU (range duration)",
                hovertemplate="%{y}<br>CPU %{x:,.2f} ms<extra></extra>"),

@@ -59,7 +59,8 @@ def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
     ], axis=-1)
     fig = go.Figure(go.Heatmap(
         z=z.to_numpy(), x=list(cols), y=order, customdata=custom, colorscale="RdYlBu_r", zmin=0.0, zmax=2.0,
-        colorbar={"title": "busy / median", "tickvals": [0, 0.5, 1, 1.5, 2], "ticktext": ["0", "0.5", "1", "1.5", "≥2"]},
+        colorbar={"title": "busy / median", "tickvals": [0, 0.5, 1, 1.5, 2],
+                  "ticktext": ["0", "0.5", "1", "1.5", "≥2"]},
         hovertemplate=("rank %{customdata[0]}<br>iteration %{x}<br>score %{z:.2f}<br>duration %{customdata[1]:.2f} ms"
                        "<br>wait %{customdata[2]:.2f} ms<br>busy %{customdata[3]:.2f} ms<br>cause %{customdata[4]}"
                        "<br>straggler %{customdata[5]}<extra></extra>"),
@@ -82,7 +83,8 @@ def straggler_bars(ranks: pd.DataFrame, top: int = 50) -> go.Figure:
     r = ranks[ranks["straggler_iterations"] > 0].head(top)
     fig = go.Figure(go.Bar(
         x=r["rank"].astype(str), y=r["straggler_iterations"], customdata=np.stack(
-            [_ms(r["excess_total_ns"]), r["worst_score"], plotly_text(cause_labels(r["top_cause"], r.get("top_cause_side")))], axis=-1),
+            [_ms(r["excess_total_ns"]), r["worst_score"],
+             plotly_text(cause_labels(r["top_cause"], r.get("top_cause_side")))], axis=-1),
         hovertemplate=("rank %{x}<br>%{y} straggler iterations<br>excess %{customdata[0]:.1f} ms"
                        "<br>worst score %{customdata[1]:.2f}<br>top cause %{customdata[2]}<extra></extra>"),
     ))

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from ..errors import BadInputError, MissingTraceError
 from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY, gpu_frames
+from ..groups import SortedGroups
 from ..intervals import outermost, split_into_windows, union_lengths
 from ..iterations import NCCL_KERNEL_RE, matching, range_arrays
 from ..lazy import pd
@@ -41,16 +42,16 @@ def _percentages(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 LEVEL = {c: i for i, c in enumerate(PRIORITY)}  # a category's place in PRIORITY
 
 
-def _ops(rd) -> dict:
+def _ops(rank_data) -> dict:
     """The rank's kernels, then copies, then memsets as arrays: times, device, priority level, bytes and
     whether a copy touched pageable memory."""
     parts = []
-    k = rd.frame("kernels")
+    k = rank_data.frame("kernels")
     if k is not None and len(k):
         codes, words = k.codes("name")  # the regex on the few distinct names, spread by code
         nccl = matching(words, NCCL_KERNEL_RE)[codes]
         parts.append((k, np.where(nccl, LEVEL["communication"], LEVEL["compute"]), None, None))
-    m = rd.frame("memcpy")
+    m = rank_data.frame("memcpy")
     if m is not None and len(m):
         kind = m.values("copy_kind", fill=0)
         level = np.full(len(m), LEVEL["memcpy_other"])
@@ -58,7 +59,7 @@ def _ops(rd) -> dict:
             level[kind == copy_kind] = LEVEL[category]
         pageable = (m.values("src_kind", fill=-1) == PAGEABLE) | (m.values("dst_kind", fill=-1) == PAGEABLE)
         parts.append((m, level, "bytes", pageable))
-    s = rd.frame("memset")
+    s = rank_data.frame("memset")
     if s is not None and len(s):
         parts.append((s, np.full(len(s), LEVEL["memset"]), "bytes" if "bytes" in s else None, None))
 
@@ -135,7 +136,8 @@ def _table(columns: dict, words: dict) -> pa.Table:
         if name in words:
             arrays[name] = dictionary_column(values, words[name])
         elif name != "has_bytes":
-            arrays[name] = arrow_of(np.asarray(values, np.int64), valid=columns["has_bytes"] if name == "bytes" else None)
+            valid = columns["has_bytes"] if name == "bytes" else None
+            arrays[name] = arrow_of(np.asarray(values, np.int64), valid=valid)
     return pa.Table.from_arrays(list(arrays.values()), names=list(arrays))
 
 
@@ -145,11 +147,11 @@ BY_RANGE_DTYPES = {"range_name": "str", "category": "str", "instances": "int64",
                    "union_ns": "int64", "bytes": "Int64", "pageable_ops": "int64"}
 
 
-def map_rank(rd, options: dict) -> dict:
-    rd.require("gpu", "compute_memory_share")
-    if not gpu_frames(rd):
+def map_rank(rank_data, options: dict) -> dict:
+    rank_data.require("gpu", "compute_memory_share")
+    if not gpu_frames(rank_data):
         return {"share": None, "by_range": None}
-    ops = _ops(rd)
+    ops = _ops(rank_data)
     # per device: windows from each device's first op start to its last op end (ops with no device: none)
     on = ops["has_device"]
     devices, group = np.unique(ops["device"][on], return_inverse=True)
@@ -161,7 +163,7 @@ def map_rank(rd, options: dict) -> dict:
     window, cols = _split(dev_ops, group.astype(np.int64), lo, hi)
     share = _table({"device": devices[window], **cols}, {"category": CATEGORIES})
     by_range = None
-    r = range_arrays(rd.frame("nvtx"))
+    r = range_arrays(rank_data.frame("nvtx"))
     if len(r):
         top = _top_level(r.tid, r.start_ns, r.end_ns)
         top_start, top_end = r.start_ns[top], r.end_ns[top]
@@ -175,17 +177,15 @@ def map_rank(rd, options: dict) -> dict:
 def _by_name(names: np.ndarray, words: np.ndarray, cols: dict) -> pa.Table:
     """The windows' rows summed per (range name, category), both in sorted order; instances: how many
     windows of that name had the category (a window has one row per category). names: codes into words."""
-    key = sorted_place(words[:-1])[names] * len(CATEGORIES) + sorted_place(CATEGORIES)[cols["category"]]
-    order = np.argsort(key, kind="stable")
-    key = key[order]
-    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(key) else np.zeros(0, np.int64)
-    lead = order[first]
+    groups = SortedGroups(sorted_place(words[:-1])[names] * len(CATEGORIES)
+                          + sorted_place(CATEGORIES)[cols["category"]])
 
     def total(values):
-        return np.add.reduceat(np.asarray(values, np.int64)[order], first) if len(first) else np.zeros(0, np.int64)
+        return groups.sum(np.asarray(values, np.int64))
 
+    lead = groups.lead
     return _table({"range_name": names[lead], "category": cols["category"][lead],
-                   "instances": np.diff(np.r_[first, len(key)]), "ops": total(cols["ops"]),
+                   "instances": groups.size, "ops": total(cols["ops"]),
                    "sum_ns": total(cols["sum_ns"]), "union_ns": total(cols["union_ns"]), "bytes": total(cols["bytes"]),
                    "has_bytes": total(cols["has_bytes"]) > 0, "pageable_ops": total(cols["pageable_ops"])},
                   {"range_name": words[:-1], "category": CATEGORIES})
@@ -244,15 +244,15 @@ def headline(out) -> str:
 def diff_metrics(ranks) -> pd.DataFrame | None:
     """Kernel time by kernel name, and each category's share of the run's GPU wall time."""
     rows = []
-    kernels = [rd.kernels for rd in ranks if rd.kernels is not None and len(rd.kernels)]
+    kernels = [rank_data.kernels for rank_data in ranks if rank_data.kernels is not None and len(rank_data.kernels)]
     if kernels:
         k = pd.concat(kernels, ignore_index=True)
         t = (k["end_ns"] - k["start_ns"]).groupby(k["name"]).sum()
         rows.append(pd.DataFrame({"metric": "kernel_total_ns", "key": t.index, "value": t.to_numpy(np.float64)}))
     parts = []
-    for rd in ranks:
+    for rank_data in ranks:
         try:
-            table = map_rank(rd, {})["share"]
+            table = map_rank(rank_data, {})["share"]
         except MissingTraceError:  # a rank without GPU work has no shares
             continue
         if table is not None:

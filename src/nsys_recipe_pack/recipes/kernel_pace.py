@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import BadInputError
 from ..gpu import gpu_intervals
+from ..groups import SortedGroups
 from ..intervals import split_into_windows
 from ..iterations import closest_names, find_iterations
 from ..lazy import pd
@@ -31,15 +32,15 @@ def rows_for(options: dict) -> dict | None:
     return {"kernel": [options["kernel"]]} if options.get("kernel") else None
 
 
-def map_rank(rd, options: dict) -> dict:
+def map_rank(rank_data, options: dict) -> dict:
     kernel = options.get("kernel")
     if kernel:
-        rd.require("kernel", "kernel_pace --kernel")
-        k = rd.frame("kernels")
+        rank_data.require("kernel", "kernel_pace --kernel")
+        k = rank_data.frame("kernels")
         codes, words = k.codes("name")
         hit = np.flatnonzero(words[:-1] == kernel)
         if not len(hit):
-            raise BadInputError(f"{rd.file}: no kernel named {kernel!r}; closest names: "
+            raise BadInputError(f"{rank_data.file}: no kernel named {kernel!r}; closest names: "
                                 f"{closest_names(kernel, words[:-1])}")
         sel = np.flatnonzero(codes == hit[0])
         start, end = k.values("start_ns")[sel], k.values("end_ns")[sel]
@@ -47,18 +48,16 @@ def map_rank(rd, options: dict) -> dict:
         start, end = start[order], end[order]
         delimiter = {"kind": "kernel", "name": kernel, "domain": None, "source": "--kernel"}
     else:
-        it = find_iterations(rd, options.get("iteration"), options.get("iteration_kernel"))
+        it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"))
         delimiter = it.delimiter.as_dict()
         start, end = it.start_ns.copy(), it.end_ns.copy()
-        op_start, op_end = gpu_intervals(rd)
+        op_start, op_end = gpu_intervals(rank_data)
         if len(op_start):  # the pace of the GPU work inside each iteration
             ev, win, cs, ce = split_into_windows(op_start, op_end, start, end)
             if len(win):
-                order = np.argsort(win, kind="stable")
-                win, cs, ce = win[order], cs[order], ce[order]
-                first = np.flatnonzero(np.r_[True, win[1:] != win[:-1]])
-                idx = win[first]
-                start[idx], end[idx] = np.minimum.reduceat(cs, first), np.maximum.reduceat(ce, first)
+                per_iteration = SortedGroups(win)
+                idx = per_iteration.keys
+                start[idx], end[idx] = per_iteration.min(cs), per_iteration.max(ce)
     return {"start_ns": start, "end_ns": end, "delimiter": delimiter, "stats": _stats(end - start, -1)}
 
 
@@ -135,9 +134,9 @@ def headline(out) -> str:
 def diff_metrics(ranks) -> pd.DataFrame | None:
     """The median iteration over all ranks of a run (a run without iterations has none)."""
     durations = []
-    for rd in ranks:
+    for rank_data in ranks:
         try:
-            it = find_iterations(rd)
+            it = find_iterations(rank_data)
         except Exception:  # noqa: BLE001 - a run without iterations simply has no such metric
             continue
         durations.append(it.end_ns - it.start_ns)

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..gpu import launched_ops
-from ..groups import distinct
+from ..groups import SortedGroups, distinct
 from ..intervals import union_lengths
 from ..iterations import closed_range_mask, closed_ranges
 from ..lazy import pd
@@ -52,18 +52,18 @@ def launch_ranges(r_tid, r_pid, r_start, r_end, tid, pid, call_start, call_end, 
     return np.concatenate(launch), np.concatenate(rng)
 
 
-def map_rank(rd, options: dict) -> dict:
-    rd.require("nvtx", "nvtx_gpu_proj")
-    rd.require("runtime", "nvtx_gpu_proj")
-    nv = rd.frame("nvtx")
-    start_all, end_all = nv.values("start_ns"), nv.values("end_ns")
-    closed = np.flatnonzero(closed_range_mask(nv))
+def map_rank(rank_data, options: dict) -> dict:
+    rank_data.require("nvtx", "nvtx_gpu_proj")
+    rank_data.require("runtime", "nvtx_gpu_proj")
+    nvtx_events = rank_data.frame("nvtx")
+    start_all, end_all = nvtx_events.values("start_ns"), nvtx_events.values("end_ns")
+    closed = np.flatnonzero(closed_range_mask(nvtx_events))
     r = closed[np.lexsort((-end_all[closed], start_all[closed]))]  # by start, longer first; stable
-    start, end, tid, pid = start_all[r], end_all[r], nv.values("tid")[r], nv.values("pid")[r]
+    start, end, tid, pid = start_all[r], end_all[r], nvtx_events.values("tid")[r], nvtx_events.values("pid")[r]
     n = len(r)
     levels = stack_levels_of(tid, start, end)
     parent = parents_of(tid, start, levels)
-    ops = launched_ops(rd)
+    ops = launched_ops(rank_data)
     op_of, pos = launch_ranges(tid, pid, start, end, ops.tid, ops.pid, ops.call_start_ns, ops.call_end_ns,
                                options.get("attribution") or "process")
     # every (op, enclosing range) pair: walk up the parent chain, one vectorised step per nesting level
@@ -80,25 +80,23 @@ def map_rank(rd, options: dict) -> dict:
     gpu_start, gpu_end, busy = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
     count = np.zeros(n, np.int64)
     if op_idx:
-        oi, ri = np.concatenate(op_idx), np.concatenate(rng_idx)
-        pairs = distinct(ri * len(op_start) + oi)  # once per (range, op), also for an op with several paths
-        ri, oi = np.divmod(pairs, max(len(op_start), 1))
-        s, e = op_start[oi], op_end[oi]
-        order = np.argsort(ri, kind="stable")
-        ri_sorted = ri[order]
-        firsts = np.flatnonzero(np.r_[True, ri_sorted[1:] != ri_sorted[:-1]])
-        idx = ri_sorted[firsts]
-        gpu_start[idx] = np.minimum.reduceat(s[order], firsts)
-        gpu_end[idx] = np.maximum.reduceat(e[order], firsts)
-        count[idx] = np.diff(np.r_[firsts, len(ri_sorted)])
-        in_range, length = union_lengths(ri, s, e)
+        op_index, range_index = np.concatenate(op_idx), np.concatenate(rng_idx)
+        # once per (range, op), also for an op with several paths
+        pairs = distinct(range_index * len(op_start) + op_index)
+        range_index, op_index = np.divmod(pairs, max(len(op_start), 1))
+        s, e = op_start[op_index], op_end[op_index]
+        per_range = SortedGroups(range_index)
+        idx = per_range.keys
+        gpu_start[idx], gpu_end[idx] = per_range.min(s), per_range.max(e)
+        count[idx] = per_range.size
+        in_range, length = union_lengths(range_index, s, e)
         busy[in_range] = length
-    name_codes, name_words = nv.codes("name")
-    domain_codes, domain_words = nv.codes("domain")
+    name_codes, name_words = nvtx_events.codes("name")
+    domain_codes, domain_words = nvtx_events.codes("domain")
     has_op = count > 0
     ranges = pa.Table.from_arrays([
         dictionary_column(name_codes[r], name_words[:-1]), dictionary_column(domain_codes[r], domain_words[:-1]),
-        arrow_of(nv.values("pid")[r]), arrow_of(tid), arrow_of(np.arange(n, dtype=np.int64)),
+        arrow_of(nvtx_events.values("pid")[r]), arrow_of(tid), arrow_of(np.arange(n, dtype=np.int64)),
         arrow_of(np.maximum(parent, 0), valid=parent >= 0), arrow_of(levels), arrow_of(start), arrow_of(end),
         arrow_of(gpu_start, valid=has_op), arrow_of(gpu_end, valid=has_op), arrow_of(busy, valid=has_op),
         arrow_of(count),
@@ -151,7 +149,7 @@ def headline(out) -> str:
 
 def diff_metrics(ranks) -> pd.DataFrame | None:
     """Time inside NVTX ranges by name over a run, per op for PyTorch's per-instance names (nvtx.op_name)."""
-    ranges = pd.concat([closed_ranges(rd.nvtx) for rd in ranks], ignore_index=True)
+    ranges = pd.concat([closed_ranges(rank_data.nvtx) for rank_data in ranks], ignore_index=True)
     if not len(ranges):
         return None
     t = (ranges["end_ns"] - ranges["start_ns"]).groupby(op_name(ranges["name"])).sum()

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..gpu import collective_ops, gpu_intervals, launched_ops
+from ..groups import SortedGroups
 from ..intervals import outermost, split_into_windows, union_lengths
 from ..iterations import (
     DEFAULT_SYNC_RE,
@@ -70,29 +71,29 @@ def ready_times(points: SyncPoints, launch_ns: np.ndarray, done_ns: np.ndarray) 
     return ready
 
 
-def map_rank(rd, options: dict) -> dict:
+def map_rank(rank_data, options: dict) -> dict:
     """Per-iteration busy/wait/GPU time and per-component times for one rank. No cross-rank logic."""
-    ranges = range_arrays(rd.frame("nvtx"))
-    it = find_iterations(rd, options.get("iteration"), options.get("iteration_kernel"), ranges)
-    ws, we = it.start_ns, it.end_ns
-    n = len(ws)
-    points = sync_points(rd, ranges, options.get("sync"))
-    ops = launched_ops(rd) if rd.has_cuda else None
+    ranges = range_arrays(rank_data.frame("nvtx"))
+    it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"), ranges)
+    window_start, window_end = it.start_ns, it.end_ns
+    n = len(window_start)
+    points = sync_points(rank_data, ranges, options.get("sync"))
+    ops = launched_ops(rank_data) if rank_data.has_cuda else None
     own = np.zeros(0, np.int64) if ops is None else np.flatnonzero(~ops.collective)  # not waiting for peers
     ready = ready_times(points, ops.call_start_ns[own], ops.end_ns[own]) if ops is not None else points.start_ns
-    wait = _windowed_union(ws, we, ready, points.end_ns, n)
+    wait = _windowed_union(window_start, window_end, ready, points.end_ns, n)
 
     # arrival: when the rank was ready at the last sync point where ranks meet that begins inside the
     # iteration (a CUDA sync only when the report shows no collective at all)
     meet = np.flatnonzero(points.peer) if points.peer.any() else np.arange(len(ready))
     arrival = np.full(n, -1, np.int64)
     if len(meet):
-        idx = np.searchsorted(points.start_ns[meet], we, side="left") - 1
+        idx = np.searchsorted(points.start_ns[meet], window_end, side="left") - 1
         ok = idx >= 0
-        ok[ok] = points.start_ns[meet][idx[ok]] >= ws[ok]
+        ok[ok] = points.start_ns[meet][idx[ok]] >= window_start[ok]
         arrival[ok] = ready[meet][idx[ok]]
-    inside = np.searchsorted(ws, points.start_ns, side="right") - 1
-    inside = (inside >= 0) & (points.start_ns < we[np.maximum(inside, 0)]) if n else np.zeros(len(ready), bool)
+    inside = np.searchsorted(window_start, points.start_ns, side="right") - 1
+    inside = (inside >= 0) & (points.start_ns < window_end[np.maximum(inside, 0)]) if n else np.zeros(len(ready), bool)
     used = np.bincount(points.source[inside], minlength=len(SYNC_SOURCES))
 
     # the rank's child ranges: the outermost ranges inside each iteration on the delimiter's thread
@@ -100,11 +101,11 @@ def map_rank(rd, options: dict) -> dict:
     if it.delimiter.kind == "nvtx":
         on = np.flatnonzero(ranges.tid == it.tid)
         start, end, name = ranges.start_ns[on], ranges.end_ns[on], ranges.name[on]
-        idx = np.searchsorted(ws, start, side="right") - 1
+        idx = np.searchsorted(window_start, start, side="right") - 1
         ok = idx >= 0
         within = np.zeros(len(on), bool)
-        within[ok] = end[ok] <= we[idx[ok]]
-        is_delim = np.isin(start, ws) & (ranges.names[name] == it.delimiter.name)
+        within[ok] = end[ok] <= window_end[idx[ok]]
+        is_delim = np.isin(start, window_start) & (ranges.names[name] == it.delimiter.name)
         kid = np.flatnonzero(within & ~is_delim)
         if len(kid):
             top = kid[outermost(idx[kid], start[kid], end[kid])]
@@ -114,33 +115,35 @@ def map_rank(rd, options: dict) -> dict:
     components = []  # (component, ns per iteration, on the GPU)
     gpu_busy = None
     launched_in = (np.zeros(0, np.int64),) * 3  # iteration, name code, GPU ns of the work each child launched
-    if rd.has_cuda:
-        op_start, op_end = gpu_intervals(rd)
-        gpu_busy = _windowed_union(ws, we, op_start, op_end, n) if len(op_start) else np.zeros(n, np.int64)
+    if rank_data.has_cuda:
+        op_start, op_end = gpu_intervals(rank_data)
+        gpu_busy = (_windowed_union(window_start, window_end, op_start, op_end, n) if len(op_start)
+                    else np.zeros(n, np.int64))
         covered = np.zeros(len(op_start), bool)
         if len(child_start) and len(own):
-            child, op = _launching_child(rd, ranges, it.tid, ops, own, child_start, child_end)
+            child, op = _launching_child(rank_data, ranges, it.tid, ops, own, child_start, child_end)
             covered[ops.op[op]] = True
             launched_in = _union_sums(child_it[child], child_name[child], ops.start_ns[op], ops.end_ns[op],
                                       ranges.names)
-        kernels = rd.frame("kernels")
+        kernels = rank_data.frame("kernels")
         n_kernels = 0 if kernels is None else len(kernels)
-        memcpy = rd.frame("memcpy")
+        memcpy = rank_data.frame("memcpy")
         n_memcpy = 0 if memcpy is None else len(memcpy)
         position = np.arange(len(op_start))
-        for component, sel in zip(GPU_COMPONENTS, [(position < n_kernels) & ~collective_ops(rd),
+        for component, sel in zip(GPU_COMPONENTS, [(position < n_kernels) & ~collective_ops(rank_data),
                                                    (position >= n_kernels) & (position < n_kernels + n_memcpy)],
                                   strict=True):
             sel &= ~covered
             if sel.any():
-                components.append((component, _windowed_union(ws, we, op_start[sel], op_end[sel], n), 1))
+                union = _windowed_union(window_start, window_end, op_start[sel], op_end[sel], n)
+                components.append((component, union, 1))
 
     child = (np.zeros(0, np.int64),) * 3  # iteration, name code, host ns of each child range name
     if len(child_start):
         child = _child_sums(child_it, child_name, child_end - child_start, ranges.names)
-        cov = _windowed_union(ws, we, np.concatenate([child_start, points.start_ns]),
+        cov = _windowed_union(window_start, window_end, np.concatenate([child_start, points.start_ns]),
                               np.concatenate([child_end, points.end_ns]), n)
-        components.append(("host_gap", (we - ws) - cov, 0))
+        components.append(("host_gap", (window_end - window_start) - cov, 0))
 
     # components as codes into the range names followed by the fixed component names
     words = [*ranges.names[:-1], *(c for c, _, _ in components)]
@@ -155,21 +158,22 @@ def map_rank(rd, options: dict) -> dict:
     ], names=list(COMPONENT_DTYPES))
     no_gpu = np.zeros(n, bool) if gpu_busy is None else None
     iters = pa.Table.from_arrays([
-        arrow_of(np.arange(n, dtype=np.int64)), arrow_of(ws), arrow_of(we), arrow_of(we - ws), arrow_of(wait),
-        arrow_of((we - ws) - wait), arrow_of(np.zeros(n, np.int64) if gpu_busy is None else gpu_busy, valid=no_gpu),
+        arrow_of(np.arange(n, dtype=np.int64)), arrow_of(window_start), arrow_of(window_end),
+        arrow_of(window_end - window_start), arrow_of(wait), arrow_of((window_end - window_start) - wait),
+        arrow_of(np.zeros(n, np.int64) if gpu_busy is None else gpu_busy, valid=no_gpu),
         arrow_of(np.where(arrival >= 0, arrival, 0), valid=arrival >= 0),
     ], names=list(ITERATION_DTYPES))
     return {"iterations": iters, "components": comps, "delimiter": it.delimiter.as_dict(),
             "sync_points": used.tolist()}
 
 
-def _launching_child(rd, ranges, tid: int, ops, own: np.ndarray, child_start: np.ndarray, child_end: np.ndarray):
+def _launching_child(rank_data, ranges, tid: int, ops, own: np.ndarray, child_start: np.ndarray, child_end: np.ndarray):
     """(child, op) pairs: the child range (sorted by start, not overlapping) whose time holds the call that
     launched each op, for ops launched by the delimiter's thread, or by another thread of its process
     that had no NVTX range of its own open then (PyTorch's autograd thread)."""
     launch_tid, launch_pid = ops.tid[own], ops.pid[own]
     delimiter_pid = launch_pid[launch_tid == tid]
-    pid = int(delimiter_pid[0]) if len(delimiter_pid) else (rd.pid if rd.pid is not None else -1)
+    pid = int(delimiter_pid[0]) if len(delimiter_pid) else (rank_data.pid if rank_data.pid is not None else -1)
     other = np.flatnonzero((launch_tid != tid) & (launch_pid == pid))
     bare = np.zeros(len(own), bool)
     bare[other] = innermost_of(ranges.tid, ranges.start_ns, ranges.end_ns, launch_tid[other],
@@ -202,12 +206,8 @@ def _child_sums(iteration: np.ndarray, name: np.ndarray, ns: np.ndarray, names: 
     left out)."""
     named = name >= 0
     iteration, name, ns = iteration[named], name[named], ns[named]
-    key = iteration * max(len(names) - 1, 1) + sorted_place(names[:-1])[name]
-    order = np.argsort(key, kind="stable")
-    key = key[order]
-    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
-    lead = order[first]
-    return iteration[lead], name[lead], np.add.reduceat(ns[order], first)
+    groups = SortedGroups(iteration * max(len(names) - 1, 1) + sorted_place(names[:-1])[name])
+    return iteration[groups.lead], name[groups.lead], groups.sum(ns)
 
 
 def _robust_scale(x: pd.Series) -> float:
@@ -217,29 +217,15 @@ def _robust_scale(x: pd.Series) -> float:
     return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
 
 
-def _tail_scale(x: pd.Series) -> float:
-    """A noise scale that also respects heavy tails: the MAD scale, or the 90th percentile of the absolute
-    deviation read as a normal quantile, whichever is larger. On a contended CPU a forward pass's time
-    is heavy-tailed, and the MAD alone would call its ordinary slow iterations outliers."""
-    x = x.dropna()
-    if x.empty:
-        return 0.0
-    dev = np.abs(x - np.median(x))
-    return max(float(MAD_TO_SIGMA * np.median(dev)), float(np.quantile(dev, 0.90) / Q90_TO_SIGMA))
-
-
-DENSE_CELLS = 1 << 22  # up to this many cells x components (32 MB of float64), the table is built whole
-
-
 def _component_causes(cell_iteration: np.ndarray, comp_cell: np.ndarray, comps: Frame, sync_names: set,
                       cell_excess: np.ndarray, typical: float, sigma: float) -> tuple[np.ndarray, ...]:
     """For each cell (rank, iteration): whether one component accounts for its excess and stands out of
     that component's own noise, the component furthest above its cross-rank median (None if none is), and
     whether that is host time or GPU time ("host", "gpu").
 
-    Over a cell x component table, 0 where a cell lacks a component. With torch's emit_nvtx every op's
-    range name carries its sequence number, so a report can have tens of thousands of child range names
-    and that table would not fit in memory: then only the components each cell has are held.
+    Over a cell x component table, 0 where a cell lacks a component, of which only the components each cell
+    has are held: with torch's emit_nvtx every op's range name carries its sequence number, so a report can
+    have tens of thousands of child range names and the whole table would not fit in memory.
     """
     codes, words = comps.codes("component")
     codes = codes * 2 + comps.values("on_gpu")  # a range's host time and the GPU time of its work apart
@@ -255,15 +241,7 @@ def _component_causes(cell_iteration: np.ndarray, comp_cell: np.ndarray, comps: 
     cell_col = comp_cell[take] * len(names) + column[codes][take]
     ns = comps.values("ns")[take].astype(np.float64)
     n_cells = len(cell_iteration)
-    if n_cells * len(names) <= DENSE_CELLS:
-        table = pd.DataFrame(np.bincount(cell_col, weights=ns, minlength=n_cells * len(names))
-                             .reshape(n_cells, len(names)))
-        excess = table - table.groupby(cell_iteration).transform("median")
-        scale = excess.apply(_tail_scale).to_numpy()
-        cell, col = np.divmod(np.arange(excess.size), max(len(names), 1))
-        excess = excess.to_numpy().ravel()
-    else:
-        cell, col, excess, scale = _sparse_component_excess(cell_iteration, cell_col, ns, len(names))
+    cell, col, excess, scale = _component_excess(cell_iteration, cell_col, ns, len(names))
     scale = np.maximum(scale, max(1000.0, 0.001 * typical))
     explains = (excess >= EXPLAINS * cell_excess[cell]) & (excess / scale[col] > sigma)
     noise_ok = np.zeros(n_cells, bool)
@@ -283,11 +261,14 @@ def _component_causes(cell_iteration: np.ndarray, comp_cell: np.ndarray, comps: 
     return noise_ok, cause, cause_side
 
 
-def _sparse_component_excess(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.ndarray, n_names: int):
+def _component_excess(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.ndarray, n_names: int):
     """The cell x component table's excess over each iteration's median and each component's noise scale
-    (_tail_scale), from the cells' own components only: (cell, component, excess) of each component a cell
-    has, and the scale of each component. Component times are never negative, so a component a cell lacks
-    is at or below the median there: it can neither explain a cell's excess nor be its cause."""
+    (the larger of the MAD scale and the 90th percentile of the absolute deviation read as a normal
+    quantile, over every cell: on a contended CPU a forward pass's time is heavy-tailed, and the MAD alone
+    would call its ordinary slow iterations outliers), from the cells' own components only: (cell, component,
+    excess) of each component a cell has, and the scale of each component. Component times are never negative,
+    so a component a cell lacks is at or below the median there: it can neither explain a cell's excess nor be
+    its cause."""
     n_cells = len(cell_iteration)
     sorted_cell_col = np.sort(cell_col)
     if (sorted_cell_col[1:] == sorted_cell_col[:-1]).any():  # a child range named like a fixed component

@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from ..gpu import PAGEABLE, gpu_intervals, pair_launches
 from ..gpu import call_key as _call_key
+from ..groups import SortedGroups
 from ..intervals import covered_length, union_segments
 from ..iterations import range_arrays
 from ..lazy import pd
@@ -70,10 +71,10 @@ def _column(frame, col: str, fill) -> np.ndarray:
     return frame.values(col, dtype=type(fill), fill=fill)
 
 
-def _classify(rt, mem, mset) -> np.ndarray:
+def _classify(runtime, mem, mset) -> np.ndarray:
     """Kind of each runtime call as an index into KINDS, -1 when it is not a host-blocking call."""
     # string tests on the few distinct API names, then spread to every call by its name's code
-    codes, words = rt.codes("name")
+    codes, words = runtime.codes("name")
     traits = np.array([_api_traits("" if w is None else str(w)) for w in words], np.int64).reshape(-1, 4)
     kind = traits[:, 0][codes]
     # copies and memsets block depending on the memory they touched: only those calls are joined with it
@@ -81,7 +82,7 @@ def _classify(rt, mem, mset) -> np.ndarray:
     if not len(copy_call):
         return kind
     is_memcpy, is_async, is_memset = (traits[codes[copy_call], 1:] == 1).T
-    key = _call_key(rt)[copy_call]
+    key = _call_key(runtime)[copy_call]
     # "any copy of this call has the property" = the call's key is among the keys of copies that have it
     if mem is not None and len(mem):
         mkey = _call_key(mem)
@@ -115,58 +116,58 @@ def _api_traits(name: str) -> tuple[int, int, int, int]:
     return kind, int(name.startswith("cudaMemcpy")), int("async" in name.lower()), int(name.startswith("cudaMemset"))
 
 
-def _innermost_ranges(rd, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, list]:
+def _innermost_ranges(rank_data, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, list]:
     """Code of the innermost closed NVTX range around each call on its thread (-1: none), and the names."""
-    nv = rd.frame("nvtx")
-    if nv is None or not len(nv) or not len(tid):
+    nvtx_events = rank_data.frame("nvtx")
+    if nvtx_events is None or not len(nvtx_events) or not len(tid):
         return np.full(len(tid), -1, np.int64), []
-    r = range_arrays(nv)
+    r = range_arrays(nvtx_events)
     pos = innermost_of(r.tid, r.start_ns, r.end_ns, tid, start, end)
     range_codes = np.where(pos >= 0, r.name[np.maximum(pos, 0)] if len(r) else -1, -1)
     return range_codes, list(r.names[:-1])
 
 
-def _gpu_busy(rd, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+def _gpu_busy(rank_data, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Union of GPU work inside each call."""
-    return covered_length(*union_segments(*gpu_intervals(rd)), start, end)
+    return covered_length(*union_segments(*gpu_intervals(rank_data)), start, end)
 
 
-def map_rank(rd, options: dict) -> dict:
-    rd.require("runtime", "sync_summary")
-    rt = rd.frame("runtime")
-    if rt is None or not len(rt):
+def map_rank(rank_data, options: dict) -> dict:
+    rank_data.require("runtime", "sync_summary")
+    runtime = rank_data.frame("runtime")
+    if runtime is None or not len(runtime):
         return _map_result(np.zeros(0, np.int64), [], np.zeros(0, np.int64), [], {c: np.zeros(0, np.int64) for c in
                                                                               ("pid", "tid", "start_ns", "end_ns",
                                                                                "gpu_idle_ns", "kind")}, 0)
-    kind = _classify(rt, rd.frame("memcpy"), rd.frame("memset"))
-    start_all, end_all = rt.values("start_ns"), rt.values("end_ns")
+    kind = _classify(runtime, rank_data.frame("memcpy"), rank_data.frame("memset"))
+    start_all, end_all = runtime.values("start_ns"), runtime.values("end_ns")
     blocking = np.flatnonzero(kind >= 0)
     sel = blocking
     if np.any(np.diff(start_all[blocking]) < 0):  # the rank's calls in time order (usually exported so)
         sel = blocking[np.argsort(start_all[blocking], kind="stable")]
-    cols = {"pid": rt.values("pid")[sel], "tid": rt.values("tid")[sel], "start_ns": start_all[sel],
+    cols = {"pid": runtime.values("pid")[sel], "tid": runtime.values("tid")[sel], "start_ns": start_all[sel],
             "end_ns": end_all[sel], "kind": kind[sel]}
-    api_codes, api_words = rt.codes("name")
-    range_codes, range_words = _innermost_ranges(rd, cols["tid"], cols["start_ns"], cols["end_ns"])
+    api_codes, api_words = runtime.codes("name")
+    range_codes, range_words = _innermost_ranges(rank_data, cols["tid"], cols["start_ns"], cols["end_ns"])
     # GPU time left idle while the host was blocked: the call's duration minus the union of GPU work in it
-    busy = _gpu_busy(rd, cols["start_ns"], cols["end_ns"])
+    busy = _gpu_busy(rank_data, cols["start_ns"], cols["end_ns"])
     cols["gpu_idle_ns"] = cols["end_ns"] - cols["start_ns"] - busy
-    cols["waited_ns"] = _waited(rd, rt, sel, cols)
+    cols["waited_ns"] = _waited(rank_data, runtime, sel, cols)
     wall = int(end_all.max() - start_all.min())
     return _map_result(api_codes[sel], list(api_words[:-1]), range_codes, range_words, cols, wall,
-                       _flavour(rd.env))
+                       _flavour(rank_data.env))
 
 
-def _waited(rd, rt, sel: np.ndarray, cols: dict) -> np.ndarray:
+def _waited(rank_data, runtime, sel: np.ndarray, cols: dict) -> np.ndarray:
     """How long each blocking call waited for GPU work queued before it: a sync, all of it; a copy or
     memset, until its own operation started on the GPU (the rest is the copy's own cost)."""
     duration = cols["end_ns"] - cols["start_ns"]
     waited = np.where(np.isin(cols["kind"], _SYNC_CALLS), duration, 0)
-    ops = [f for f in (rd.frame("memcpy"), rd.frame("memset")) if f is not None and len(f)]
+    ops = [f for f in (rank_data.frame("memcpy"), rank_data.frame("memset")) if f is not None and len(f)]
     own_op = np.flatnonzero(np.isin(cols["kind"], _OWN_OP_CALLS))
     if ops and len(own_op):
         op_start = np.concatenate([f.values("start_ns") for f in ops])
-        op, call = pair_launches(np.concatenate([_call_key(f) for f in ops]), _call_key(rt)[sel][own_op])
+        op, call = pair_launches(np.concatenate([_call_key(f) for f in ops]), _call_key(runtime)[sel][own_op])
         never = np.iinfo(np.int64).max
         started = np.full(len(own_op), never)
         np.minimum.at(started, call, op_start[op])  # a call's earliest operation
@@ -213,18 +214,6 @@ def map_columns() -> list[str]:
 SUMMARY_COLUMNS = ["kind", "api", "count", "total_ns", "mean_ns", "max_ns"]
 
 
-def _groups(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Order that sorts rows by the integer keys (first key most significant), and where each group of
-    equal keys starts in that order."""
-    key = np.zeros(len(keys[0]), np.int64)
-    for k in keys:  # a few small codes: one integer key, so one sort
-        key = key * (int(k.max()) + 1 if len(k) else 1) + k
-    order = np.argsort(key, kind="stable")
-    key = key[order]
-    first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]]) if len(order) else np.zeros(0, int)
-    return order, first
-
-
 def _sort_pairs(key: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(key, value) pairs sorted by key, then value: one sort of the pairs packed in one integer when they
     fit in 62 bits (a few range names and durations usually do), else a lexsort."""
@@ -242,13 +231,13 @@ def _summary(c: dict) -> dict:
     if not len(c["kind"]):
         return {"kind": np.zeros(0, object), "api": np.zeros(0, object), "count": np.zeros(0, np.int64),
                 "total_ns": np.zeros(0, np.int64), "mean_ns": np.zeros(0), "max_ns": np.zeros(0, np.int64)}
-    order, first = _groups(sorted_place(KINDS)[c["kind"]], sorted_place(c["api_words"])[c["api"]])
-    d = c["duration"][order]
-    count = np.diff(np.r_[first, len(d)])
-    total = np.add.reduceat(d, first)
-    lead = order[first]
+    api = sorted_place(c["api_words"])[c["api"]]  # a few small codes: one integer key, so one sort
+    groups = SortedGroups(sorted_place(KINDS)[c["kind"]] * (int(api.max()) + 1) + api)
+    total = groups.sum(c["duration"])
+    lead = groups.lead
     return {"kind": np.array(KINDS, object)[c["kind"][lead]], "api": np.array(c["api_words"], object)[c["api"][lead]],
-            "count": count, "total_ns": total, "mean_ns": total / count, "max_ns": np.maximum.reduceat(d, first)}
+            "count": groups.size, "total_ns": total, "mean_ns": total / groups.size,
+            "max_ns": groups.max(c["duration"])}
 
 
 def _descending(values: np.ndarray) -> np.ndarray:

@@ -1,0 +1,103 @@
+"""The pack's recipes at an earlier commit and now, warm, on the same inputs: did a change make any slower?
+
+Each recipe runs with the pack's runner on the shipped MPI Jacobi reports replicated to N ranks (real, as in
+bench.py) and on a SYNTHETIC N-rank set, the two versions taking turns after one untimed run each (exports
+and page cache in place); the median of --repeat runs is kept. The earlier commit runs from a git worktree
+of it, with this checkout's Python environment. Writes the "Before and after" section of bench/RESULTS.md.
+
+    .venv/bin/python bench/before_after.py --base 5f369c2 --sizes 64 --repeat 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import RECIPES_SYNTH, ROOT, measure, real_set, replace_section, synth_set  # noqa: E402
+from nsys_recipe_pack import nsys_tool  # noqa: E402
+
+CASES = [  # recipe, its options on the real set
+    ("straggler_heatmap", ["--iteration", "MPI"]),
+    ("kernel_pace", ["--kernel", "jacobi_kernel"]),
+    ("nvtx_gpu_proj", []),
+    ("sync_summary", []),
+    ("compute_memory_share", []),
+]
+BEGIN, END = "<!-- before-after:begin -->", "<!-- before-after:end -->"
+
+
+def command(src: Path, recipe: str, args: list[str], inputs: Path, out: Path) -> list[str]:
+    entry = "import sys; sys.path.insert(0, sys.argv.pop(1)); from nsys_recipe_pack.cli import entry; entry()"
+    return [sys.executable, "-c", entry, str(src), "run", "--name", recipe, "--engine", "pack", *args, "--output",
+            str(out), "--force-overwrite", str(inputs)]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--base", required=True, help="the earlier commit")
+    p.add_argument("--sizes", default="64")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "nsys-recipe-bench"))
+    p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
+    args = p.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "before_after.log"
+    base = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.base], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], check=True,
+                          capture_output=True, text=True).stdout.strip()
+    tree = work / f"worktree-{base}"
+    if not tree.exists():
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), base], check=True,
+                       capture_output=True)
+    versions = {"before": tree / "src", "after": ROOT / "src"}
+    nsys = nsys_tool.find_nsys()  # before the cache moves: `make bench` fetched it into the usual one
+    env = {**os.environ, "NSYS": str(nsys.path), "XDG_CACHE_HOME": str(work / "cache-before-after")}
+    rows = []
+    for n in [int(s) for s in args.sizes.split(",")]:
+        sets = {"real": real_set(work, n), "synthetic": synth_set(work, env, n, 50, log)}
+        for kind, inputs in sets.items():
+            for recipe, options in CASES:
+                if kind == "synthetic":
+                    options = []
+                    if recipe not in RECIPES_SYNTH:
+                        continue
+                runs = {v: [] for v in versions}
+                for rep in range(args.repeat + 1):
+                    for version, src in versions.items():
+                        r = measure(command(src, recipe, options, inputs, work / "out" / f"ba-{version}"), env, log)
+                        if not r["ok"]:
+                            sys.exit(f"{recipe} ({version}) failed; see {log}")
+                        if rep:  # the first run of each only warms exports and page cache
+                            runs[version].append(r)
+                row = {"ranks": n, "set": kind, "recipe": recipe}
+                for version, rs in runs.items():
+                    row[f"{version}_s"] = statistics.median(r["wall_s"] for r in rs)
+                    row[f"{version}_mb"] = statistics.median(r["peak_mb"] for r in rs)
+                rows.append(row)
+                print(f"{n:>5} {kind:<9} {recipe:<22} before {row['before_s']:6.2f} s {row['before_mb']:6.0f} MB  "
+                      f"after {row['after_s']:6.2f} s {row['after_mb']:6.0f} MB", flush=True)
+    lines = [BEGIN, "", f"## Before and after: {base} and {head}", "",
+             f"`{' '.join(['python', 'bench/before_after.py', *sys.argv[1:]])}`: each recipe warm with the pack's "
+             f"runner, the two versions taking turns, median of {args.repeat} runs (after one untimed run each); "
+             "real = the MPI Jacobi reports replicated to N ranks, synthetic = `nsys-recipe synth` (SYNTHETIC "
+             "data). Wall time of the whole command; peak resident memory of its process tree.", "",
+             "| ranks | set | recipe | before s | after s | after / before | before MB | after MB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['ranks']} | {r['set']} | {r['recipe']} | {r['before_s']:.2f} | {r['after_s']:.2f} | "
+                     f"{r['after_s'] / max(r['before_s'], 1e-9):.2f} | {r['before_mb']:.0f} | {r['after_mb']:.0f} |")
+    lines += ["", END]
+    replace_section(Path(args.results), BEGIN, END, "\n".join(lines))
+    print(f"written: {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
