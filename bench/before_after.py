@@ -40,6 +40,7 @@ def command(src: Path, recipe: str, args: list[str], inputs: Path, out: Path) ->
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--base", required=True, help="the earlier commit")
+    p.add_argument("--new", default=None, help="the later commit (default: this checkout as it is)")
     p.add_argument("--sizes", default="64")
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "nsys-recipe-bench"))
@@ -48,15 +49,18 @@ def main() -> int:
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     log = work / "before_after.log"
-    base = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.base], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], check=True,
-                          capture_output=True, text=True).stdout.strip()
-    tree = work / f"worktree-{base}"
-    if not tree.exists():
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), base], check=True,
-                       capture_output=True)
-    versions = {"before": tree / "src", "after": ROOT / "src"}
+    def checkout(rev: str) -> tuple[str, Path]:
+        short = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", rev], check=True,
+                               capture_output=True, text=True).stdout.strip()
+        tree = work / f"worktree-{short}"
+        if not tree.exists():
+            subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree), short], check=True,
+                           capture_output=True)
+        return short, tree / "src"
+
+    base, before = checkout(args.base)
+    head, after = checkout(args.new) if args.new else ("this checkout", ROOT / "src")
+    versions = {"before": before, "after": after}
     nsys = nsys_tool.find_nsys()  # before the cache moves: `make bench` fetched it into the usual one
     env = {**os.environ, "NSYS": str(nsys.path), "XDG_CACHE_HOME": str(work / "cache-before-after")}
     rows = []

@@ -34,7 +34,8 @@ import pyarrow.parquet as pq
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench import BIN, PACK, ROOT, compile_bytecode, machine_meta, measure, replace_section  # noqa: E402
-from nsys_recipe_pack import loader, nsys_tool  # noqa: E402
+from nsys_recipe_pack import inputs, nsys_tool  # noqa: E402
+from nsys_recipe_pack.inputs import readers  # noqa: E402
 
 SOURCE = ROOT / "sample_reports" / "ai_profiler_a100" / "baseline_nvtx.nsys-rep"
 REPLICATED = ["NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
@@ -149,9 +150,9 @@ def floor(path: Path, recipe: str) -> None:
     spec = recipes.get(recipe)
     options = {"kernel": KERNEL} if recipe == "kernel_pace" else {}
     needs, rows = set(spec.needs_given(options)), spec.rows_given(options) or {}
-    wanted = {t: c for need in needs for t, c in loader.TABLES.get(need, {}).items()}
+    wanted = {t: c for need in needs for t, c in inputs.TABLES.get(need, {}).items()}
     if "nvtx" not in needs:  # the rank's identity: the NVTX events whose names hold "rank"
-        wanted["NVTX_EVENTS"] = loader.TABLES["nvtx"]["NVTX_EVENTS"]
+        wanted["NVTX_EVENTS"] = inputs.TABLES["nvtx"]["NVTX_EVENTS"]
     small = {"StringIds": ["id", "value"], "TARGET_INFO_SYSTEM_ENV": ["name", "value"],
              "TARGET_INFO_SESSION_START_TIME": ["utcEpochNs"]}
     rows_read = 0
@@ -166,7 +167,7 @@ def floor(path: Path, recipe: str) -> None:
             if table not in have:
                 continue
             present = {r[1] for r in sqlite3.connect(path).execute(f"PRAGMA table_info({table})")}
-            text = loader.TEXT_COLUMNS.get(table, set())  # as the pack reads text: see loader._sqlite_column
+            text = readers.TEXT_COLUMNS.get(table, set())  # as the pack reads text: see readers._sqlite_column
             sel = [f"COALESCE('.' || {c}, '')" if c in text else c for c in cols if c in present]
             sql = f"SELECT {', '.join(sel)} FROM {table}"
             if table == "CUPTI_ACTIVITY_KIND_KERNEL" and rows.get("kernel"):

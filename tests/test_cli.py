@@ -187,13 +187,13 @@ def test_builtin_and_pack_recipes_in_one_run(nsys, tmp_path):
               "--output", str(out), str(mpi))
     assert res.returncode == 0, res.stderr
     assert sorted(p.name for p in out.iterdir()) == ["cuda_api_sum", "nvtx_sum", "straggler_heatmap"]
-    # NVIDIA's nvtx_sum and the pack's loader agree on the instances of each range
-    from nsys_recipe_pack import loader
+    # NVIDIA's nvtx_sum and the pack's inputs agree on the instances of each range
+    from nsys_recipe_pack import inputs
     from nsys_recipe_pack.iterations import closed_ranges
 
     stats = pd.read_parquet(out / "nvtx_sum" / "all_stats.parquet")  # index: the range text
     mine = sum(int((closed_ranges(rd.nvtx)["name"] == "MPI").sum())
-               for f in sorted(mpi.glob("*.qdrep")) for rd in loader.load_file(f, {"nvtx"}))
+               for f in sorted(mpi.glob("*.qdrep")) for rd in inputs.load_file(f, {"nvtx"}))
     assert int(stats.loc["MPI", "Count"]) == mine == 5 * 1000
     assert (out / "cuda_api_sum" / "cuda_api_sum.nsys-analysis").exists()
     assert (out / "straggler_heatmap" / "iterations.parquet").exists()

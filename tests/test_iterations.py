@@ -6,7 +6,7 @@ import pytest
 
 from nsys_recipe_pack import iterations
 from nsys_recipe_pack.errors import BadInputError
-from nsys_recipe_pack.loader import RankData
+from nsys_recipe_pack.inputs import RankData
 from nsys_recipe_pack.recipes import compute_memory_share as share
 
 

@@ -11,7 +11,7 @@ import pandas as pd
 from conftest import AI_SET
 
 from nsys_recipe_pack import gpu, runner
-from nsys_recipe_pack.loader import RankData
+from nsys_recipe_pack.inputs import RankData
 from nsys_recipe_pack.recipes import nvtx_gpu_proj as proj
 
 MS = 1_000_000

@@ -20,7 +20,7 @@ import pandas.testing as pdt
 import pytest
 from conftest import CPU_SET, ROOT, SAMPLES
 
-from nsys_recipe_pack import loader, versions
+from nsys_recipe_pack import inputs, versions
 from nsys_recipe_pack.synth import Straggler, write_synthetic
 
 NEWER = ROOT / "tests/data/newer_nsys_format/pdl_2p2c.nsys-rep"
@@ -154,39 +154,39 @@ def test_which_export_beside_a_report_is_read(tmp_path):
     report = tmp_path / "r.nsys-rep"
     shutil.copy2(NEWER, report)
     needs = {"nvtx", "kernel"}
-    assert loader.export_beside(report, needs) == (None, "")
+    assert inputs.export_beside(report, needs) == (None, "")
     sq = tmp_path / "r.sqlite"
     shutil.move(synthetic_export(tmp_path, "a"), sq)
     newer_than_file(sq, report)
-    assert loader.export_beside(report, needs) == (sq, "")
+    assert inputs.export_beside(report, needs) == (sq, "")
     # a Parquet folder is preferred (it reads fastest), whichever of the two names nsys or the user gave it
     for dirname in ("r_pqtdir", "r.parquetdir"):
         pqt = tmp_path / dirname
         shutil.move(synthetic_export(tmp_path, dirname, "parquetdir"), pqt)
         newer_than_file(pqt / "StringIds.parquet", report)
-        assert loader.export_beside(report, needs) == (pqt, "")
+        assert inputs.export_beside(report, needs) == (pqt, "")
         # as `nsys recipe` or `nsys export --tables` leave it: no META_DATA_EXPORT, only some tables
         (pqt / "META_DATA_EXPORT.parquet").unlink()
-        assert loader.export_beside(report, needs) == (pqt, "")  # still has what these needs read
+        assert inputs.export_beside(report, needs) == (pqt, "")  # still has what these needs read
         (pqt / "CUPTI_ACTIVITY_KIND_KERNEL.parquet").unlink()
-        got, why = loader.export_beside(report, needs)
+        got, why = inputs.export_beside(report, needs)
         assert got == sq and why == ""
-        assert loader.export_beside(report, {"nvtx"}) == (pqt, "")
+        assert inputs.export_beside(report, {"nvtx"}) == (pqt, "")
         shutil.rmtree(pqt)
     # a stale export: the report was made again after it
     os.utime(sq, ns=(report.stat().st_mtime_ns - 1, report.stat().st_mtime_ns - 1))
-    assert loader.export_beside(report, needs) == (None, "r.sqlite beside it is older than the report")
+    assert inputs.export_beside(report, needs) == (None, "r.sqlite beside it is older than the report")
     # files that are not exports, even when new enough
     sq.write_text("not a database\n")
     newer_than_file(sq, report)
-    assert loader.export_beside(report, needs) == (None, "r.sqlite beside it is not a readable export")
+    assert inputs.export_beside(report, needs) == (None, "r.sqlite beside it is not a readable export")
     sq.unlink()
     con = sqlite3.connect(sq)
     con.execute("CREATE TABLE t (x INTEGER)")
     con.commit()
     con.close()
     newer_than_file(sq, report)
-    assert loader.export_beside(report, needs) == (None, "r.sqlite beside it is not an Nsight Systems export")
+    assert inputs.export_beside(report, needs) == (None, "r.sqlite beside it is not an Nsight Systems export")
 
 
 def test_a_report_and_its_exports_count_once(tmp_path):
@@ -195,8 +195,8 @@ def test_a_report_and_its_exports_count_once(tmp_path):
     for d in ("a_pqtdir", "a.parquetdir", "b.parquetdir"):
         (tmp_path / d).mkdir()
         (tmp_path / d / "StringIds.parquet").write_bytes(b"x")
-    assert [p.name for p in loader.expand_inputs([str(tmp_path)])] == ["a.nsys-rep", "b.parquetdir"]
-    assert [p.name for p in loader.expand_inputs([str(tmp_path / "a*")])] == ["a.nsys-rep"]
+    assert [p.name for p in inputs.expand_inputs([str(tmp_path)])] == ["a.nsys-rep", "b.parquetdir"]
+    assert [p.name for p in inputs.expand_inputs([str(tmp_path / "a*")])] == ["a.nsys-rep"]
 
 
 # ---------------------------------------------------------------------------------------------------

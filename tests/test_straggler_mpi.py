@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 from conftest import MPI_SET
 
-from nsys_recipe_pack import loader, runner
+from nsys_recipe_pack import inputs, runner
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,7 @@ def test_ranks_from_the_reports_and_gpu_busy(out):
 
 def test_gpu_busy_equals_an_independent_union(out):
     it = pd.read_parquet(out / "iterations.parquet")
-    (rd,) = loader.load_file(MPI_SET / "report4.qdrep", {"kernel", "memcpy", "memset"})
+    (rd,) = inputs.load_file(MPI_SET / "report4.qdrep", {"kernel", "memcpy", "memset"})
     mine = it[it["rank"] == 2].sort_values("iteration")
     ops = pd.concat([rd.kernels, rd.memcpy, rd.memset])[["start_ns", "end_ns"]]
     for i in (0, 500, 1999):

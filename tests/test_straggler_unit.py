@@ -5,7 +5,7 @@ import pandas as pd
 import pytest
 
 from nsys_recipe_pack.errors import BadInputError
-from nsys_recipe_pack.loader import RankData
+from nsys_recipe_pack.inputs import RankData
 from nsys_recipe_pack.recipes import straggler_heatmap as straggler
 
 MS = 1_000_000

@@ -12,7 +12,7 @@ import pytest
 from conftest import AI_SET, MPI_SET
 
 from nsys_recipe_pack import runner
-from nsys_recipe_pack.loader import RankData
+from nsys_recipe_pack.inputs import RankData
 from nsys_recipe_pack.nvtx import innermost_of, stack_levels_of
 from nsys_recipe_pack.recipes import sync_summary as sync
 

@@ -15,7 +15,7 @@ import pandas.testing as pdt
 import pyarrow.parquet as pq
 import pytest
 
-from nsys_recipe_pack import loader, synth
+from nsys_recipe_pack import inputs, synth
 from nsys_recipe_pack.errors import UsageError
 from nsys_recipe_pack.synth import Straggler, add_arguments, main, parse_straggler, write_synthetic
 
@@ -118,7 +118,7 @@ def test_labelled_synthetic(runs):
     assert set(meta) - {"SYNTHETIC"} <= set(REAL["meta_data_export_names"])
     assert meta["EXPORT_PRODUCT_VERSION"] == "2023.4.4.54" == REAL["nsys_version"]
     assert meta["EXPORT_SCHEMA_VERSION"] == REAL["schema_version"]
-    assert loader.load_file(runs["pq"] / "rank0_pqtdir", {"nvtx"})[0].synthetic
+    assert inputs.load_file(runs["pq"] / "rank0_pqtdir", {"nvtx"})[0].synthetic
 
 
 def test_sqlite_and_parquetdir_hold_the_same_rows(runs):
@@ -128,8 +128,8 @@ def test_sqlite_and_parquetdir_hold_the_same_rows(runs):
             table = pq.read_table(f)
             from_parquet = list(zip(*(c.to_pylist() for c in table.columns), strict=True))
             assert con.execute(f'SELECT * FROM "{f.stem}"').fetchall() == from_parquet, (r, f.stem)
-    (a,) = loader.load_file(runs["sq"] / "rank1.sqlite", {"nvtx", "kernel", "runtime"})
-    (b,) = loader.load_file(runs["pq"] / "rank1_pqtdir", {"nvtx", "kernel", "runtime"})
+    (a,) = inputs.load_file(runs["sq"] / "rank1.sqlite", {"nvtx", "kernel", "runtime"})
+    (b,) = inputs.load_file(runs["pq"] / "rank1_pqtdir", {"nvtx", "kernel", "runtime"})
     for attr in ("nvtx", "kernels", "runtime"):
         pdt.assert_frame_equal(getattr(a, attr), getattr(b, attr), check_dtype=False)
     assert a.session_start_ns == b.session_start_ns and a.env == b.env
@@ -371,7 +371,7 @@ def test_cli_hooks(tmp_path, capsys):
 
 
 def test_loader_reads_ranks_and_hosts(runs):
-    ranks = [loader.load_file(runs["pq"] / f"rank{r}_pqtdir", {"nvtx"})[0] for r in range(RANKS)]
+    ranks = [inputs.load_file(runs["pq"] / f"rank{r}_pqtdir", {"nvtx"})[0] for r in range(RANKS)]
     assert [rd.rank_candidates["env"] for rd in ranks] == [(r, "RANK") for r in range(RANKS)]
     assert {rd.host for rd in ranks} == {"synth-node000"}
     assert pd.Series([rd.session_start_ns for rd in ranks]).is_unique

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import loader, recipes, runner
+from . import inputs, recipes, runner
 
 MIN_SHARE = 0.05
 
@@ -30,8 +30,8 @@ def metrics() -> dict:
 def load_run(spec: str, nsys_path: str | None) -> list:
     needs = set().union(*(r.diff_needs for r in recipes.all_recipes().values() if r.diff_metrics))
     ranks = []
-    for f in loader.expand_inputs([spec]):
-        ranks.extend(loader.load_file(f, needs, nsys_path))
+    for f in inputs.expand_inputs([spec]):
+        ranks.extend(inputs.load_file(f, needs, nsys_path))
     return ranks
 
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .groups import distinct
+from .inputs import Frame
 from .iterations import NCCL_KERNEL_RE, matching
 from .lazy import pd
-from .loader import Frame
 
 # ENUM_CUDA_MEMCPY_OPER -> category; array and unified-memory copies count with their direction.
 MEMCPY_CATEGORY = {
@@ -37,7 +37,7 @@ def call_key(df: pd.DataFrame) -> np.ndarray:
 
 
 def gpu_frames(rank_data) -> list:
-    """The rank's non-empty kernel, copy and memset tables (loader Frames), in that order."""
+    """The rank's non-empty kernel, copy and memset tables (inputs.Frame), in that order."""
     frames = (rank_data.frame("kernels"), rank_data.frame("memcpy"), rank_data.frame("memset"))
     return [f for f in frames if f is not None and len(f)]
 

@@ -47,7 +47,7 @@ def closed_ranges(nvtx: pd.DataFrame | None) -> pd.DataFrame:
 
 
 def closed_range_mask(nvtx) -> np.ndarray:
-    """Which rows of a loader Frame of NVTX events are the ranges `closed_ranges` keeps, without pandas."""
+    """Which rows of an inputs.Frame of NVTX events are the ranges `closed_ranges` keeps, without pandas."""
     start, end = nvtx.values("start_ns"), nvtx.values("end_ns")
     return np.isin(nvtx.values("event_type"), [59, 60]) & ~nvtx.is_null("end_ns") & (end >= start)
 
@@ -91,7 +91,7 @@ def _is(codes: np.ndarray, words: np.ndarray, wanted: str) -> np.ndarray:
 
 
 def range_arrays(nvtx) -> Ranges:
-    """The closed ranges (`closed_range_mask`) of a loader Frame of NVTX events, or of none."""
+    """The closed ranges (`closed_range_mask`) of an inputs.Frame of NVTX events, or of none."""
     if nvtx is None or not len(nvtx):
         empty, none = np.zeros(0, np.int64), np.array([None], object)
         return Ranges(empty, empty, empty, empty, empty, none, none)

@@ -9,9 +9,10 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from . import loader, progress, recipes, runner
+from . import progress, recipes, runner
 from .errors import MissingToolError, PackError, UsageError
 from .escape import html_text
+from .inputs import expand_inputs, report_stem
 from .notebook import PLOTLY_JS, execute_notebook, notebook_to_html
 from .resources import notebook_path
 from .staging import staged_output
@@ -25,7 +26,7 @@ def headline(recipe: str, out: Path) -> str:
 
 def _run_name(spec: str, taken: set) -> str:
     p = Path(spec)
-    name = p.name if p.is_dir() else loader._stem(p)
+    name = p.name if p.is_dir() else report_stem(p)
     base, i = name or "run", 2
     while name in taken:
         name, i = f"{base}-{i}", i + 1
@@ -40,7 +41,7 @@ def report(inputs: list[str], output: str, force: bool = False, nsys_path: str |
     out = Path(output)
     runner.check_output(out, force)
     for spec in inputs:
-        loader.expand_inputs([spec])  # every run must name real inputs before anything is done
+        expand_inputs([spec])  # every run must name real inputs before anything is done
     started = datetime.now()
     with staged_output(out, force) as staged:
         taken: set = set()

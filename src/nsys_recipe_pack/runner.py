@@ -23,8 +23,17 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import errors, loader, nsys_tool, progress, recipes, resources, versions
+from . import errors, nsys_tool, progress, recipes, resources, versions
 from .errors import BadInputError, MissingToolError, MissingTraceError, PackError, UsageError
+from .inputs import (
+    expand_inputs,
+    export_beside,
+    frames_cached,
+    input_kind,
+    load_file,
+    read_arrow_streams,
+    write_arrow_streams,
+)
 from .lazy import pd
 from .ranks import assign_ranks
 from .staging import staged_output
@@ -48,7 +57,7 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
     spec = recipes.get(recipe)
     out = []
     try:
-        for rank_data in loader.load_file(Path(path), set(spec.needs_given(options)), nsys_path,
+        for rank_data in load_file(Path(path), set(spec.needs_given(options)), nsys_path,
                                           spec.rows_given(options), spec.bytes_per_row):
             try:
                 res = spec.map_rank(rank_data, options)
@@ -245,8 +254,8 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
     # Over reports whose frames are cached (the first report tells) the parent imports it for the reduce
     # while they map.
     needs = set(recipes.get(recipe).needs_given(options))
-    lazy_pandas = (all(loader.input_kind(f) == "report" for f in files)
-                   and loader.frames_cached(files[0], needs, nsys_path))
+    lazy_pandas = (all(input_kind(f) == "report" for f in files)
+                   and frames_cached(files[0], needs, nsys_path))
     if not lazy_pandas:
         pd.DataFrame  # noqa: B018
     results: list = [None] * len(args)
@@ -292,7 +301,7 @@ def _map_files(chunk: list[tuple], spill: str) -> tuple[list[list[dict]], str | 
         return done, None
     fd, path = tempfile.mkstemp(suffix=".arrows", dir=spill)
     os.close(fd)
-    for (res, key), span in zip(where, loader.write_arrow_streams(path, [res[k] for res, k in where]), strict=True):
+    for (res, key), span in zip(where, write_arrow_streams(path, [res[k] for res, k in where]), strict=True):
         res[key] = _Spilled(span)
     return done, path
 
@@ -307,7 +316,7 @@ def _unspill(done: list[list[dict]], path: str | None) -> list[list[dict]]:
     if path is None:
         return done
     where = _slots(done, _Spilled)
-    for (res, key), table in zip(where, loader.read_arrow_streams(path, [res[k] for res, k in where]), strict=True):
+    for (res, key), table in zip(where, read_arrow_streams(path, [res[k] for res, k in where]), strict=True):
         res[key] = table
     return done
 
@@ -405,10 +414,10 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
     log = log or (lambda msg: print(msg, file=sys.stderr))
     adapter = framework_adapter(recipe)
     options = {**recipes.get(recipe).option_defaults(), **(options or {})}  # report passes none
-    files = loader.expand_inputs(inputs)
+    files = expand_inputs(inputs)
     out = Path(output) if output else default_output(recipe)
     check_output(out, force)
-    all_reports = all(loader.input_kind(f) == "report" for f in files)
+    all_reports = all(input_kind(f) == "report" for f in files)
     nsys = None
     notes = []
     if engine == "nsys" and adapter is None:
@@ -423,7 +432,7 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
         too_new = _too_new_reports(files, nsys) if nsys is not None else {}
         if too_new:  # `nsys recipe` cannot open them: the pack's runner reads the exports beside them instead
             needs = set(recipes.get(recipe).needs_given(options))
-            beside = sum(loader.export_beside(f, needs)[0] is not None for f in too_new)
+            beside = sum(export_beside(f, needs)[0] is not None for f in too_new)
             if beside:  # else the runner fails on them with the one-line error that says what to do
                 made_by = ", ".join(sorted(set(too_new.values())))
                 notes.append(f"{len(too_new)} report(s) made by Nsight Systems {made_by}"
@@ -479,7 +488,7 @@ def _too_new_reports(files: list[Path], nsys: nsys_tool.Nsys) -> dict[Path, str]
 
 
 def _nsys_version_or_none(files: list[Path], nsys_path: str | None) -> str | None:
-    if any(loader.input_kind(f) == "report" for f in files):
+    if any(input_kind(f) == "report" for f in files):
         found = nsys_tool.find_nsys(nsys_path, required=False)
         return found.version if found else None
     return None
@@ -489,8 +498,8 @@ def run_builtin(name: str, inputs: list[str], output: str | None, *, force: bool
                 nsys: nsys_tool.Nsys, dask_scheduler: str | None = None, log=None) -> Path:
     """One of Nsight Systems' built-in recipes, passed through to `nsys recipe NAME`, written atomically."""
     log = log or (lambda msg: print(msg, file=sys.stderr))
-    files = loader.expand_inputs(inputs)
-    not_reports = [str(f) for f in files if loader.input_kind(f) != "report"]
+    files = expand_inputs(inputs)
+    not_reports = [str(f) for f in files if input_kind(f) != "report"]
     if not_reports:
         raise UsageError(f"{not_reports[0]}: the built-in recipe {name} reads .nsys-rep/.qdrep reports only")
     too_new = _too_new_reports(files, nsys)

@@ -54,7 +54,7 @@ class Recipe:
     needs_for: Callable | None = None  # needs_for(options): fewer needs for some options (read less)
     rows_for: Callable | None = None  # rows_for(options): need -> names, when only those rows are used
     # peak memory over one rank per event row read: measured on a 680 MB export (bench/RESULTS.md, huge reports)
-    # with some margin; None: the loader's default
+    # with some margin; None: the default of inputs.rank_data
     bytes_per_row: int | None = None
     summary: Callable | None = None  # summary(output folder) -> the lines `nsys-recipe run` prints
     headline: Callable | None = None  # headline(output folder) -> the one line of `nsys-recipe report`'s index

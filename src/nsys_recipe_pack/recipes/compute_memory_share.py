@@ -13,10 +13,10 @@ import pyarrow as pa
 from ..errors import BadInputError, MissingTraceError
 from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY, gpu_frames
 from ..groups import SortedGroups
+from ..inputs import Frame, arrow_of, dictionary_column, sorted_place
 from ..intervals import outermost, split_into_windows, union_lengths
 from ..iterations import NCCL_KERNEL_RE, matching, range_arrays
 from ..lazy import pd
-from ..loader import Frame, arrow_of, dictionary_column, sorted_place
 from . import Metric, Recipe, indented, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}

@@ -13,10 +13,10 @@ import numpy as np
 from ..errors import BadInputError
 from ..gpu import gpu_intervals
 from ..groups import SortedGroups
+from ..inputs import dictionary_column
 from ..intervals import split_into_windows
 from ..iterations import closest_names, find_iterations
 from ..lazy import pd
-from ..loader import dictionary_column
 from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}

@@ -18,10 +18,10 @@ import pyarrow as pa
 
 from ..gpu import launched_ops
 from ..groups import SortedGroups, distinct
+from ..inputs import Frame, arrow_of, dictionary_column, ranked_tables
 from ..intervals import union_lengths
 from ..iterations import closed_range_mask, closed_ranges
 from ..lazy import pd
-from ..loader import Frame, arrow_of, dictionary_column, ranked_tables
 from ..nvtx import innermost_of, op_name, parents_of, stack_levels_of
 from . import Metric, Recipe, indented, ms, ms_cell
 

@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from ..gpu import collective_ops, gpu_intervals, launched_ops
 from ..groups import SortedGroups
+from ..inputs import Frame, arrow_of, dictionary_column, sorted_place
 from ..intervals import outermost, split_into_windows, union_lengths
 from ..iterations import (
     DEFAULT_SYNC_RE,
@@ -33,7 +34,6 @@ from ..iterations import (
     sync_points,
 )
 from ..lazy import pd
-from ..loader import Frame, arrow_of, dictionary_column, sorted_place
 from ..nvtx import innermost_of
 from . import Recipe, comma_list, indented, iteration_options, ms_cell
 

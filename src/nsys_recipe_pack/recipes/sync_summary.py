@@ -18,10 +18,10 @@ import pyarrow as pa
 from ..gpu import PAGEABLE, gpu_intervals, pair_launches
 from ..gpu import call_key as _call_key
 from ..groups import SortedGroups
+from ..inputs import arrow_of, dictionary_column, ranked_tables, sorted_place
 from ..intervals import covered_length, union_segments
 from ..iterations import range_arrays
 from ..lazy import pd
-from ..loader import arrow_of, dictionary_column, ranked_tables, sorted_place
 from ..nvtx import innermost_of
 from . import Recipe, indented, ms, ms_cell
 
@@ -65,7 +65,7 @@ _OWN_OP_CALLS = [_KIND[k] for k in ("memcpy_sync", "memcpy_pageable", "memset_sy
 
 
 def _column(frame, col: str, fill) -> np.ndarray:
-    """A nullable numeric column of a loader Frame with nulls (and a missing column) as `fill`."""
+    """A nullable numeric column of an inputs.Frame with nulls (and a missing column) as `fill`."""
     if col not in frame:
         return np.full(len(frame), fill)
     return frame.values(col, dtype=type(fill), fill=fill)

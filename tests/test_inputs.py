@@ -1,4 +1,4 @@
-"""The loader against Nsight Systems' own tools on real reports."""
+"""Reading inputs (nsys_recipe_pack.inputs) against Nsight Systems' own tools on real reports."""
 
 import io
 import os
@@ -14,8 +14,9 @@ import pyarrow as pa
 import pytest
 from conftest import MPI_SET
 
-from nsys_recipe_pack import loader, nsys_tool, recipes, runner
+from nsys_recipe_pack import inputs, nsys_tool, recipes, runner
 from nsys_recipe_pack.errors import BadInputError, UsageError
+from nsys_recipe_pack.inputs import rank_data, readers
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "sync", "mpi"}
 
@@ -41,7 +42,7 @@ def report_copy(tmp_path_factory):
 
 
 def test_kernels_and_nvtx_match_nsys_stats(nsys, report_copy):
-    (rd,) = loader.load_file(report_copy, NEEDS)
+    (rd,) = inputs.load_file(report_copy, NEEDS)
     kern = nsys_stats(nsys, report_copy, "cuda_gpu_kern_sum")
     assert len(rd.kernels) == kern["Instances"].sum()
     assert (rd.kernels["end_ns"] - rd.kernels["start_ns"]).sum() == kern["Total Time (ns)"].sum()
@@ -61,9 +62,9 @@ def test_report_sqlite_and_parquetdir_read_the_same(nsys, report_copy, tmp_path)
     for kind, out in (("sqlite", sq), ("parquetdir", pqt)):
         subprocess.run([str(nsys.path), "export", "-q", "true", "--type", kind, "-o", str(out), str(report_copy)],
                        check=True, capture_output=True)
-    (a,) = loader.load_file(report_copy, NEEDS)
-    (b,) = loader.load_file(sq, NEEDS)
-    (c,) = loader.load_file(pqt, NEEDS)
+    (a,) = inputs.load_file(report_copy, NEEDS)
+    (b,) = inputs.load_file(sq, NEEDS)
+    (c,) = inputs.load_file(pqt, NEEDS)
     for attr in ("nvtx", "kernels", "memcpy", "runtime", "sync", "mpi"):
         x, y, z = (getattr(r, attr).reset_index(drop=True) for r in (a, b, c))
         pdt.assert_frame_equal(x, z, check_dtype=False)
@@ -83,36 +84,36 @@ def test_export_cache_is_reused_across_copies_and_renewed_on_change(nsys, mpi_co
         return real(*a, **kw)
 
     monkeypatch.setattr(nsys_tool, "run_nsys", counting)
-    loader.load_file(report, {"nvtx"})
-    loader.load_file(report, {"nvtx"})
+    inputs.load_file(report, {"nvtx"})
+    inputs.load_file(report, {"nvtx"})
     assert calls == ["export"]
     # a copy of the folder with timestamps kept (cp -a, rsync -a) reuses the export
     moved = mpi_copy.parent / "elsewhere"
     shutil.copytree(mpi_copy, moved)
-    loader.load_file(moved / "report1.qdrep", {"nvtx"})
+    inputs.load_file(moved / "report1.qdrep", {"nvtx"})
     assert calls == ["export"]
     # needing another table adds it to the same entry
-    loader.load_file(report, {"nvtx", "kernel"})
+    inputs.load_file(report, {"nvtx", "kernel"})
     assert calls == ["export", "export"]
     # a changed report is exported again
     st = report.stat()
     os.utime(report, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
-    loader.load_file(report, {"nvtx"})
+    inputs.load_file(report, {"nvtx"})
     assert calls == ["export", "export", "export"]
 
 
 def test_a_warm_load_reads_back_exactly_what_the_first_load_made(nsys, report_copy, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))
-    assert not loader.frames_cached(report_copy, NEEDS)
-    (cold,) = loader.load_file(report_copy, NEEDS)
-    assert loader.frames_cached(report_copy, NEEDS)  # what the runner asks before forking its workers
-    assert not loader.frames_cached(report_copy, {"nvtx"})  # other needs, other frames
-    assert not loader.frames_cached(tmp_path / "gone.nsys-rep", NEEDS)
-    (entry,) = [p for p in loader.export_cache_dir().iterdir() if p.is_dir() and not p.name.startswith(".")]
-    (cache,) = entry.glob(f"loaded-v{loader.LOADED_FORMAT}-*")
-    assert {p.name for p in cache.iterdir()} == {"meta.json", loader.LOADED_FILE}  # one file for all frames
-    monkeypatch.setattr(loader, "_read_frames", None)  # the warm load must not touch the export
-    (warm,) = loader.load_file(report_copy, NEEDS)
+    assert not inputs.frames_cached(report_copy, NEEDS)
+    (cold,) = inputs.load_file(report_copy, NEEDS)
+    assert inputs.frames_cached(report_copy, NEEDS)  # what the runner asks before forking its workers
+    assert not inputs.frames_cached(report_copy, {"nvtx"})  # other needs, other frames
+    assert not inputs.frames_cached(tmp_path / "gone.nsys-rep", NEEDS)
+    (entry,) = [p for p in inputs.export_cache_dir().iterdir() if p.is_dir() and not p.name.startswith(".")]
+    (cache,) = entry.glob(f"loaded-v{rank_data.LOADED_FORMAT}-*")
+    assert {p.name for p in cache.iterdir()} == {"meta.json", rank_data.LOADED_FILE}  # one file for all frames
+    monkeypatch.setattr(rank_data, "_read_frames", None)  # the warm load must not touch the export
+    (warm,) = inputs.load_file(report_copy, NEEDS)
     for attr in ("nvtx", "kernels", "memcpy", "memset", "runtime", "sync", "mpi"):
         pdt.assert_frame_equal(getattr(warm, attr), getattr(cold, attr), obj=attr)  # dtypes included
     assert (warm.pid, warm.env, warm.rank_candidates, warm.session_start_ns) == \
@@ -122,8 +123,8 @@ def test_a_warm_load_reads_back_exactly_what_the_first_load_made(nsys, report_co
 def test_only_needed_tables_are_exported(nsys, mpi_copy, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))
     report = mpi_copy / "report3.qdrep"
-    loader.load_file(report, {"nvtx"})
-    entries = [p for p in loader.export_cache_dir().iterdir() if p.is_dir() and not p.name.startswith(".")]
+    inputs.load_file(report, {"nvtx"})
+    entries = [p for p in inputs.export_cache_dir().iterdir() if p.is_dir() and not p.name.startswith(".")]
     tables = {f.stem for e in entries for f in e.glob("*.parquet")}
     assert "NVTX_EVENTS" in tables and "StringIds" in tables
     assert not any(t.startswith("CUPTI") for t in tables)
@@ -134,23 +135,23 @@ def test_expand_inputs_folders_globs_and_dedup(tmp_path):
     (tmp_path / "a.sqlite").write_bytes(b"x")  # export beside its report: the report wins
     (tmp_path / "b_pqtdir").mkdir()
     (tmp_path / "notes.txt").write_text("x")
-    got = loader.expand_inputs([str(tmp_path)])
+    got = inputs.expand_inputs([str(tmp_path)])
     assert [p.name for p in got] == ["a.nsys-rep", "b_pqtdir"]
-    assert [p.name for p in loader.expand_inputs([str(tmp_path / "*.sqlite")])] == ["a.sqlite"]
+    assert [p.name for p in inputs.expand_inputs([str(tmp_path / "*.sqlite")])] == ["a.sqlite"]
     with pytest.raises(UsageError):
-        loader.expand_inputs([])
+        inputs.expand_inputs([])
     with pytest.raises(BadInputError, match="notes.txt"):
-        loader.expand_inputs([str(tmp_path / "notes.txt")])
+        inputs.expand_inputs([str(tmp_path / "notes.txt")])
     empty = tmp_path / "empty"
     empty.mkdir()
     with pytest.raises(BadInputError, match="no reports"):
-        loader.expand_inputs([str(empty)])
+        inputs.expand_inputs([str(empty)])
 
 
 def test_rank_candidates_from_environment_and_nvtx():
     ranks = {}
     for f in sorted(MPI_SET.glob("*.qdrep")):
-        (rd,) = loader.load_file(f, {"nvtx", "kernel"})
+        (rd,) = inputs.load_file(f, {"nvtx", "kernel"})
         ranks[f.name] = (rd.rank_candidates["env"][0], rd.rank_candidates["nvtx"][0], rd.host)
     # the shipped set's README: report1=3, report2=7, report3=4, report4=2, report6=6
     assert {k: v[1] for k, v in ranks.items()} == {"report1.qdrep": 3, "report2.qdrep": 7, "report3.qdrep": 4,
@@ -175,7 +176,7 @@ def test_one_report_with_several_processes_gives_one_rank_each(tmp_path):
         table = parts[0] if f.stem in ("StringIds", "META_DATA_EXPORT", "TARGET_INFO_SESSION_START_TIME",
                                        "TARGET_INFO_SYSTEM_ENV") else pa.concat_tables(parts)
         pq.write_table(table, merged / f.name)
-    ranks = loader.load_file(merged, {"nvtx", "kernel"})
+    ranks = inputs.load_file(merged, {"nvtx", "kernel"})
     assert [rd.pid for rd in ranks] == [4000, 4001]
     assert all("env" not in rd.rank_candidates for rd in ranks)  # one environment cannot name two ranks
     assert [len(rd.kernels) for rd in ranks] == [len(pq.read_table(data / f"rank{r}_pqtdir" /
@@ -192,7 +193,7 @@ def test_one_report_with_several_processes_gives_one_rank_each(tmp_path):
 def test_string_table_looks_up_distinct_ids_only_and_keeps_the_last_of_a_repeated_id():
     import pyarrow as pa
 
-    from nsys_recipe_pack.loader import StringTable
+    from nsys_recipe_pack.inputs import StringTable
 
     table = StringTable(np.array([3, 1, 7, 3]), pa.array(["c-old", "a", "g", "c"]))
     words, at = table.distinct(pa.array([1, 3, None, 99, 7, 1], pa.int64()))
@@ -244,18 +245,18 @@ def test_numpy_and_arrow_conversions_from_buffers_match_pyarrow_s_own():
             want = arr.fill_null(pa.scalar(7, pa_type) if dtype is not bool else True).to_numpy(
                 zero_copy_only=False)
             fill = 7 if dtype is not bool else True
-            np.testing.assert_array_equal(loader.numpy_of(chunked, fill), want)
-            np.testing.assert_array_equal(loader.numpy_of(arr.slice(cut), fill), want[cut:])
-            assert loader.arrow_of(values, valid=~mask).equals(arr)
-            frame = loader.Frame(pa.Table.from_arrays([chunked], names=["c"]), {"c": str(np.dtype(dtype))})
+            np.testing.assert_array_equal(inputs.numpy_of(chunked, fill), want)
+            np.testing.assert_array_equal(inputs.numpy_of(arr.slice(cut), fill), want[cut:])
+            assert inputs.arrow_of(values, valid=~mask).equals(arr)
+            frame = inputs.Frame(pa.Table.from_arrays([chunked], names=["c"]), {"c": str(np.dtype(dtype))})
             np.testing.assert_array_equal(frame.is_null("c"), mask)
     words = ["sync", "", "Jacobi é solve", "x" * 70]
     codes = rng.integers(-1, len(words), 500)
     want = pa.DictionaryArray.from_arrays(pa.array(codes.astype(np.int32), mask=codes < 0),
                                           pa.array(words, pa.large_string()))
-    got = loader.dictionary_column(codes, words)
+    got = inputs.dictionary_column(codes, words)
     assert got.equals(want) and got.type == want.type
-    frame = loader.Frame(pa.Table.from_arrays([got.slice(100)], names=["name"]), {"name": "object"})
+    frame = inputs.Frame(pa.Table.from_arrays([got.slice(100)], names=["name"]), {"name": "object"})
     got_codes, got_words = frame.codes("name")
     assert list(got_words[got_codes]) == [words[c] if c >= 0 else None for c in codes[100:]]
 
@@ -270,9 +271,9 @@ def test_ranked_tables_share_one_dictionary_per_string_column_and_keep_every_val
         words = list(rng.permutation(pool)[:int(rng.integers(1, len(pool) + 1))])
         codes = rng.integers(-1, len(words), int(rng.integers(0, 50)))
         per_rank.append({"rank": int(rank), "calls": pa.Table.from_arrays(
-            [loader.dictionary_column(codes, words), loader.arrow_of(codes.astype(np.int64))], names=["name", "n"])})
+            [inputs.dictionary_column(codes, words), inputs.arrow_of(codes.astype(np.int64))], names=["name", "n"])})
         want += [(int(rank), words[c] if c >= 0 else None, int(c)) for c in codes]
-    table = loader.ranked_tables(per_rank, "calls")
+    table = inputs.ranked_tables(per_rank, "calls")
     chunks = [c for c in table.column("name").chunks if len(c)]
     assert all(c.dictionary.equals(chunks[0].dictionary) for c in chunks)
     got = list(zip(table.column("rank").to_pylist(), table.column("name").to_pylist(), table.column("n").to_pylist(),
@@ -350,8 +351,8 @@ def _awkward_export(path: Path) -> Path:
 
 def test_a_clean_parquet_export_is_read_straight_to_arrow_with_what_the_general_path_gives(monkeypatch, tmp_path):
     export = _awkward_export(tmp_path / "x_pqtdir")
-    frames, meta = loader._read_frames(loader.ExportSource(export, "parquetdir"), NEEDS, export)
-    assert all(isinstance(frames[k], loader.Frame) for k in ("nvtx", "runtime", "mpi", "kernels"))
+    frames, meta = rank_data._read_frames(inputs.ExportSource(export, "parquetdir"), NEEDS, export)
+    assert all(isinstance(frames[k], inputs.Frame) for k in ("nvtx", "runtime", "mpi", "kernels"))
     # worked by hand from the tables above; the domain-create event itself is not kept
     nvtx = frames["nvtx"].to_pandas()
     assert nvtx["name"].tolist() == ["step", "fwd", "", "rank 3", "MPI Rank 5"]
@@ -368,7 +369,7 @@ def test_a_clean_parquet_export_is_read_straight_to_arrow_with_what_the_general_
 
     # the same export as SQLite reads the same, dtypes included
     sq = _as_sqlite(export, tmp_path / "x.sqlite")
-    other, other_meta = loader._read_frames(loader.ExportSource(sq, "sqlite"), NEEDS, sq)
+    other, other_meta = rank_data._read_frames(inputs.ExportSource(sq, "sqlite"), NEEDS, sq)
     assert other_meta == meta
     assert frames.keys() == other.keys()
     for key in frames:  # tables the export lacks (memcpy, memset, sync) are empty frames in both
@@ -411,8 +412,8 @@ def test_sqlite_values_of_another_type_and_text_that_starts_null_are_read(tmp_pa
                     [(i, i + 1, 0, i, 7 << 24, 2) for i in range(70_000)] + [(5, 6, "gpu0", 2.0, 7 << 24, 2)])
     con.commit()
     con.close()
-    src = loader.ExportSource(path, "sqlite")
-    frames, meta = loader._read_frames(src, {"nvtx", "kernel"}, path)
+    src = inputs.ExportSource(path, "sqlite")
+    frames, meta = rank_data._read_frames(src, {"nvtx", "kernel"}, path)
     nvtx = frames["nvtx"]
     codes, words = nvtx.codes("name")
     assert len(nvtx) == 100_001 and words[codes[-1]] == "late" and words[codes[0]] == "step"
@@ -420,7 +421,7 @@ def test_sqlite_values_of_another_type_and_text_that_starts_null_are_read(tmp_pa
     assert len(kernels) == 70_001 and kernels["device"].iloc[-1] is pd.NA and kernels["correlation_id"].iloc[-1] == 2
     assert kernels["name"].eq("k").all() and meta["pids"] == [7]
     # only the rows a recipe asks for: one kernel's launches
-    few, _ = loader._read_frames(src, {"kernel"}, path, rows={"kernel": ["k"]})
+    few, _ = rank_data._read_frames(src, {"kernel"}, path, rows={"kernel": ["k"]})
     assert len(few["kernels"]) == 70_001
     src.close()
 
@@ -432,7 +433,7 @@ def test_distinct_ids_match_numpy_unique():
         span = int(rng.choice([3, 50, 10**9]))
         values = rng.integers(-1, span, n).astype(rng.choice([np.int64, np.uint32]))
         want, want_at = np.unique(values, return_inverse=True)
-        got, got_at = loader._distinct(values)
+        got, got_at = readers._distinct(values)
         np.testing.assert_array_equal(got, want)
         np.testing.assert_array_equal(got_at, want_at.reshape(-1))
         assert got.dtype == values.dtype
@@ -449,18 +450,18 @@ def test_host_is_the_name_nsys_recorded_not_a_hostname_variable(tmp_path):
     with sqlite3.connect(data / "rank1.sqlite") as con:
         con.execute("update TARGET_INFO_SYSTEM_ENV set value = 'node7' where name = 'Hostname'")
     hosts = {Path(rd.file).name: rd.host for p in sorted(data.glob("*.sqlite"))
-             for rd in loader.load_file(p, {"nvtx"})}
+             for rd in inputs.load_file(p, {"nvtx"})}
     assert hosts == {"rank0.sqlite": "synth-node000", "rank1.sqlite": "node7"}  # HOSTNAME says synth-node000
     with sqlite3.connect(data / "rank1.sqlite") as con:
         con.execute("delete from TARGET_INFO_SYSTEM_ENV where name = 'Hostname'")
-    assert loader.load_file(data / "rank1.sqlite", {"nvtx"})[0].host == "synth-node000"  # no record: HOSTNAME
+    assert inputs.load_file(data / "rank1.sqlite", {"nvtx"})[0].host == "synth-node000"  # no record: HOSTNAME
 
 
 def test_a_rank_too_big_for_the_machine_is_refused_naming_the_file_and_the_memory(tmp_path):
     counts = {"NVTX_EVENTS": 3_000_000, "CUPTI_ACTIVITY_KIND_KERNEL": 1_000_000}
-    loader.check_memory(Path("r.sqlite"), counts, available=2 * 2**30)  # 4 M rows x 400 B = 1.5 GB: fits in 2
+    inputs.check_memory(Path("r.sqlite"), counts, available=2 * 2**30)  # 4 M rows x 400 B = 1.5 GB: fits in 2
     with pytest.raises(BadInputError) as exc:
-        loader.check_memory(Path("r.sqlite"), counts, available=2**30)
+        inputs.check_memory(Path("r.sqlite"), counts, available=2**30)
     msg = str(exc.value)
     assert msg.startswith("r.sqlite: ") and "about 1.5 GB of memory (4.0 M rows: NVTX_EVENTS 3.0 M" in msg
     assert "1.0 GB is free" in msg and "\n" not in msg
@@ -479,10 +480,11 @@ def test_a_rank_too_big_for_the_machine_is_refused_naming_the_file_and_the_memor
 
 
 def test_a_long_read_reports_rows_read_and_time_left(monkeypatch):
-    monkeypatch.setattr(loader, "LONG_READ_ROWS", 10)
+    monkeypatch.setattr(rank_data, "LONG_READ_ROWS", 10)
     out = io.StringIO()
-    done = loader._ReadProgress(Path("big.sqlite"), {"NVTX_EVENTS": 3_000_000, "CUPTI_ACTIVITY_KIND_KERNEL": 1_000_000},
-                                stream=out)
+    done = rank_data._ReadProgress(Path("big.sqlite"),
+                                   {"NVTX_EVENTS": 3_000_000, "CUPTI_ACTIVITY_KIND_KERNEL": 1_000_000},
+                                   stream=out)
     done("NVTX_EVENTS")
     done("CUPTI_ACTIVITY_KIND_KERNEL")
     lines = out.getvalue().splitlines()
@@ -490,6 +492,6 @@ def test_a_long_read_reports_rows_read_and_time_left(monkeypatch):
     assert lines[1].startswith("big.sqlite: 3.0 M of 4.0 M rows read in ") and "s left" in lines[1]
     assert lines[2].startswith("big.sqlite: 4.0 M of 4.0 M rows read in ") and "left" not in lines[2]
     quiet = io.StringIO()
-    monkeypatch.setattr(loader, "LONG_READ_ROWS", 10**9)
-    loader._ReadProgress(Path("small.sqlite"), {"NVTX_EVENTS": 100}, stream=quiet)("NVTX_EVENTS")
+    monkeypatch.setattr(rank_data, "LONG_READ_ROWS", 10**9)
+    rank_data._ReadProgress(Path("small.sqlite"), {"NVTX_EVENTS": 100}, stream=quiet)("NVTX_EVENTS")
     assert quiet.getvalue() == ""

@@ -1,0 +1,190 @@
+"""Exporting reports through nsys into the pack's cache (Parquet, only the tables a recipe needs), and opening
+what a run reads: the export of a report, the export beside it, or a user's export."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pyarrow as pa
+
+from .. import nsys_tool, versions
+from ..errors import BadInputError
+from .discovery import EXPORTS_BESIDE, input_kind, report_stem
+from .readers import ALWAYS, MPI_PREFIX, TABLES, ExportSource, small_table
+
+
+def _report_key(report: Path, nsys: nsys_tool.Nsys) -> str:
+    st = report.stat()
+    h = hashlib.sha1()
+    h.update(f"{report.name}|{st.st_size}|{st.st_mtime_ns}|{nsys.version}".encode())
+    with open(report, "rb") as fh:  # a little content, so two different reports never share a key
+        h.update(fh.read(65536))
+        if st.st_size > 65536:
+            fh.seek(-65536, os.SEEK_END)
+            h.update(fh.read(65536))
+    return h.hexdigest()[:24]
+
+
+def export_cache_dir() -> Path:
+    return nsys_tool.cache_root() / "exports"
+
+
+def export_entry(report: Path, nsys: nsys_tool.Nsys) -> Path:
+    return export_cache_dir() / _report_key(report, nsys)
+
+
+def _check_report_file(report: Path) -> None:
+    size = report.stat().st_size
+    if size == 0:
+        raise BadInputError(f"{report}: empty file; profile again or copy the report completely")
+
+
+def export_report(report: Path, tables: list[str], nsys: nsys_tool.Nsys) -> Path:
+    """Parquet export of the given tables, cached and reused while the report is unchanged.
+
+    Tables are exported on demand: a later recipe needing more tables adds them to the same entry.
+    """
+    _check_report_file(report)
+    entry = export_entry(report, nsys)
+    manifest_path = entry / "manifest.json"
+    if set(tables) <= set(_read_manifest(manifest_path).get("requested", [])):
+        return entry  # the usual warm case: the manifest is replaced whole, so it is read without the lock
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with _locked(entry.with_suffix(".lock")):
+        manifest = _read_manifest(manifest_path)
+        requested = set(manifest.get("requested", []))
+        missing = [t for t in tables if t not in requested]
+        if not missing:
+            return entry
+        entry.mkdir(exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=entry.parent))
+        try:
+            out = tmp / "x_pqtdir"
+            patterns = ",".join(f"^{t}$" if not t.endswith("*") else f"^{t[:-1]}.*" for t in missing)
+            nsys_tool.run_nsys(
+                nsys,
+                ["export", "--type", "parquetdir", "--quiet", "true", "--force-overwrite", "true",
+                 "--tables", patterns, "--output", str(out), str(report)],
+                report=report,
+            )
+            for f in out.glob("*.parquet") if out.exists() else []:
+                os.replace(f, entry / f.name)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        manifest = {
+            "report": str(report.resolve()),
+            "nsys_version": nsys.version,
+            "requested": sorted(requested | set(missing)),
+        }
+        tmp_manifest = entry / f".manifest.{os.getpid()}.json"
+        tmp_manifest.write_text(json.dumps(manifest, indent=1))
+        os.replace(tmp_manifest, manifest_path)
+    return entry
+
+
+def _read_manifest(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+@contextlib.contextmanager
+def _locked(lock_path: Path):
+    with open(lock_path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def table_names(needs: set[str]) -> list[str]:
+    names = [*ALWAYS, *TABLES["nvtx"]]  # NVTX always: its "rank N" ranges are one of the sources of the rank
+    for need in sorted(needs):
+        names.extend(TABLES.get(need, {}))
+    if "mpi" in needs:
+        names.append(MPI_PREFIX + "*")
+    return names
+
+
+def open_source(path: Path, needs: set[str], nsys_path: str | None = None) -> ExportSource:
+    """The export to read for one input; `origin` is the file actually read (the report or an export)."""
+    kind = input_kind(path)
+    if kind == "report":
+        beside, why_not = export_beside(path, needs)
+        if beside is not None:
+            return open_source(beside, needs)
+        nsys = nsys_tool.find_nsys(nsys_path)
+        made_by = versions.report_version(path)
+        if versions.newer_than(made_by, nsys.version):  # nsys would fail, for some releases as if corrupt
+            raise BadInputError(nsys_tool.too_new_message(path, made_by, nsys, why_not))
+        entry = export_report(path, table_names(needs), nsys)
+        return ExportSource(entry, "parquetdir", origin=path)
+    if kind == "sqlite":
+        if path.stat().st_size == 0:
+            raise BadInputError(f"{path}: empty file; re-export it with `nsys export --type sqlite`")
+        return ExportSource(path, "sqlite")
+    if kind == "parquetdir":
+        return ExportSource(path, "parquetdir")
+    raise BadInputError(f"{path}: not a report or export")
+
+def export_beside(report: Path, needs: set[str]) -> tuple[Path | None, str]:
+    """The export next to a report to read instead of it, else None and why those there do not qualify ("" when
+    there are none).
+
+    `nsys profile --stats` and `nsys export` leave one there, and reading it needs no nsys, not even one
+    as new as the report. One qualifies when it is a complete export (see `_beside_problem`) and not older
+    than the report: a report profiled again under the same name leaves the old export stale."""
+    stem, why = report_stem(report), []
+    for suffix in EXPORTS_BESIDE:
+        candidate = report.with_name(stem + suffix)
+        if candidate.exists():
+            problem = _beside_problem(candidate, report, needs)
+            if problem is None:
+                return candidate, ""
+            why.append(f"{candidate.name} beside it {problem}")
+    return None, "; ".join(why)
+
+
+def _beside_problem(export: Path, report: Path, needs: set[str]) -> str | None:
+    """None when this export can stand for the report, else what is wrong with it.
+
+    Complete means a full export (META_DATA_EXPORT present with no table filter: every table the report has is
+    there, so a missing one means the trace was not recorded), or else one holding every table the needs name
+    (as the exports `nsys recipe` leaves beside reports, made with a table filter and no META_DATA_EXPORT).
+    New enough means a modification time not before the report's (its StringIds.parquet for a folder)."""
+    sqlite_file = export.name.endswith(".sqlite")
+    if export.is_dir() == sqlite_file:
+        return "is not an export"
+    stamp = export if sqlite_file else export / "StringIds.parquet"
+    try:
+        if stamp.stat().st_mtime_ns < report.stat().st_mtime_ns:
+            return "is older than the report"
+        tables, filtered = _export_tables(export)
+    except (OSError, pa.ArrowException, BadInputError):
+        return "is not a readable export"
+    if "StringIds" not in tables:
+        return "is not an Nsight Systems export"
+    if "META_DATA_EXPORT" in tables and not filtered:
+        return None
+    missing = [t for t in table_names(needs) if not t.endswith("*") and t not in tables]
+    return f"lacks {', '.join(missing)}" if missing else None
+
+
+def _export_tables(path: Path) -> tuple[set[str], bool]:
+    """The tables of an export, and whether it was made with a table filter (`nsys export --tables`)."""
+    src = ExportSource(path, "sqlite" if path.name.endswith(".sqlite") else "parquetdir")
+    try:
+        meta = small_table(src, "META_DATA_EXPORT", ["name", "value"])
+        return src.tables, any(v for n, v in zip(meta.get("name", []), meta.get("value", []), strict=False)
+                               if n == "EXPORT_PARAM_TABLES_TO_EXPORT")
+    finally:
+        src.close()

@@ -1,0 +1,358 @@
+"""One rank's data (`RankData`) as every recipe sees it, loaded from any input: the frames read, the ranks
+split by process, the memory a rank needs checked first, and the loaded frames of a cached export kept for
+warm runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from .. import nsys_tool
+from ..errors import BadInputError, MissingTraceError, PackError
+from ..lazy import pd
+from .discovery import report_stem
+from .events import read_gpu, read_mpi, read_nvtx, read_runtime, recorded_env, session_start
+from .export import export_entry, open_source
+from .frames import FRAME_NAMES, Frame, as_frame, read_arrow_streams, write_arrow_streams
+from .readers import TABLES, ExportSource, small_table, string_table
+
+RANK_ENV_KEYS = ["RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK"]
+LOCAL_RANK_ENV_KEYS = ["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
+                       "MV2_COMM_WORLD_LOCAL_RANK"]
+HOST_ENV_KEYS = ["HOSTNAME", "SLURMD_NODENAME", "PMIX_HOSTNAME"]
+NVTX_RANK_RE = re.compile(r"^\s*(?:MPI\s+)?rank\s*[:#_-]?\s*(\d+)\s*$", re.IGNORECASE)
+FILE_RANK_RE = re.compile(r"(?:rank[_-]?|(?<=[_.-])r)(\d+)(?![0-9])", re.IGNORECASE)
+
+
+TRACES = {  # what a recipe may need -> (description, the nsys profile -t value that records it)
+    "nvtx": ("NVTX ranges", "nvtx"),
+    "kernel": ("CUDA kernels", "cuda"),
+    "runtime": ("CUDA runtime calls", "cuda"),
+    "gpu": ("CUDA kernels, memcpy or memset", "cuda"),
+}
+
+class RankData:
+    """One rank's events, with names resolved and times exactly as exported (ns).
+
+    The event tables (`nvtx`, `kernels`, `memcpy`, `memset`, `runtime`, `sync`, `mpi`) are pandas frames
+    built on first use; `frame(name)` gives the same table as a `Frame` without building one.
+    """
+
+    def __init__(self, file: str, pid: int | None, session_start_ns: int, env: dict | None = None,
+                 rank_candidates: dict | None = None, host: str | None = None, local_rank: int | None = None,
+                 has_cuda: bool = False, synthetic: bool = False, unclosed_ranges: int = 0,
+                 read_from: str | None = None, **tables):
+        self.file = file  # the input as the user named it
+        self.read_from = read_from or file  # what was read: the report, or the export beside it
+        self.pid = pid
+        self.session_start_ns = session_start_ns  # TARGET_INFO_SESSION_START_TIME.utcEpochNs, 0 when absent
+        self.env = env or {}
+        self.rank_candidates = rank_candidates or {}  # source -> rank
+        self.host = host
+        self.local_rank = local_rank
+        self.has_cuda = has_cuda
+        self.synthetic = synthetic  # written by the pack's generator, not a profiler
+        self.unclosed_ranges = unclosed_ranges  # NVTX ranges with no end: left out of every analysis
+        unknown = set(tables) - set(FRAME_NAMES)
+        if unknown:
+            raise TypeError(f"RankData takes no table {', '.join(sorted(unknown))}")
+        self._tables: dict = dict(tables)  # name -> pd.DataFrame, Frame or None
+
+    def frame(self, name: str) -> Frame | None:
+        t = self._tables.get(name)
+        if t is not None and not isinstance(t, Frame):  # a pandas frame
+            t = self._tables[name] = as_frame(t)
+        return t
+
+    def _pandas(self, name: str) -> pd.DataFrame | None:
+        t = self._tables.get(name)
+        if isinstance(t, Frame):
+            t = self._tables[name] = t.to_pandas()
+        return t
+
+    nvtx = property(lambda self: self._pandas("nvtx"))
+    kernels = property(lambda self: self._pandas("kernels"))
+    memcpy = property(lambda self: self._pandas("memcpy"))
+    memset = property(lambda self: self._pandas("memset"))
+    runtime = property(lambda self: self._pandas("runtime"))
+    sync = property(lambda self: self._pandas("sync"))
+    mpi = property(lambda self: self._pandas("mpi"))
+
+    def require(self, what: str, recipe: str) -> None:
+        """Raise the one-line error naming the missing trace and the `nsys profile -t` value that records it."""
+        desc, flag = TRACES[what]
+        names = {"nvtx": ["nvtx"], "kernel": ["kernels"], "runtime": ["runtime"],
+                 "gpu": ["kernels", "memcpy", "memset"]}[what]
+        frames = [self.frame(n) for n in names]
+        if what == "nvtx":
+            present = frames[0] is not None and bool(np.isin(frames[0].values("event_type"), [59, 60]).any())
+        else:
+            present = any(f is not None and len(f) for f in frames)
+        if not present and what == "nvtx":
+            raise MissingTraceError(
+                f"{self.file}: {recipe} needs NVTX ranges and this report has none: if the application marks its "
+                "phases (torch.cuda.nvtx.range, nvtx.annotate, nvtxRangePush), profile with `nsys profile -t nvtx` "
+                "(add nvtx to the -t list); if it marks none, add ranges around its phases, or use kernel_pace, "
+                "sync_summary or compute_memory_share, which need none")
+        if not present:
+            raise MissingTraceError(f"{self.file}: {recipe} needs {desc} and this report has none; profile with "
+                                    f"`nsys profile -t {flag}` (add {flag} to the -t list)")
+
+    @property
+    def gpu(self) -> int | None:
+        """The device most of the rank's kernels ran on."""
+        k = self.frame("kernels")
+        if k is None or not len(k):
+            return None
+        device = k.values("device", fill=-1)
+        values, counts = np.unique(device[device >= 0], return_counts=True)
+        return int(values[np.argmax(counts)]) if len(values) else None
+
+def _first_int(env: dict, keys: list[str]) -> tuple[int, str] | None:
+    for key in keys:
+        value = env.get(key, "").strip()
+        if value.lstrip("-").isdigit():
+            return int(value), key
+    return None
+
+
+def load_file(path: Path, needs: set[str], nsys_path: str | None = None,
+              rows: dict[str, list[str]] | None = None, bytes_per_row: int | None = None) -> list[RankData]:
+    """Read one input and split it into ranks (one per process that did GPU work, or NVTX work).
+
+    rows: need -> names, for recipes that use only some rows (`kernel_pace --kernel`: one kernel's). An export
+    is then read for those rows only; a report's export in the pack's cache is read whole once, as its loaded
+    frames are kept for every later run. bytes_per_row: the recipe's peak memory per event row read (see
+    `check_memory`)."""
+    src = open_source(path, needs, nsys_path)
+    cache = _loaded_dir(src, needs)
+    try:
+        loaded = _read_loaded(cache) if cache is not None else None
+        if loaded is None:
+            loaded = _read_frames(src, needs, path, rows if cache is None else None, bytes_per_row)
+            if cache is not None:
+                _write_loaded(cache, *loaded)
+    finally:
+        src.close()
+    return _split_ranks(path, *loaded, read_from=src.origin)
+
+
+def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | None = None,
+                 bytes_per_row: int | None = None) -> tuple[dict, dict]:
+    """The normalised frames a recipe needs, and what identifies the file's ranks."""
+    if not (src.has("StringIds") or src.has("NVTX_EVENTS") or src.has("TARGET_INFO_SESSION_START_TIME")
+            or src.kind == "parquetdir" and src.origin != src.path):
+        raise BadInputError(f"{path}: not an Nsight Systems export (no StringIds, NVTX_EVENTS or "
+                            "TARGET_INFO_* tables); export the report with `nsys export`")
+    # the event tables read whole (those read for a few rows only hold little)
+    whole = [t for need in sorted(needs) if not (rows or {}).get(need) for t in TABLES.get(need, {})]
+    counts = {t: src.count(t) for t in whole}
+    check_memory(path, counts, bytes_per_row=bytes_per_row)
+    done = _ReadProgress(path, counts)
+    strings = string_table(src)
+    env, hostname = recorded_env(src)
+    synthetic = "SYNTHETIC" in small_table(src, "META_DATA_EXPORT", ["name"]).get("name", [])
+    frames: dict[str, Frame] = {}
+    # NVTX always: its "rank N" ranges are one of the sources of the rank (only those, when no recipe needs more)
+    nvtx = read_nvtx(src, strings, only_rank_names="nvtx" not in needs)
+    done("NVTX_EVENTS")
+    if "nvtx" in needs:
+        frames["nvtx"] = nvtx
+    for need, attr in [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")]:
+        if need in needs:
+            (table, cols), = TABLES[need].items()
+            names = (rows or {}).get(need)
+            where = [("shortName", strings.ids_of(names))] if names and "shortName" in cols else None
+            frame = read_gpu(src, table, cols, strings, where)
+            if where is not None and not len(frame):  # none of those: all of them, for an error naming the closest
+                frame = read_gpu(src, table, cols, strings)
+            frames[attr] = frame
+            done(table)
+    if "runtime" in needs:
+        frames["runtime"] = read_runtime(src, strings)
+        done("CUPTI_ACTIVITY_KIND_RUNTIME")
+    if "mpi" in needs:
+        frames["mpi"] = read_mpi(src, strings)
+    has_cuda = any(src.has(t) for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
+                                        "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_RUNTIME"))
+    gpu_pids: set[int] = set()
+    if has_cuda:
+        for attr in ("kernels", "memcpy"):
+            if attr in frames:
+                gpu_pids.update(int(p) for p in np.unique(frames[attr].values("pid")))
+        if not gpu_pids and "runtime" in frames:
+            gpu_pids.update(int(p) for p in np.unique(frames["runtime"].values("pid")))
+    if not gpu_pids and "nvtx" not in needs:  # the processes with NVTX ranges are the ranks: all ranges needed
+        nvtx = read_nvtx(src, strings)
+    range_pids = nvtx.values("pid")[np.isin(nvtx.values("event_type"), [59, 60])]
+    pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(range_pids))
+    meta = {"env": env, "hostname": hostname, "session_start_ns": session_start(src), "synthetic": bool(synthetic),
+            "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": _nvtx_ranks(nvtx, pids or [None])}
+    return frames, meta
+
+
+# Peak memory of a recipe over one rank per event row it reads, where the recipe does not say its own (each
+# says what it was measured to take on the long captures of bench/RESULTS.md, with some margin)
+BYTES_PER_ROW = 400
+LONG_READ_ROWS = 2_000_000  # a read of more rows than this reports its progress
+
+
+def check_memory(path: Path, counts: dict[str, int], available: int | None = None,
+                 bytes_per_row: int | None = None) -> None:
+    """Refuse a rank the machine cannot hold, naming the file and the memory it would need, instead of being
+    killed for it (or swapping) minutes later. NSYS_RECIPE_MEMORY_GB sets the memory the pack may use."""
+    rows = sum(counts.values())
+    need = rows * (bytes_per_row or BYTES_PER_ROW)
+    if available is None:
+        told = os.environ.get("NSYS_RECIPE_MEMORY_GB", "").strip()
+        if told:
+            available = int(float(told) * 2**30)
+        else:
+            import psutil
+
+            available = psutil.virtual_memory().available
+    if need > available:
+        biggest = ", ".join(f"{t} {n / 1e6:.1f} M" for t, n in sorted(counts.items(), key=lambda x: -x[1])[:3] if n)
+        raise BadInputError(f"{path}: this rank needs about {need / 2**30:.1f} GB of memory ({rows / 1e6:.1f} M rows: "
+                            f"{biggest}) and {available / 2**30:.1f} GB is free; run it on a machine with more memory, "
+                            "or profile a shorter span (nsys profile --duration, --capture-range); "
+                            "NSYS_RECIPE_MEMORY_GB=N lets the pack use N GB")
+
+
+class _ReadProgress:
+    """One long read (millions of rows): a line when it starts, and after each table the rows read so far and
+    the time left at that pace. Silent for the usual small reports."""
+
+    def __init__(self, path: Path, counts: dict[str, int], stream=None):
+        self.path, self.counts = path, counts
+        self.total = sum(counts.values())
+        self.read = 0
+        self.start = time.monotonic()
+        self.stream = stream or sys.stderr
+        if self.total >= LONG_READ_ROWS:
+            print(f"{path}: reading {self.total / 1e6:.1f} M rows", file=self.stream, flush=True)
+
+    def __call__(self, table: str) -> None:
+        self.read += self.counts.get(table, 0)
+        if self.total < LONG_READ_ROWS:
+            return
+        spent = time.monotonic() - self.start
+        left = spent * (self.total - self.read) / max(self.read, 1)
+        print(f"{self.path}: {self.read / 1e6:.1f} M of {self.total / 1e6:.1f} M rows read in {spent:.0f} s"
+              + (f", about {left:.0f} s left" if self.read < self.total else ""), file=self.stream, flush=True)
+
+
+def _nvtx_ranks(nvtx: Frame, pids: list) -> dict[str, int | None]:
+    """The rank each process's NVTX names give ("rank 3", "MPI Rank 3"), None unless they all agree."""
+    codes, words = nvtx.codes("name")
+    said = np.array([_rank_in_name(w) for w in words], object)[codes]  # the rank a name gives, as text
+    pid = nvtx.values("pid")
+    out = {}
+    for p in pids:
+        hits = said[np.not_equal(said, None) & (True if p is None else pid == p)]
+        out[str(p)] = int(hits[0]) if len(hits) and len(set(hits)) == 1 else None
+    return out
+
+
+def _rank_in_name(name) -> str | None:
+    if not isinstance(name, str) or "RANK" not in name.upper():
+        return None
+    m = NVTX_RANK_RE.search(name)
+    return m.group(1) if m else None
+
+
+def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = None) -> list[RankData]:
+    pids, env = meta["pids"], meta["env"]
+    file_rank = None
+    m = FILE_RANK_RE.search(report_stem(path))
+    if m:
+        file_rank = int(m.group(1))
+    host = meta.get("hostname") or next((env[k] for k in HOST_ENV_KEYS if env.get(k)), None)
+    local = _first_int(env, LOCAL_RANK_ENV_KEYS)
+    env_rank = _first_int(env, RANK_ENV_KEYS)
+
+    ranks = []
+    for pid in pids:
+        cands: dict = {}
+        if env_rank is not None and len(pids) == 1:
+            cands["env"] = env_rank
+        if meta["nvtx_rank"].get(str(pid)) is not None:
+            cands["nvtx"] = (meta["nvtx_rank"][str(pid)], "NVTX")
+        if file_rank is not None and len(pids) == 1:
+            cands["filename"] = (file_rank, "file name")
+        rank_data = RankData(file=str(path), pid=pid, session_start_ns=meta["session_start_ns"], env=env,
+                      rank_candidates=cands, host=host, local_rank=local[0] if local and len(pids) == 1 else None,
+                      has_cuda=meta["has_cuda"], synthetic=meta["synthetic"],
+                      read_from=str(read_from) if read_from is not None else None)
+        for attr, frame in frames.items():
+            if pid is not None and len(pids) > 1 and "pid" in frame:
+                frame = frame.filter(frame.values("pid") == pid)
+            rank_data._tables[attr] = frame
+        nvtx = rank_data.frame("nvtx")
+        if nvtx is not None and len(nvtx):
+            ranges = np.isin(nvtx.values("event_type"), [59, 60])
+            rank_data.unclosed_ranges = int((ranges & nvtx.is_null("end_ns")).sum())
+        ranks.append(rank_data)
+    return ranks
+
+
+# the loaded frames of a cached report export, kept beside it as Arrow files: a warm run reads them
+# memory-mapped instead of decoding the export's Parquet and string ids again
+
+LOADED_FORMAT = 5  # bump when _read_frames or the layout below changes
+LOADED_FILE = "frames.arrows"
+
+
+def _loaded_dir(src: ExportSource, needs: set[str]) -> Path | None:
+    if src.kind != "parquetdir" or src.origin == src.path:
+        return None  # only report exports in the pack's cache; user exports are read as they are
+    return _loaded_path(src.path, needs)
+
+
+def _loaded_path(entry: Path, needs: set[str]) -> Path:
+    return entry / f"loaded-v{LOADED_FORMAT}-{'-'.join(sorted(needs))}"
+
+
+def frames_cached(report: Path, needs: set[str], nsys_path: str | None = None) -> bool:
+    """Whether a warm read of this report needs neither nsys nor the export's Parquet: its loaded frames are
+    in the cache. False, never an error, when that cannot be told (no nsys, an unreadable report)."""
+    try:
+        nsys = nsys_tool.find_nsys(nsys_path, required=False)
+        return nsys is not None and _loaded_path(export_entry(report, nsys), needs).is_dir()
+    except (OSError, PackError):
+        return False
+
+def _read_loaded(cache: Path) -> tuple[dict, dict] | None:
+    try:
+        meta = json.loads((cache / "meta.json").read_text())
+        where = meta.pop("frames")
+        tables = read_arrow_streams(cache / LOADED_FILE, [(at, size) for _, at, size in where.values()])
+        frames = {attr: Frame(table, dtypes) for (attr, (dtypes, _, _)), table in zip(where.items(), tables,
+                                                                                      strict=True)}
+        return frames, meta
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
+        return None
+
+def _write_loaded(cache: Path, frames: dict, meta: dict) -> None:
+    """All frames of one report in one file of Arrow IPC streams (one open and one map per warm read, where
+    a file per frame cost several times more), with where each stream lies in meta.json."""
+    tmp = Path(tempfile.mkdtemp(prefix=".loaded-", dir=cache.parent))
+    try:
+        spans = write_arrow_streams(tmp / LOADED_FILE, [frame.table for frame in frames.values()])
+        where = {attr: (frame.dtypes, *span) for (attr, frame), span in zip(frames.items(), spans, strict=True)}
+        (tmp / "meta.json").write_text(json.dumps({**meta, "frames": where}))
+        try:
+            os.rename(tmp, cache)
+        except OSError:  # another process wrote it first: theirs is the same
+            pass
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,344 @@
+"""One Arrow read path for SQLite and Parquet exports: only the needed columns (and rows), integers as int64,
+text as strings; and the export's string table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..errors import BadInputError
+from ..lazy import pd
+from .frames import arrow_of, numpy_of
+
+PID_SHIFT = 24
+PID_MASK = 0xFFFFFF
+
+# What each kind of data needs from an export: table -> columns (only those are read).
+TABLES = {
+    "nvtx": {"NVTX_EVENTS": ["start", "end", "eventType", "text", "textId", "globalTid", "endGlobalTid",
+                             "domainId"]},
+    "kernel": {"CUPTI_ACTIVITY_KIND_KERNEL": ["start", "end", "deviceId", "streamId", "correlationId",
+                                              "globalPid", "shortName", "demangledName", "graphNodeId"]},
+    "memcpy": {"CUPTI_ACTIVITY_KIND_MEMCPY": ["start", "end", "deviceId", "streamId", "correlationId",
+                                              "globalPid", "bytes", "copyKind", "srcKind", "dstKind",
+                                              "srcDeviceId", "dstDeviceId"]},
+    "memset": {"CUPTI_ACTIVITY_KIND_MEMSET": ["start", "end", "deviceId", "streamId", "correlationId",
+                                              "globalPid", "bytes", "memKind"]},
+    "runtime": {"CUPTI_ACTIVITY_KIND_RUNTIME": ["start", "end", "globalTid", "correlationId", "nameId"]},
+    "sync": {"CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": ["start", "end", "deviceId", "streamId", "correlationId",
+                                                      "globalPid", "syncType"]},
+}
+# exported from every report: names, the clock, and the environment the rank is read from (a report made
+# by nsys is never synthetic, so the generator's META_DATA_EXPORT label is not needed from it)
+ALWAYS = ["StringIds", "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV"]
+MPI_PREFIX = "MPI_"
+
+
+# the few text columns the pack reads (NVTX_EVENTS.text, StringIds.value, the name/value rows of the TARGET_INFO
+# and META_DATA tables); every other column it reads holds integers
+TEXT_COLUMNS = {"NVTX_EVENTS": {"text"}, "StringIds": {"value"}, "TARGET_INFO_SYSTEM_ENV": {"name", "value"},
+                "META_DATA_EXPORT": {"name", "value"}}
+SQLITE_BATCH_ROWS = 65536
+
+
+class ExportSource:
+    """Read-only access to an export's tables as Arrow: only the columns (and rows) asked for, integers as int64
+    and text as strings, the same whether the export is SQLite or Parquet."""
+
+    def __init__(self, path: Path, kind: str, origin: Path | None = None):
+        self.path = path
+        self.kind = kind
+        self.origin = origin or path
+        self._tables: set[str] | None = None  # a Parquet folder's are listed on first use
+        self._cols: dict[str, list[str]] = {}
+        if kind == "sqlite":
+            self._check_sqlite()
+            self._db = _SqliteReader(path)
+            self._tables = set(self._db.query("SELECT name FROM sqlite_master WHERE type='table'").column(0)
+                               .to_pylist())
+
+    def _check_sqlite(self) -> None:
+        with open(self.path, "rb") as fh:
+            head = fh.read(16)
+        if not head:
+            raise BadInputError(f"{self.path}: empty file; re-export it with `nsys export --type sqlite`")
+        if head != b"SQLite format 3\x00":
+            raise BadInputError(f"{self.path}: not an SQLite file; make it with `nsys export --type sqlite REPORT`")
+
+    def close(self) -> None:
+        if self.kind == "sqlite":
+            self._db.close()
+
+    @property
+    def tables(self) -> set[str]:
+        if self._tables is None:
+            self._tables = {f.name[: -len(".parquet")] for f in self.path.glob("*.parquet")}
+        return self._tables
+
+    def has(self, table: str) -> bool:
+        return table in self.tables
+
+    def columns(self, table: str) -> list[str]:
+        if table not in self._cols:
+            if self.kind == "sqlite":
+                info = self._db.query(f"PRAGMA table_info({_quoted(table)})")
+                self._cols[table] = [str(c) for c in info.column("name").to_pylist()] if info.num_columns else []
+            else:
+                self._cols[table] = list(pq.read_schema(self.path / f"{table}.parquet").names)
+        return self._cols[table]
+
+    def count(self, table: str) -> int:
+        """Rows in a table (0 when absent), without reading them."""
+        if not self.has(table):
+            return 0
+        if self.kind == "sqlite":
+            return int(self._db.query(f"SELECT count(*) FROM {_quoted(table)}").column(0)[0].as_py())
+        return pq.ParquetFile(self.path / f"{table}.parquet").metadata.num_rows
+
+    def read_arrow(self, table: str, columns: list[str], where: list[tuple[str, object]] | None = None) -> pa.Table:
+        """The asked-for columns the table has, in that order, integers as int64 and text as strings (nulls kept).
+
+        `where`: only the rows that meet one of these (column, test), a test being integer values the column holds
+        one of, or a word a text column contains in any case. Tests on columns the table lacks are left out, and
+        with none left every row is read. An absent table reads as no columns and no rows."""
+        if not self.has(table):
+            return pa.table({})
+        have = self.columns(table)
+        cols = [c for c in dict.fromkeys(columns) if c in have]
+        where = [(c, test) for c, test in where or [] if c in have] or None
+        if not cols:
+            return pa.table({})
+        raw = self._read_sqlite(table, cols, where) if self.kind == "sqlite" else self._read_parquet(table, cols, where)
+        text = TEXT_COLUMNS.get(table, set())
+        return pa.table({c: _normalised(raw.column(c), c in text) for c in cols})
+
+    def _read_sqlite(self, table: str, cols: list[str], where) -> pa.Table:
+        text = TEXT_COLUMNS.get(table, set())
+        condition = ""
+        if where is not None:
+            tests = []
+            for column, test in where:
+                if isinstance(test, str):
+                    tests.append(f"{_quoted(column)} LIKE '%' || {_literal(test)} || '%'")
+                else:
+                    tests.append(f"{_quoted(column)} IN ({','.join(str(int(v)) for v in np.unique(test))})")
+            condition = " WHERE " + " OR ".join(tests)
+
+        def sql(guarded: bool) -> str:
+            return (f"SELECT {', '.join(_sqlite_column(c, c in text, guarded) for c in cols)} "
+                    f"FROM {_quoted(table)}{condition}")
+
+        try:
+            raw = self._db.query(sql(guarded=False))
+        except _TypeMismatch:  # a damaged export: values of other types than the column's are read as nulls
+            try:
+                raw = self._db.query(sql(guarded=True))
+            except _TypeMismatch as exc:
+                raise BadInputError(f"{self.path}: table {table} cannot be read ({exc}); export the report again "
+                                    "with `nsys export --type sqlite`") from None
+        return pa.table({c: _unprefixed(raw.column(i)) if c in text else raw.column(i)
+                         for i, c in enumerate(cols)})
+
+    def _read_parquet(self, table: str, cols: list[str], where) -> pa.Table:
+        file = pq.ParquetFile(self.path / f"{table}.parquet")
+        if where is None:
+            return file.read(columns=cols)
+        parts = []  # a row group at a time, so only the matching rows are ever held
+        for i in range(file.num_row_groups):
+            group = file.read_row_group(i, columns=list(dict.fromkeys([*cols, *(c for c, _ in where)])))
+            keep = np.zeros(group.num_rows, bool)
+            for column, test in where:
+                keep |= _meets(_normalised(group.column(column), column in TEXT_COLUMNS.get(table, ())), test)
+            parts.append(group.select(cols).filter(arrow_of(keep)))
+        return pa.concat_tables(parts) if parts else file.schema_arrow.empty_table().select(cols)
+
+
+def _meets(col: pa.Array, test) -> np.ndarray:
+    """Which values hold one of the integers `test`, or (text) contain the word `test` in any case."""
+    if not isinstance(test, str):
+        return np.isin(numpy_of(col, -1), np.asarray(test, np.int64))
+    enc = col.dictionary_encode()
+    word = test.lower()
+    hit = np.array([word in w.lower() for w in enc.dictionary.to_pylist()], bool)
+    codes = numpy_of(enc.indices, -1)
+    return np.where(codes >= 0, np.r_[hit, False][codes], False)
+
+
+def _quoted(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _sqlite_column(column: str, text: bool, guarded: bool) -> str:
+    """A column in a SELECT. Text gets a leading '.' and nulls become '': Arrow types a column by its first
+    rows, and a text column often starts with nulls. Integers as they are; `guarded`, anything else as null."""
+    q = _quoted(column)
+    if text:
+        return f"COALESCE('.' || {q}, '')"
+    if guarded:
+        return f"CASE typeof({q}) WHEN 'integer' THEN {q} WHEN 'real' THEN CAST({q} AS INTEGER) END"
+    return q
+
+
+def _unprefixed(col: pa.ChunkedArray) -> pa.Array:
+    """A text column read with `_sqlite_column` back to its strings and nulls (work on its distinct values)."""
+    enc = col.combine_chunks().cast(pa.string()).dictionary_encode()
+    words = enc.dictionary.to_pylist()
+    codes = numpy_of(enc.indices).astype(np.int32)
+    valid = np.array([w != "" for w in words], bool)[codes] if len(codes) else np.zeros(0, bool)
+    return pa.DictionaryArray.from_arrays(arrow_of(codes, valid=valid),
+                                          pa.array([w[1:] for w in words], pa.string())).dictionary_decode()
+
+
+def _normalised(col: pa.ChunkedArray | pa.Array, text: bool) -> pa.Array:
+    """Text as strings, anything else as int64 (unsigned ids keep their bits, as the export's readers do;
+    floats are truncated and NaN is null; values that are no number are null)."""
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    kind = col.type
+    if pa.types.is_dictionary(kind):
+        col, kind = col.dictionary_decode(), kind.value_type
+    if text:
+        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            return col.cast(pa.string())
+        return col.cast(pa.string()) if not pa.types.is_null(kind) else pa.nulls(len(col), pa.string())
+    if kind == pa.int64():
+        return col
+    if pa.types.is_integer(kind):
+        return col.cast(pa.int64(), safe=False)
+    if pa.types.is_floating(kind):
+        values = numpy_of(col, np.nan).astype(np.float64)
+        ok = np.isfinite(values)
+        return arrow_of(np.where(ok, values, 0).astype(np.int64), valid=ok)
+    if pa.types.is_null(kind):
+        return pa.nulls(len(col), pa.int64())
+    if pa.types.is_boolean(kind):
+        return arrow_of(numpy_of(col, False).astype(np.int64), valid=valid_of(col))
+    # text in a column of numbers: a damaged export (rare, so pandas may parse it)
+    numbers = pd.to_numeric(pd.Series(col.to_pylist(), dtype=object), errors="coerce")
+    ok = numbers.notna().to_numpy()
+    return arrow_of(numbers.fillna(0).to_numpy().astype(np.int64), valid=ok)
+
+
+def valid_of(col: pa.Array) -> np.ndarray:
+    return np.ones(len(col), bool) if not col.null_count else ~numpy_of(col.is_null(), False)
+
+
+class _TypeMismatch(Exception):
+    """A column holds values of another type than its first rows."""
+
+
+class _SqliteReader:
+    """SQLite to Arrow through ADBC's SQLite driver (C, no Python object per value), read-only."""
+
+    def __init__(self, path: Path):
+        import adbc_driver_manager
+        import adbc_driver_sqlite
+
+        self._adbc = adbc_driver_manager
+        self.path = path
+        try:
+            self._db = adbc_driver_sqlite.connect(Path(path).resolve().as_uri() + "?mode=ro")
+            self._conn = adbc_driver_manager.AdbcConnection(self._db)
+        except adbc_driver_manager.Error as exc:
+            raise BadInputError(f"{path}: cannot be opened as an SQLite export ({_first_line(exc)}); export the "
+                                "report again with `nsys export --type sqlite`") from None
+
+    def query(self, sql: str) -> pa.Table:
+        stmt = self._adbc.AdbcStatement(self._conn)
+        try:
+            stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(SQLITE_BATCH_ROWS)})
+            stmt.set_sql_query(sql)
+            handle, _ = stmt.execute_query()
+            return pa.RecordBatchReader._import_from_c(handle.address).read_all()
+        except (self._adbc.Error, pa.ArrowException, OSError) as exc:
+            if "type mismatch" in str(exc).lower():
+                raise _TypeMismatch(str(exc)) from None
+            raise BadInputError(f"{self.path}: cannot be read as an SQLite export ({_first_line(exc)}); export "
+                                "the report again with `nsys export --type sqlite`") from None
+        finally:
+            stmt.close()
+
+    def close(self) -> None:
+        self._conn.close()
+        self._db.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def pid_of(global_id) -> np.ndarray:
+    ids = np.asarray(global_id).astype(np.uint64)
+    return ((ids >> np.uint64(PID_SHIFT)) & np.uint64(PID_MASK)).astype(np.int64)
+
+
+class StringTable:
+    """StringIds kept as Arrow: only the distinct ids a table refers to become Python strings."""
+
+    def __init__(self, ids: np.ndarray, values: pa.Array):
+        order = np.argsort(ids, kind="stable")
+        sorted_ids = ids[order]
+        # a repeated id: the last one
+        last = np.r_[sorted_ids[1:] != sorted_ids[:-1], True] if len(ids) else np.zeros(0, bool)
+        self._ids, self._rows, self._values = sorted_ids[last], order[last], values
+
+    def distinct(self, ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """(words, at) with words[at] the string of each id of an integer column; no string made per row."""
+        return self._words(numpy_of(ids, -1).astype(np.int64))
+
+    def ids_of(self, wanted) -> np.ndarray:
+        """The ids whose string is one of `wanted`."""
+        return self._ids[np.isin(self.string_table(), list(wanted))]
+
+    def ids_containing(self, word: str) -> np.ndarray:
+        """The ids whose string holds `word`, in any case."""
+        word = word.lower()
+        return self._ids[np.array([isinstance(v, str) and word in v.lower() for v in self.string_table()], bool)]
+
+    def string_table(self) -> np.ndarray:
+        """Each id's string, in the order of the ids."""
+        if not len(self._ids):
+            return np.zeros(0, object)
+        return self._values.take(arrow_of(self._rows)).to_numpy(zero_copy_only=False)
+
+    def _words(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        distinct, where = _distinct(ids)
+        words = np.full(len(distinct), None, dtype=object)
+        if len(self._ids):
+            pos = np.minimum(np.searchsorted(self._ids, distinct), len(self._ids) - 1)
+            known = self._ids[pos] == distinct
+            if known.any():
+                words[known] = self._values.take(arrow_of(self._rows[pos[known]])).to_numpy(zero_copy_only=False)
+        return words, where
+
+
+def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np.unique(values, return_inverse=True). String ids are small integers, so when their span is not much
+    larger than their count a table of the span does it without a sort (several times faster)."""
+    if not len(values):
+        return np.zeros(0, values.dtype), np.zeros(0, np.int64)
+    low, high = int(values.min()), int(values.max())
+    if high - low > 4 * len(values) + 1024:
+        distinct, where = np.unique(values, return_inverse=True)
+        return distinct, where.reshape(-1)
+    present = np.zeros(high - low + 1, bool)
+    present[values - low] = True
+    distinct = np.flatnonzero(present) + low
+    return distinct.astype(values.dtype), (np.cumsum(present) - 1)[values - low]
+
+
+def string_table(src: ExportSource) -> StringTable:
+    s = src.read_arrow("StringIds", ["id", "value"])
+    if not {"id", "value"} <= set(s.column_names):
+        return StringTable(np.zeros(0, np.int64), pa.array([], pa.string()))
+    return StringTable(numpy_of(s.column("id"), -1), s.column("value").combine_chunks())
+
+def small_table(src: ExportSource, table: str, cols: list[str]) -> dict[str, list]:
+    """A few-row table's columns as Python lists (a missing column is left out)."""
+    return src.read_arrow(table, cols).to_pydict()
