@@ -91,7 +91,8 @@ def main() -> int:
              f"`{' '.join(['python', 'bench/before_after.py', *sys.argv[1:]])}`: each recipe warm with the pack's "
              f"runner, the two versions taking turns, median of {args.repeat} runs (after one untimed run each); "
              "real = the MPI Jacobi reports replicated to N ranks, synthetic = `nsys-recipe synth` (SYNTHETIC "
-             "data). Wall time of the whole command; peak resident memory of its process tree.", "",
+             "data). Wall time of the whole command, to the 50 ms at which the sampler polls; peak resident "
+             "memory of its process tree.", "",
              "| ranks | set | recipe | before s | after s | after / before | before MB | after MB |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
