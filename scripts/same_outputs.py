@@ -34,6 +34,7 @@ RUNS = [  # (recipe, options)
     ("nvtx_gpu_proj", {"attribution": "thread"}),
     ("sync_summary", {}),
     ("compute_memory_share", {}),
+    ("comm_overlap", {}),
 ]
 KERNELS = {"gpubootcamp_mpi_jacobi_v100": "jacobi_kernel", "gpubootcamp_jacobi_memcpy": "jacobi_kernel",
            "ai_profiler_a100": "nchwToNhwcKernel"}

@@ -286,7 +286,7 @@ def test_no_recipe_map_imports_pandas_on_a_warm_run(nsys, tmp_path):
     # the parent imports it while they map: that only pays if no per-rank work over a warm cache needs it
     report = sorted(MPI_SET.glob("*.qdrep"))[0]
     assert set(recipes.all_recipes()) == {"straggler_heatmap", "kernel_pace", "compute_memory_share", "sync_summary",
-                                     "nvtx_gpu_proj"}
+                                          "nvtx_gpu_proj", "comm_overlap"}
     runs = [(name, {}) for name in recipes.all_recipes()] + [("kernel_pace", {"kernel": "jacobi_kernel"})]
     for recipe, options in runs:
         args = (str(report), recipe, options, None)

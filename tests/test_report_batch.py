@@ -10,6 +10,8 @@ import pandas as pd
 import pytest
 from conftest import CPU_SET, MEMCPY_SET
 
+from nsys_recipe_pack import recipes
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -28,7 +30,7 @@ def report_dir(tmp_path_factory, nsys):
 
 def test_index_runs_recipes_and_reasons(report_dir):
     index = pd.read_parquet(report_dir / "index.parquet")
-    assert set(index["run"]) == {"cpu_ddp", "jacobi_report"} and len(index) == 10
+    assert set(index["run"]) == {"cpu_ddp", "jacobi_report"} and len(index) == 2 * len(recipes.all_recipes())
     cpu = index[index["run"] == "cpu_ddp"].set_index("recipe")
     assert cpu.loc["straggler_heatmap", "status"] == "done"
     assert cpu.loc["straggler_heatmap", "headline"].startswith("rank 2 holds the others back in 11 of 60 iterations")

@@ -34,7 +34,7 @@ def load_output(output_dir) -> RecipeOutput:
 
 
 def run_recipe(name: str, inputs, output=None, *, overwrite: bool | None = None, force_overwrite: bool = False,
-               mode: str = "concurrent", engine: str = "auto", report: bool = False, nsys: str | None = None,
+               mode: str = "concurrent", engine: str = "pack", report: bool = False, nsys: str | None = None,
                jobs: int | None = None, skip_bad: bool = False, dask_scheduler: str | None = None,
                **options) -> RecipeOutput:
     """`nsys-recipe run --name NAME INPUT...` from Python; recipe options as keywords (iteration="step").

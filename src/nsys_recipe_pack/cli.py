@@ -45,8 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output", default=None, help="output folder (default ./NAME-N)")
     run.add_argument("--force-overwrite", action="store_true", help="replace an existing output folder")
     run.add_argument("--mode", choices=MODES, default="concurrent", help="how ranks are processed")
-    run.add_argument("--engine", choices=["auto", "nsys", "pack"], default="auto",
-                     help="auto: `nsys recipe` for reports when nsys is found, else the pack's runner")
+    run.add_argument("--engine", choices=["pack", "nsys", "auto"], default="pack",
+                     help="pack (default): the pack's own runner; nsys: through `nsys recipe` (reports only); "
+                          "auto: `nsys recipe` for reports when an nsys with its recipe framework is found")
     run.add_argument("--report", action="store_true", help="also execute the notebook and write report.html")
     run.add_argument("--nsys", default=None, help="path of the nsys executable to use")
     run.add_argument("--jobs", type=int, default=None, help="parallel workers (default: the core count)")

@@ -16,6 +16,7 @@ MIN_REPEATS = 5
 DEFAULT_SYNC_RE = re.compile(r"allreduce|all_reduce|allgather|all_gather|reduce_scatter|reducescatter|barrier",
                              re.IGNORECASE)
 NCCL_KERNEL_RE = re.compile(r"^(?:ncclKernel|ncclDevKernel)")
+NCCL_API_RE = re.compile(r"^nccl[A-Z]")
 
 
 @dataclass(frozen=True)
@@ -127,7 +128,8 @@ def _auto_nvtx(r: Ranges) -> tuple[int, int] | None:
                                                                          r.end_ns[by_group][:-1])],
                            minlength=len(first))
     name, domain = r.name[on_thread[first]], r.domain[on_thread[first]]
-    named = np.array([w not in ("", None) for w in r.names], bool)[name]
+    # NCCL's own API ranges (ncclGroupStart, ncclSend, ncclAllReduce, ...) repeat in every step without being one
+    named = np.array([w not in ("", None) and not NCCL_API_RE.match(str(w)) for w in r.names], bool)[name]
     candidate = (count >= MIN_REPEATS) & (name >= 0) & (domain >= 0) & named & (overlaps == 0)
     cand = np.flatnonzero(candidate)
     cand = cand[np.argsort(first[cand], kind="stable")]  # in order of first appearance

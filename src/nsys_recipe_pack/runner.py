@@ -406,7 +406,7 @@ def run_framework_engine(recipe: str, files: list[Path], argv_options: list[str]
 
 
 def run(recipe: str, inputs: list[str], output: str | None = None, *, force: bool = False,
-        mode: str = "concurrent", engine: str = "auto", report: bool = False, nsys_path: str | None = None,
+        mode: str = "concurrent", engine: str = "pack", report: bool = False, nsys_path: str | None = None,
         jobs: int | None = None, options: dict | None = None, log=None, shared_js: Path | None = None) -> Path:
     """Run one pack recipe end to end and return its output folder. shared_js: the plotly.js file that the
     report page loads (default: one beside it), for several pages of one report folder."""

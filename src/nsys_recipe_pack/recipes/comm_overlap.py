@@ -1,0 +1,204 @@
+"""comm_overlap: how much of each rank's communication the GPU hides behind compute, and how much is exposed.
+
+On each GPU, in each iteration: communication time is the union of its communication kernels (NCCL's, found by
+name: `ncclKernel*`, `ncclDevKernel*`), compute time the union of every other kernel. The overlapped part of the
+communication is the time some compute kernel runs beside it on the same GPU; the rest is exposed: the GPU only
+communicates, and the step waits for it. Exposed compute is compute with no communication beside it. Per
+collective kind (all_reduce, all_gather, reduce_scatter, send_recv, broadcast, reduce, other), the same with that
+kind's kernels only. Copies and memsets count as neither; times are clipped to the iteration.
+
+Where a GPU's compute kernels never overlap one another, a communication kernel's overlapped time is what
+Nsight Systems' `nccl_gpu_overlap_trace` adds up as its compute overlap (the sum over the compute kernels it
+overlaps); where they do, that sum counts the time twice and the union here does not.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from ..errors import BadInputError
+from ..intervals import split_into_windows, union_lengths
+from ..iterations import NCCL_KERNEL_RE, find_iterations
+from ..lazy import pd
+from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
+
+NEEDS = {"nvtx", "kernel"}
+KINDS = ["all_reduce", "all_gather", "reduce_scatter", "send_recv", "broadcast", "reduce", "all_to_all", "other"]
+_KIND_OF_OP = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
+               "sendrecv": "send_recv", "send": "send_recv", "recv": "send_recv", "broadcast": "broadcast",
+               "reduce": "reduce", "alltoall": "all_to_all"}
+_OP_RE = re.compile(r"^ncc(?:l|lDev)Kernel_([A-Za-z]+)")
+WHOLE_CAPTURE = {"kind": "capture", "name": "whole capture", "domain": None,
+                 "source": "no repeating NVTX range or kernel: the capture is one window"}
+WINDOW_COLUMNS = ["iteration", "device", "start_ns", "end_ns", "busy_ns", "compute_ns", "comm_ns",
+                  "overlapped_ns", "exposed_comm_ns", "exposed_compute_ns"]
+KIND_COLUMNS = ["iteration", "device", "kind", "kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
+
+
+def collective_kind(name: str | None) -> int:
+    """Index into KINDS of a communication kernel's collective, -1 for any other kernel."""
+    if name is None or not NCCL_KERNEL_RE.search(name):
+        return -1
+    op = _OP_RE.match(name)
+    return KINDS.index(_KIND_OF_OP.get(op.group(1).lower(), "other")) if op else KINDS.index("other")
+
+
+def _windows(rank_data, options: dict, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
+    """The rank's iterations; with none to be found (and none asked for), its whole capture as one window."""
+    try:
+        it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"))
+        return it.start_ns, it.end_ns, it.delimiter.as_dict()
+    except BadInputError:
+        if options.get("iteration") or options.get("iteration_kernel"):
+            raise
+        return np.array([start.min()]), np.array([end.max()]), dict(WHOLE_CAPTURE)
+
+
+def _union(group: np.ndarray, start: np.ndarray, end: np.ndarray, keep: np.ndarray, size: int) -> np.ndarray:
+    """Length of the union of the kept intervals in each group 0..size-1."""
+    out = np.zeros(size, np.int64)
+    groups, lengths = union_lengths(group[keep], start[keep], end[keep])
+    out[groups] = lengths
+    return out
+
+
+def overlap_by_window(group: np.ndarray, kind: np.ndarray, start: np.ndarray, end: np.ndarray,
+                      size: int) -> tuple[dict, dict]:
+    """Per group (a window on one device): busy, compute, communication, overlapped and exposed time; and per
+    (group, collective kind) with kernels: kernels, communication, overlapped and exposed time. kind: -1 for
+    compute kernels. Overlap by inclusion-exclusion of unions: |comm and compute| = |comm| + |compute| - |either|."""
+    comm = kind >= 0
+    busy = _union(group, start, end, np.ones(len(group), bool), size)
+    compute = _union(group, start, end, ~comm, size)
+    communication = _union(group, start, end, comm, size)
+    totals = {"busy_ns": busy, "compute_ns": compute, "comm_ns": communication,
+              "overlapped_ns": communication + compute - busy, "exposed_comm_ns": busy - compute,
+              "exposed_compute_ns": busy - communication}
+    rows = {c: [] for c in ("group", "kind", "kernels", "comm_ns", "overlapped_ns", "exposed_ns")}
+    for k in np.unique(kind[comm]):  # a few collective kinds: one pass over the kernels each
+        of_kind = kind == k
+        kernels = np.bincount(group[of_kind], minlength=size)
+        with_kind = kernels > 0
+        alone = _union(group, start, end, of_kind, size)
+        either = _union(group, start, end, of_kind | ~comm, size)
+        for column, values in (("group", np.flatnonzero(with_kind)), ("kind", np.full(with_kind.sum(), k)),
+                               ("kernels", kernels[with_kind]), ("comm_ns", alone[with_kind]),
+                               ("overlapped_ns", (alone + compute - either)[with_kind]),
+                               ("exposed_ns", (either - compute)[with_kind])):
+            rows[column].append(values)
+    per_kind = {c: np.concatenate(v) if v else np.zeros(0, np.int64) for c, v in rows.items()}
+    return totals, per_kind
+
+
+def map_rank(rank_data, options: dict) -> dict:
+    rank_data.require("kernel", "comm_overlap")
+    kernels = rank_data.frame("kernels")
+    codes, words = kernels.codes("name")
+    kind = np.array([collective_kind(None if w is None else str(w)) for w in words], np.int64)[codes]
+    start, end = kernels.values("start_ns"), kernels.values("end_ns")
+    window_start, window_end, delimiter = _windows(rank_data, options, start, end)
+    event, window, clipped_start, clipped_end = split_into_windows(start, end, window_start, window_end)
+    devices, device_at = np.unique(kernels.values("device", fill=-1)[event], return_inverse=True)
+    group = window * max(len(devices), 1) + device_at.reshape(-1)
+    size = len(window_start) * max(len(devices), 1)
+    totals, per_kind = overlap_by_window(group, kind[event], clipped_start, clipped_end, size)
+    # one row per window and device that ran kernels
+    ran = np.flatnonzero(totals["busy_ns"] > 0)
+    iteration, device = np.divmod(ran, max(len(devices), 1))
+    windows = {"iteration": iteration, "device": devices[device], "start_ns": window_start[iteration],
+               "end_ns": window_end[iteration], **{c: v[ran] for c, v in totals.items()}}
+    by_kind_iteration, by_kind_device = np.divmod(per_kind["group"], max(len(devices), 1))
+    by_kind = {"iteration": by_kind_iteration, "device": devices[by_kind_device] if len(devices) else by_kind_device,
+               "kind": np.array(KINDS, object)[per_kind["kind"]],
+               **{c: per_kind[c] for c in ("kernels", "comm_ns", "overlapped_ns", "exposed_ns")}}
+    return {"windows": windows, "by_kind": by_kind, "delimiter": delimiter, "start_ns": window_start}
+
+
+def _ranked(per_rank: list[dict], key: str, columns: list[str]) -> pd.DataFrame:
+    parts = [pd.DataFrame({"rank": np.full(len(r[key]["iteration"]), r["rank"], np.int64), **r[key]})
+             for r in per_rank]
+    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["rank", *columns])
+    return frame[["rank", *columns]].sort_values(["rank", *columns[:2]], kind="stable").reset_index(drop=True)
+
+
+def reduce(per_rank: list[dict], options: dict) -> dict:
+    windows = _ranked(per_rank, "windows", WINDOW_COLUMNS).astype({c: "int64" for c in WINDOW_COLUMNS})
+    by_kind = _ranked(per_rank, "by_kind", KIND_COLUMNS)
+    by_kind = by_kind.astype({c: "int64" for c in KIND_COLUMNS if c != "kind"})
+    by_kind["kind"] = by_kind["kind"].astype(str)
+    ranks = windows.groupby("rank")[["busy_ns", "compute_ns", "comm_ns", "overlapped_ns", "exposed_comm_ns",
+                                     "exposed_compute_ns"]].sum()
+    wall = (windows.drop_duplicates(["rank", "iteration"]).assign(wall_ns=lambda d: d["end_ns"] - d["start_ns"])
+            .groupby("rank")["wall_ns"].sum())
+    ranks["iterations"] = windows.groupby("rank")["iteration"].nunique()
+    ranks["wall_ns"] = wall
+    ranks["exposed_comm_pct"] = 100.0 * ranks["exposed_comm_ns"] / ranks["wall_ns"].where(ranks["wall_ns"] > 0)
+    ranks["overlapped_of_comm_pct"] = 100.0 * ranks["overlapped_ns"] / ranks["comm_ns"].where(ranks["comm_ns"] > 0)
+    ranks = ranks.reset_index()[["rank", "iterations", "wall_ns", "busy_ns", "compute_ns", "comm_ns", "overlapped_ns",
+                                 "exposed_comm_ns", "exposed_compute_ns", "exposed_comm_pct",
+                                 "overlapped_of_comm_pct"]]
+    return {"windows": windows, "collectives": by_kind, "ranks": ranks}
+
+
+def summary(out) -> list[str]:
+    kinds = pd.read_parquet(out / "collectives.parquet")
+    t = kinds.groupby("kind")[["kernels", "comm_ns", "overlapped_ns", "exposed_ns"]].sum()
+    table = pd.DataFrame({"kernels": t["kernels"], "comm ms": t["comm_ns"].map(ms_cell),
+                          "overlapped ms": t["overlapped_ns"].map(ms_cell), "exposed ms": t["exposed_ns"].map(ms_cell)})
+    lines = indented("communication by collective, all ranks:", table.to_string()) if len(t) else [
+        "no communication kernels (NCCL) in these reports"]
+    ranks = pd.read_parquet(out / "ranks.parquet").sort_values("exposed_comm_ns", ascending=False).head(5)
+    if len(t):
+        lines += indented("most exposed communication:", pd.DataFrame({
+            "rank": ranks["rank"], "exposed ms": ranks["exposed_comm_ns"].map(ms_cell),
+            "% of iterations": ranks["exposed_comm_pct"].map(lambda v: "" if pd.isna(v) else f"{v:.1f}"),
+            "overlapped % of comm": ranks["overlapped_of_comm_pct"].map(lambda v: "" if pd.isna(v) else f"{v:.1f}"),
+        }).to_string(index=False))
+    return lines
+
+
+def headline(out) -> str:
+    ranks = pd.read_parquet(out / "ranks.parquet")
+    comm, exposed, wall = (int(ranks[c].sum()) for c in ("comm_ns", "exposed_comm_ns", "wall_ns"))
+    if not comm:
+        return "no communication kernels (NCCL)"
+    worst = ranks.loc[ranks["exposed_comm_ns"].idxmax()]
+    return (f"communication {ms(comm)}, {100 * (comm - exposed) / comm:.0f} % of it overlapped; exposed "
+            f"{100 * exposed / max(wall, 1):.1f} % of the iterations' time; most on rank {int(worst['rank'])} "
+            f"({ms(worst['exposed_comm_ns'])})")
+
+
+def diff_metrics(ranks) -> pd.DataFrame | None:
+    """Exposed communication by collective kind over a run (ranks without iterations or kernels add nothing)."""
+    parts = []
+    for rank_data in ranks:
+        if rank_data.kernels is None or not len(rank_data.kernels):
+            continue
+        by_kind = map_rank(rank_data, {})["by_kind"]
+        parts.append(pd.DataFrame({"key": by_kind["kind"], "value": by_kind["exposed_ns"]}))
+    if not parts:
+        return None
+    t = pd.concat(parts, ignore_index=True).groupby("key")["value"].sum()
+    return pd.DataFrame({"metric": "exposed_comm_ns", "key": t.index, "value": t.to_numpy(np.float64)}) if len(t) \
+        else None
+
+
+RECIPE = Recipe(
+    name="comm_overlap",
+    display_name="Communication overlap",
+    description="How much of each rank's communication (NCCL kernels) runs beside compute on its GPU and how much "
+                "is exposed, per iteration and collective kind.",
+    needs=frozenset(NEEDS),
+    map_rank=map_rank,
+    reduce=reduce,
+    add_options=lambda add, framework=False: iteration_options(add),
+    per_iteration=True,
+    summary=summary,
+    headline=headline,
+    figures="nsys_recipe_pack.plots.comm_overlap",
+    diff_metrics=diff_metrics,
+    diff_needs=frozenset(NEEDS),
+    metrics=(Metric("exposed_comm_ns", "exposed communication"),),
+)
