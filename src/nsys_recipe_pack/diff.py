@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from . import inputs, recipes, runner
+from .staging import staged_output
 
 MIN_SHARE = 0.05
 
@@ -51,7 +52,7 @@ def diff_runs(base: str, new: str, output: str | None, tolerance: float = 5.0, f
     out = Path(output) if output else runner.default_output("diff")
     runner.check_output(out, force)
     table = compare(run_metrics(load_run(base, nsys_path)), run_metrics(load_run(new, nsys_path)), tolerance)
-    with runner.staged_output(out, force) as staged:
+    with staged_output(out, force) as staged:
         table.to_parquet(staged / "diff.parquet", index=False)
         (staged / "analysis.json").write_text(json.dumps({
             "recipe": "diff", "base": base, "new": new, "tolerance_pct": tolerance,
