@@ -1,15 +1,20 @@
 """comm_overlap: a hand-worked case, the SYNTHETIC NCCL job against a reference computed in plain Python from
-its SQLite export, and a real two-GPU NCCL export against SQL."""
+its SQLite export and against Nsight Systems' nccl_gpu_overlap_trace, and a real two-GPU NCCL export against SQL."""
 
 import json
+import os
+import shutil
 import sqlite3
+import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import ROOT
 
-from nsys_recipe_pack import runner
+from nsys_recipe_pack import nsys_tool, runner
 from nsys_recipe_pack.recipes.comm_overlap import KINDS, collective_kind, overlap_by_window
 from nsys_recipe_pack.synth import write_synthetic
 
@@ -124,3 +129,77 @@ def test_real_two_gpu_nccl_export_against_sql(tmp_path):
             assert rows["overlapped_ns"].sum() == 0
     kinds = pd.read_parquet(out / "collectives.parquet")
     assert set(kinds["kind"]) == {"send_recv"}
+
+
+NSYS_2024 = nsys_tool.cache_root() / "nsys" / "2024.2" / "target-linux-x64" / "nsys"  # read before the tests' cache
+RECIPES_PYTHON = ROOT / ".venv-nsys-recipes" / "bin"  # make test sets it up (Makefile: nsys-recipes-env)
+NCCL_DOMAIN = 7
+
+
+def _as_nvidia_reads_it(data: Path, placeholder: Path) -> list[Path]:
+    """The SYNTHETIC NCCL job as Nsight Systems' recipes read it: each rank's Parquet export beside a report of
+    its name (a placeholder: the framework reads an export newer than the report instead of exporting again),
+    ids as int64 as nsys writes them, and NCCL's NVTX ranges (domain "NCCL") around each NCCL launch, by which
+    nccl_gpu_overlap_trace tells communication kernels; the all-reduce moved earlier, into backward's kernels."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    reports = []
+    for export in sorted(data.glob("rank*_pqtdir")):
+        report = export.with_name(export.name.replace("_pqtdir", ".nsys-rep"))
+        shutil.copy(placeholder, report)
+        reports.append(report)
+    time.sleep(0.05)  # the exports' files are written after the placeholders
+    for rank, export in enumerate(sorted(data.glob("rank*_pqtdir"))):
+        strings = pq.read_table(export / "StringIds.parquet").to_pydict()
+        nccl_ids = [i for i, v in zip(strings["id"], strings["value"], strict=True) if v.startswith("nccl")]
+        kernels = pq.read_table(export / "CUPTI_ACTIVITY_KIND_KERNEL.parquet")
+        nccl = np.isin(kernels["shortName"].to_numpy(), nccl_ids)
+        for column in ("start", "end"):
+            moved = kernels[column].to_numpy() - np.where(nccl, 1_000_000 + 400_000 * rank, 0)
+            kernels = kernels.set_column(kernels.column_names.index(column), column,
+                                         pa.array(moved, kernels.schema.field(column).type))
+        pq.write_table(kernels, export / "CUPTI_ACTIVITY_KIND_KERNEL.parquet")
+        calls = pq.read_table(export / "CUPTI_ACTIVITY_KIND_RUNTIME.parquet").to_pandas()
+        calls = calls[calls["correlationId"].isin(kernels["correlationId"].to_numpy()[nccl])]
+        nvtx = pq.read_table(export / "NVTX_EVENTS.parquet")
+        rows = {"start": [int(calls["start"].min()) - 10, *(calls["start"] - 1000)],
+                "end": [None, *(calls["end"] + 1000)], "eventType": [75] + [59] * len(calls),
+                "text": ["NCCL"] + ["ncclAllReduce"] * len(calls),
+                "globalTid": [int(calls["globalTid"].iloc[0]), *calls["globalTid"].astype("int64")],
+                "domainId": [NCCL_DOMAIN] * (len(calls) + 1)}
+        added = pa.table({f.name: pa.array(rows[f.name], f.type) if f.name in rows else pa.nulls(len(calls) + 1, f.type)
+                          for f in nvtx.schema}, schema=nvtx.schema)
+        pq.write_table(pa.concat_tables([nvtx, added]), export / "NVTX_EVENTS.parquet")
+        for table in export.glob("*.parquet"):
+            t = pq.read_table(table)
+            for column in ("globalTid", "globalPid", "endGlobalTid"):
+                if column in t.column_names:
+                    t = t.set_column(t.column_names.index(column), column, t[column].cast(pa.int64()))
+            pq.write_table(t, table)
+    return reports
+
+
+def test_overlap_equals_nccl_gpu_overlap_trace(tmp_path):
+    assert NSYS_2024.exists(), "run `nsys-recipe setup-nsys --version 2024.2` (make test does)"
+    assert (RECIPES_PYTHON / "python").exists(), "run `make nsys-recipes-env` (make test does)"
+    data = write_synthetic(tmp_path / "syn", ranks=3, iterations=5, fmt="parquetdir")
+    reports = _as_nvidia_reads_it(data, ROOT / "sample_reports" / "cpu_ddp" / "rank0.nsys-rep")
+    env = dict(os.environ, PATH=f"{RECIPES_PYTHON}{os.pathsep}{os.environ['PATH']}")
+    builtin = subprocess.run([str(NSYS_2024), "recipe", "nccl_gpu_overlap_trace", "--mode", "none", "--output",
+                              str(tmp_path / "nvidia"), "--input", *map(str, reports)],
+                             env=env, capture_output=True, text=True, timeout=600)
+    assert builtin.returncode == 0, builtin.stderr[-3000:]
+    theirs = pd.read_parquet(tmp_path / "nvidia" / "rank_trace.parquet").reset_index()
+    theirs = theirs[theirs["Name"].str.startswith("nccl")].sort_values(["Rank", "Start"])
+    out = runner.run("comm_overlap", [str(p) for p in sorted(data.glob("rank*_pqtdir"))], str(tmp_path / "o"),
+                     mode="none", engine="pack", options={})
+    ours = pd.read_parquet(out / "windows.parquet").sort_values(["rank", "iteration"])
+    # one all-reduce per iteration, inside it: our window's communication is that kernel
+    assert len(ours) == len(theirs) == 15
+    assert ours["comm_ns"].tolist() == (theirs["End"] - theirs["Start"]).tolist()
+    assert ours["overlapped_ns"].gt(0).all()
+    # theirs: percent of the kernel, to one decimal
+    pct = 100 * ours["overlapped_ns"].to_numpy() / ours["comm_ns"].to_numpy()
+    np.testing.assert_allclose(pct, theirs["Compute Overlap"].to_numpy(), atol=0.05 + 1e-9)
+    assert (theirs["Communication Overlap"] == 0).all()  # one all-reduce at a time
