@@ -74,3 +74,19 @@ def test_each_row_says_whether_it_gates_and_per_op_ranges_are_compared_per_op():
     assert most_moved(d.reset_index(), "regressed")["key"].tolist() == ["step", "tiny"]  # by ns moved, not %
     names = pd.Series(["aten::mm, seq = 65, op_id = 7", "aten::mm, seq = 66", "forward", "aten::add_, sizes = [[2]]"])
     assert op_name(names).tolist() == ["aten::mm", "aten::mm", "forward", "aten::add_"]
+
+
+def test_a_straggler_that_appears_is_a_regression_of_recoverable_time(tmp_path):
+    from nsys_recipe_pack import runner
+    from nsys_recipe_pack.synth import Straggler, write_synthetic
+
+    base = write_synthetic(tmp_path / "base", ranks=4, iterations=20)
+    new = write_synthetic(tmp_path / "new", ranks=4, iterations=20, stragglers=[Straggler(2, 5, 14, "dataloader", 2.0)])
+    res = run_diff(base, new, tmp_path / "d")
+    assert res.returncode == 1, res.stdout + res.stderr
+    row = pd.read_parquet(tmp_path / "d" / "diff.parquet").set_index("metric").loc["recoverable_ns"]
+    ranks = pd.read_parquet(runner.run("straggler_heatmap", [str(new)], str(tmp_path / "s"), mode="none",
+                                       options={}) / "ranks.parquet")
+    assert row["new"] == ranks["recoverable_ns"].sum() > 0 and row["base"] == 0
+    assert row["verdict"] == "regressed" and row["gates"] and row["change_pct"] == float("inf")
+    assert "recoverable_ns" in res.stdout

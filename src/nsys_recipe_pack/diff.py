@@ -71,7 +71,10 @@ def _metric_flag(metric: pd.Series, attribute: str) -> pd.Series:
 def compare(base: pd.DataFrame, new: pd.DataFrame, tolerance_pct: float = 5.0) -> pd.DataFrame:
     m = base.merge(new, on=["metric", "key"], how="outer", suffixes=("_base", "_new"))
     m = m.rename(columns={"value_base": "base", "value_new": "new"})
-    m["change_pct"] = np.where(m["base"].abs() > 0, 100.0 * (m["new"] - m["base"]) / m["base"].abs(), np.nan)
+    # from nothing to something (no recoverable time before, some now) is an infinite change, not none
+    grew = np.where(m["new"] > m["base"], np.inf, np.nan)
+    m["change_pct"] = np.where(m["base"].abs() > 0, 100.0 * (m["new"] - m["base"]) / m["base"].abs().where(
+        m["base"].abs() > 0, 1), grew)
     is_share = _metric_flag(m["metric"], "share")
     good = np.zeros(len(m), bool)
     for name, metric in metrics().items():

@@ -58,18 +58,31 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
     out = []
     try:
         for rank_data in load_file(Path(path), set(spec.needs_given(options)), nsys_path,
-                                          spec.rows_given(options), spec.bytes_per_row):
-            try:
-                res = spec.map_rank(rank_data, options)
-            except MissingTraceError as exc:  # nothing to say about this rank; fatal only if true of all
-                res = {"missing": str(exc)}
-            res["identity"] = {key: getattr(rank_data, attr) for key, attr in IDENTITY.items()}
-            out.append(res)
+                                   spec.rows_given(options), spec.bytes_per_row):
+            out.append(map_rank_data(spec, rank_data, options))
     except MissingToolError:
         raise
     except PackError as exc:  # a bad input: reported with all the others, or skipped with --skip-bad
         return [{"bad_file": str(path), "reason": str(exc)}]
     return out
+
+
+def map_rank_data(spec, rank_data, options: dict) -> dict:
+    """The recipe's map over one loaded rank, with what the reduce needs to know of the rank."""
+    try:
+        res = spec.map_rank(rank_data, options)
+    except MissingTraceError as exc:  # nothing to say about this rank; fatal only if true of all
+        res = {"missing": str(exc)}
+    res["identity"] = {key: getattr(rank_data, attr) for key, attr in IDENTITY.items()}
+    return res
+
+
+def analyse(recipe: str, ranks: list, options: dict | None = None) -> tuple[dict, dict]:
+    """Map and reduce a recipe over ranks already loaded, in this process: the tables `run` writes (for the
+    metrics of `nsys-recipe diff`, which loads each run once for every recipe)."""
+    spec = recipes.get(recipe)
+    options = {**spec.option_defaults(), **(options or {})}
+    return reduce_all(recipe, [[map_rank_data(spec, rank_data, options)] for rank_data in ranks], options)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from ..iterations import (
 )
 from ..lazy import pd
 from ..nvtx import innermost_of
-from . import Recipe, comma_list, indented, iteration_options, ms_cell
+from . import Metric, Recipe, comma_list, indented, iteration_options, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "mpi"}
 DEFAULT_THRESHOLD = 0.10
@@ -599,6 +599,22 @@ def headline(out) -> str:
     return said[0] if said else f"no straggler in {len(ranks)} ranks"
 
 
+def diff_metrics(ranks) -> pd.DataFrame | None:
+    """The time the whole job would have saved had every straggling rank matched the median rank (a run whose
+    iterations cannot be found, or where ranks hold no NVTX or CUDA data, has none; nor has one rank)."""
+    from ..errors import PackError
+    from ..runner import analyse
+
+    if len(ranks) < 2:  # no rank to wait for
+        return None
+    try:
+        tables, _ = analyse("straggler_heatmap", ranks)
+    except PackError:
+        return None
+    return pd.DataFrame({"metric": "recoverable_ns", "key": "all ranks",
+                         "value": [float(tables["ranks"]["recoverable_ns"].sum())]})
+
+
 RECIPE = Recipe(
     name="straggler_heatmap",
     display_name="Straggler heatmap",
@@ -611,4 +627,7 @@ RECIPE = Recipe(
     summary=summary,
     headline=headline,
     figures="nsys_recipe_pack.plots.straggler_heatmap",
+    diff_metrics=diff_metrics,
+    diff_needs=frozenset(NEEDS),
+    metrics=(Metric("recoverable_ns", "recoverable time", always_tracked=True),),
 )
