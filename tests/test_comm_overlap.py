@@ -102,6 +102,12 @@ def test_synthetic_nccl_job_matches_a_plain_reference(tmp_path):
     assert (ranks["comm_ns"] == windows.groupby("rank")["comm_ns"].sum().to_numpy()).all()
     kinds = pd.read_parquet(out / "collectives.parquet")
     assert set(kinds["kind"]) == {"all_reduce"} and (kinds["kernels"] == 1).all()  # one all-reduce per step
+    # each all-reduce is launched inside the step's "allreduce" range: that phase holds all the communication
+    phases = pd.read_parquet(out / "phases.parquet")
+    assert set(phases["phase"]) == {"allreduce"} and (phases["kernels"] == 1).all()
+    columns = ["rank", "iteration", "comm_ns", "overlapped_ns"]
+    pd.testing.assert_frame_equal(phases[columns].reset_index(drop=True), windows[columns].reset_index(drop=True))
+    assert (phases["exposed_ns"].to_numpy() == windows["exposed_comm_ns"].to_numpy()).all()
 
 
 def test_real_two_gpu_nccl_export_against_sql(tmp_path):

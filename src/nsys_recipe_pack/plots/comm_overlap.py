@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..escape import plotly_text
 from . import rank_bins
 
 
@@ -33,12 +34,14 @@ def exposed_heatmap(windows: pd.DataFrame) -> go.Figure:
     return fig
 
 
-def by_kind(collectives: pd.DataFrame) -> go.Figure:
-    """Each collective kind's communication, overlapped and exposed, summed over ranks and iterations (ms)."""
-    t = collectives.groupby("kind")[["overlapped_ns", "exposed_ns"]].sum() / 1e6
-    fig = go.Figure([go.Bar(y=t.index, x=t["overlapped_ns"], orientation="h", name="overlapped by compute"),
-                     go.Bar(y=t.index, x=t["exposed_ns"], orientation="h", name="exposed")])
-    fig.update_layout(barmode="stack", title="Communication by collective, all ranks", xaxis_title="ms")
+def split_by(table: pd.DataFrame, column: str, title: str) -> go.Figure:
+    """Communication overlapped and exposed per value of `column` (collective kind, NVTX phase), summed over
+    ranks and iterations (ms)."""
+    t = table.groupby(column)[["overlapped_ns", "exposed_ns"]].sum() / 1e6
+    labels = plotly_text(t.index)
+    fig = go.Figure([go.Bar(y=labels, x=t["overlapped_ns"], orientation="h", name="overlapped by compute"),
+                     go.Bar(y=labels, x=t["exposed_ns"], orientation="h", name="exposed")])
+    fig.update_layout(barmode="stack", title=title, xaxis_title="ms")
     return fig
 
 

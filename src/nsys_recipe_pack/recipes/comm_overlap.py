@@ -5,7 +5,10 @@ name: `ncclKernel*`, `ncclDevKernel*`), compute time the union of every other ke
 communication is the time some compute kernel runs beside it on the same GPU; the rest is exposed: the GPU only
 communicates, and the step waits for it. Exposed compute is compute with no communication beside it. Per
 collective kind (all_reduce, all_gather, reduce_scatter, send_recv, broadcast, reduce, other), the same with that
-kind's kernels only. Copies and memsets count as neither; times are clipped to the iteration.
+kind's kernels only; and per NVTX phase (the ranges directly inside an NVTX-delimited iteration: forward,
+backward, optimizer...) with the communication kernels each launched (by its thread, or by another thread of the
+process with no range of its own open, as PyTorch's autograd thread), beside any compute. Copies and memsets count
+as neither; times are clipped to the iteration.
 
 Where a GPU's compute kernels never overlap one another, a communication kernel's overlapped time is what
 Nsight Systems' `nccl_gpu_overlap_trace` adds up as its compute overlap (the sum over the compute kernels it
@@ -19,12 +22,14 @@ import re
 import numpy as np
 
 from ..errors import BadInputError
+from ..gpu import launched_ops
 from ..intervals import split_into_windows, union_lengths
-from ..iterations import NCCL_KERNEL_RE, find_iterations
+from ..iterations import NCCL_KERNEL_RE, find_iterations, range_arrays
 from ..lazy import pd
+from ..phases import child_ranges, launching_child
 from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
 
-NEEDS = {"nvtx", "kernel"}
+NEEDS = {"nvtx", "kernel", "runtime"}
 KINDS = ["all_reduce", "all_gather", "reduce_scatter", "send_recv", "broadcast", "reduce", "all_to_all", "other"]
 _KIND_OF_OP = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
                "sendrecv": "send_recv", "send": "send_recv", "recv": "send_recv", "broadcast": "broadcast",
@@ -35,6 +40,7 @@ WHOLE_CAPTURE = {"kind": "capture", "name": "whole capture", "domain": None,
 WINDOW_COLUMNS = ["iteration", "device", "start_ns", "end_ns", "busy_ns", "compute_ns", "comm_ns",
                   "overlapped_ns", "exposed_comm_ns", "exposed_compute_ns"]
 KIND_COLUMNS = ["iteration", "device", "kind", "kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
+PHASE_COLUMNS = ["iteration", "device", "phase", "kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
 
 
 def collective_kind(name: str | None) -> int:
@@ -45,15 +51,31 @@ def collective_kind(name: str | None) -> int:
     return KINDS.index(_KIND_OF_OP.get(op.group(1).lower(), "other")) if op else KINDS.index("other")
 
 
-def _windows(rank_data, options: dict, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
-    """The rank's iterations; with none to be found (and none asked for), its whole capture as one window."""
+def _iterations(rank_data, options: dict):
+    """The rank's iterations, and its NVTX ranges; with no iteration to be found (and none asked for), its
+    whole capture as one window."""
+    ranges = range_arrays(rank_data.frame("nvtx"))
     try:
-        it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"))
-        return it.start_ns, it.end_ns, it.delimiter.as_dict()
+        return find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"), ranges), ranges
     except BadInputError:
         if options.get("iteration") or options.get("iteration_kernel"):
             raise
-        return np.array([start.min()]), np.array([end.max()]), dict(WHOLE_CAPTURE)
+        return None, ranges
+
+
+def _phase_of_kernels(rank_data, ranges, it, n_kernels: int) -> tuple[np.ndarray, list]:
+    """The NVTX phase (a code into the names returned) that launched each kernel, -1 for none."""
+    phase = np.full(n_kernels, -1, np.int64)
+    if it is None or not rank_data.has_cuda:
+        return phase, []
+    child_start, child_end, child_name, _ = child_ranges(ranges, it)
+    if not len(child_start):
+        return phase, []
+    ops = launched_ops(rank_data)
+    kernels = np.flatnonzero(ops.op < n_kernels)  # gpu_intervals order: kernels first
+    child, op = launching_child(rank_data, ranges, it.tid, ops, kernels, child_start, child_end)
+    phase[ops.op[op]] = child_name[child]
+    return phase, list(ranges.names[:-1])
 
 
 def _union(group: np.ndarray, start: np.ndarray, end: np.ndarray, keep: np.ndarray, size: int) -> np.ndarray:
@@ -98,7 +120,11 @@ def map_rank(rank_data, options: dict) -> dict:
     codes, words = kernels.codes("name")
     kind = np.array([collective_kind(None if w is None else str(w)) for w in words], np.int64)[codes]
     start, end = kernels.values("start_ns"), kernels.values("end_ns")
-    window_start, window_end, delimiter = _windows(rank_data, options, start, end)
+    it, ranges = _iterations(rank_data, options)
+    if it is None:
+        window_start, window_end, delimiter = np.array([start.min()]), np.array([end.max()]), dict(WHOLE_CAPTURE)
+    else:
+        window_start, window_end, delimiter = it.start_ns, it.end_ns, it.delimiter.as_dict()
     event, window, clipped_start, clipped_end = split_into_windows(start, end, window_start, window_end)
     devices, device_at = np.unique(kernels.values("device", fill=-1)[event], return_inverse=True)
     group = window * max(len(devices), 1) + device_at.reshape(-1)
@@ -109,11 +135,24 @@ def map_rank(rank_data, options: dict) -> dict:
     iteration, device = np.divmod(ran, max(len(devices), 1))
     windows = {"iteration": iteration, "device": devices[device], "start_ns": window_start[iteration],
                "end_ns": window_end[iteration], **{c: v[ran] for c, v in totals.items()}}
-    by_kind_iteration, by_kind_device = np.divmod(per_kind["group"], max(len(devices), 1))
-    by_kind = {"iteration": by_kind_iteration, "device": devices[by_kind_device] if len(devices) else by_kind_device,
-               "kind": np.array(KINDS, object)[per_kind["kind"]],
-               **{c: per_kind[c] for c in ("kernels", "comm_ns", "overlapped_ns", "exposed_ns")}}
-    return {"windows": windows, "by_kind": by_kind, "delimiter": delimiter, "start_ns": window_start}
+    by_kind = _rows(per_kind, devices, "kind", np.array(KINDS, object))
+    # the same per NVTX phase: the communication kernels each phase launched take the place of the kinds
+    phase, phase_names = _phase_of_kernels(rank_data, ranges, it, len(kernels))
+    comm_phase = np.where(kind[event] >= 0, phase[event], -1)
+    launched = (kind[event] < 0) | (comm_phase >= 0)  # compute, and communication some phase launched
+    _, per_phase = overlap_by_window(group[launched], comm_phase[launched], clipped_start[launched],
+                                     clipped_end[launched], size)
+    by_phase = _rows(per_phase, devices, "phase", np.array(phase_names + [None], object))
+    return {"windows": windows, "by_kind": by_kind, "by_phase": by_phase, "delimiter": delimiter,
+            "start_ns": window_start}
+
+
+def _rows(per_key: dict, devices: np.ndarray, key: str, labels: np.ndarray) -> dict:
+    """overlap_by_window's rows per (group, key) as columns: iteration, device, the key's label, the times."""
+    iteration, device = np.divmod(per_key["group"], max(len(devices), 1))
+    return {"iteration": iteration, "device": devices[device] if len(devices) else device,
+            key: labels[per_key["kind"]],
+            **{c: per_key[c] for c in ("kernels", "comm_ns", "overlapped_ns", "exposed_ns")}}
 
 
 def _ranked(per_rank: list[dict], key: str, columns: list[str]) -> pd.DataFrame:
@@ -128,6 +167,9 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     by_kind = _ranked(per_rank, "by_kind", KIND_COLUMNS)
     by_kind = by_kind.astype({c: "int64" for c in KIND_COLUMNS if c != "kind"})
     by_kind["kind"] = by_kind["kind"].astype(str)
+    by_phase = _ranked(per_rank, "by_phase", PHASE_COLUMNS)
+    by_phase = by_phase.astype({c: "int64" for c in PHASE_COLUMNS if c != "phase"})
+    by_phase["phase"] = by_phase["phase"].astype(object)
     ranks = windows.groupby("rank")[["busy_ns", "compute_ns", "comm_ns", "overlapped_ns", "exposed_comm_ns",
                                      "exposed_compute_ns"]].sum()
     wall = (windows.drop_duplicates(["rank", "iteration"]).assign(wall_ns=lambda d: d["end_ns"] - d["start_ns"])
@@ -139,7 +181,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     ranks = ranks.reset_index()[["rank", "iterations", "wall_ns", "busy_ns", "compute_ns", "comm_ns", "overlapped_ns",
                                  "exposed_comm_ns", "exposed_compute_ns", "exposed_comm_pct",
                                  "overlapped_of_comm_pct"]]
-    return {"windows": windows, "collectives": by_kind, "ranks": ranks}
+    return {"windows": windows, "collectives": by_kind, "phases": by_phase, "ranks": ranks}
 
 
 def summary(out) -> list[str]:

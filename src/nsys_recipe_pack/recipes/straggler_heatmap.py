@@ -24,7 +24,7 @@ import pyarrow as pa
 from ..gpu import collective_ops, gpu_intervals, launched_ops
 from ..groups import SortedGroups
 from ..inputs import Frame, arrow_of, dictionary_column, sorted_place
-from ..intervals import outermost, split_into_windows, union_lengths
+from ..intervals import split_into_windows, union_lengths
 from ..iterations import (
     DEFAULT_SYNC_RE,
     SYNC_SOURCES,
@@ -34,7 +34,7 @@ from ..iterations import (
     sync_points,
 )
 from ..lazy import pd
-from ..nvtx import innermost_of
+from ..phases import child_ranges, launching_child
 from . import Metric, Recipe, comma_list, indented, iteration_options, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "mpi"}
@@ -96,21 +96,7 @@ def map_rank(rank_data, options: dict) -> dict:
     inside = (inside >= 0) & (points.start_ns < window_end[np.maximum(inside, 0)]) if n else np.zeros(len(ready), bool)
     used = np.bincount(points.source[inside], minlength=len(SYNC_SOURCES))
 
-    # the rank's child ranges: the outermost ranges inside each iteration on the delimiter's thread
-    child_start = child_end = child_name = child_it = np.zeros(0, np.int64)
-    if it.delimiter.kind == "nvtx":
-        on = np.flatnonzero(ranges.tid == it.tid)
-        start, end, name = ranges.start_ns[on], ranges.end_ns[on], ranges.name[on]
-        idx = np.searchsorted(window_start, start, side="right") - 1
-        ok = idx >= 0
-        within = np.zeros(len(on), bool)
-        within[ok] = end[ok] <= window_end[idx[ok]]
-        is_delim = np.isin(start, window_start) & (ranges.names[name] == it.delimiter.name)
-        kid = np.flatnonzero(within & ~is_delim)
-        if len(kid):
-            top = kid[outermost(idx[kid], start[kid], end[kid])]
-            top = top[np.argsort(start[top], kind="stable")]
-            child_start, child_end, child_name, child_it = start[top], end[top], name[top], idx[top]
+    child_start, child_end, child_name, child_it = child_ranges(ranges, it)
 
     components = []  # (component, ns per iteration, on the GPU)
     gpu_busy = None
@@ -121,7 +107,7 @@ def map_rank(rank_data, options: dict) -> dict:
                     else np.zeros(n, np.int64))
         covered = np.zeros(len(op_start), bool)
         if len(child_start) and len(own):
-            child, op = _launching_child(rank_data, ranges, it.tid, ops, own, child_start, child_end)
+            child, op = launching_child(rank_data, ranges, it.tid, ops, own, child_start, child_end)
             covered[ops.op[op]] = True
             launched_in = _union_sums(child_it[child], child_name[child], ops.start_ns[op], ops.end_ns[op],
                                       ranges.names)
@@ -165,24 +151,6 @@ def map_rank(rank_data, options: dict) -> dict:
     ], names=list(ITERATION_DTYPES))
     return {"iterations": iters, "components": comps, "delimiter": it.delimiter.as_dict(),
             "sync_points": used.tolist()}
-
-
-def _launching_child(rank_data, ranges, tid: int, ops, own: np.ndarray, child_start: np.ndarray, child_end: np.ndarray):
-    """(child, op) pairs: the child range (sorted by start, not overlapping) whose time holds the call that
-    launched each op, for ops launched by the delimiter's thread, or by another thread of its process
-    that had no NVTX range of its own open then (PyTorch's autograd thread)."""
-    launch_tid, launch_pid = ops.tid[own], ops.pid[own]
-    delimiter_pid = launch_pid[launch_tid == tid]
-    pid = int(delimiter_pid[0]) if len(delimiter_pid) else (rank_data.pid if rank_data.pid is not None else -1)
-    other = np.flatnonzero((launch_tid != tid) & (launch_pid == pid))
-    bare = np.zeros(len(own), bool)
-    bare[other] = innermost_of(ranges.tid, ranges.start_ns, ranges.end_ns, launch_tid[other],
-                               ops.call_start_ns[own][other], ops.call_end_ns[own][other]) < 0
-    take = own[(launch_tid == tid) | bare]
-    at = np.searchsorted(child_start, ops.call_start_ns[take], side="right") - 1
-    ok = at >= 0
-    ok[ok] = ops.call_start_ns[take][ok] < child_end[at[ok]]
-    return at[ok], take[ok]
 
 
 def _union_sums(iteration: np.ndarray, name: np.ndarray, start: np.ndarray, end: np.ndarray, names: np.ndarray):
