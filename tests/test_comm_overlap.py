@@ -209,3 +209,25 @@ def test_overlap_equals_nccl_gpu_overlap_trace(tmp_path):
     pct = 100 * ours["overlapped_ns"].to_numpy() / ours["comm_ns"].to_numpy()
     np.testing.assert_allclose(pct, theirs["Compute Overlap"].to_numpy(), atol=0.05 + 1e-9)
     assert (theirs["Communication Overlap"] == 0).all()  # one all-reduce at a time
+
+
+def test_kernels_launched_inside_nccl_ranges_are_communication_whatever_their_name(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = write_synthetic(tmp_path / "syn", ranks=2, iterations=4, fmt="parquetdir")
+    _as_nvidia_reads_it(data, ROOT / "sample_reports" / "cpu_ddp" / "rank0.nsys-rep")
+    exports = [str(p) for p in sorted(data.glob("rank*_pqtdir"))]
+    by_name = runner.run("comm_overlap", exports, str(tmp_path / "a"), mode="none", engine="pack", options={})
+    for export in sorted(data.glob("rank*_pqtdir")):  # the NCCL kernels renamed: only NCCL's ranges tell them
+        strings = pq.read_table(export / "StringIds.parquet")
+        renamed = [f"fused_collective_{i}" if v.startswith("nccl") else v
+                   for i, v in enumerate(strings["value"].to_pylist())]
+        strings = strings.set_column(strings.column_names.index("value"), "value",
+                                     pa.array(renamed, strings.schema.field("value").type))
+        pq.write_table(strings, export / "StringIds.parquet")
+    by_range = runner.run("comm_overlap", exports, str(tmp_path / "b"), mode="none", engine="pack", options={})
+    for table in ("windows", "collectives", "phases"):
+        pd.testing.assert_frame_equal(pd.read_parquet(by_range / f"{table}.parquet"),
+                                      pd.read_parquet(by_name / f"{table}.parquet"))
+    assert pd.read_parquet(by_range / "windows.parquet")["comm_ns"].gt(0).all()

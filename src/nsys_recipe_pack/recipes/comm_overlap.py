@@ -1,7 +1,8 @@
 """comm_overlap: how much of each rank's communication the GPU hides behind compute, and how much is exposed.
 
 On each GPU, in each iteration: communication time is the union of its communication kernels (NCCL's, found by
-name: `ncclKernel*`, `ncclDevKernel*`), compute time the union of every other kernel. The overlapped part of the
+name: `ncclKernel*`, `ncclDevKernel*`, and, where NCCL's NVTX ranges were recorded, any kernel launched inside
+one of them), compute time the union of every other kernel. The overlapped part of the
 communication is the time some compute kernel runs beside it on the same GPU; the rest is exposed: the GPU only
 communicates, and the step waits for it. Exposed compute is compute with no communication beside it. Per
 collective kind (all_reduce, all_gather, reduce_scatter, send_recv, broadcast, reduce, other), the same with that
@@ -26,6 +27,7 @@ from ..gpu import launched_ops
 from ..intervals import split_into_windows, union_lengths
 from ..iterations import NCCL_KERNEL_RE, find_iterations, range_arrays
 from ..lazy import pd
+from ..nvtx import innermost_of
 from ..phases import child_ranges, launching_child
 from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
 
@@ -41,6 +43,9 @@ WINDOW_COLUMNS = ["iteration", "device", "start_ns", "end_ns", "busy_ns", "compu
                   "overlapped_ns", "exposed_comm_ns", "exposed_compute_ns"]
 KIND_COLUMNS = ["iteration", "device", "kind", "kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
 PHASE_COLUMNS = ["iteration", "device", "phase", "kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
+
+
+NCCL_DOMAIN = "NCCL"
 
 
 def collective_kind(name: str | None) -> int:
@@ -63,15 +68,30 @@ def _iterations(rank_data, options: dict):
         return None, ranges
 
 
-def _phase_of_kernels(rank_data, ranges, it, n_kernels: int) -> tuple[np.ndarray, list]:
+def _kind_from_nccl_ranges(rank_data, ranges, n_kernels: int, ops) -> np.ndarray:
+    """The collective kind of each kernel launched inside one of NCCL's own NVTX ranges (domain "NCCL",
+    `ncclAllReduce`, `ncclSend`...), from the range's name; -1 for the others."""
+    kind = np.full(n_kernels, -1, np.int64)
+    nccl = np.flatnonzero(ranges.domain_is(NCCL_DOMAIN))
+    if not len(nccl) or ops is None:
+        return kind
+    kernels = np.flatnonzero(ops.op < n_kernels)  # gpu_intervals order: kernels first
+    inside = innermost_of(ranges.tid[nccl], ranges.start_ns[nccl], ranges.end_ns[nccl], ops.tid[kernels],
+                          ops.call_start_ns[kernels], ops.call_end_ns[kernels])
+    hit = inside >= 0
+    words = ranges.names[ranges.name[nccl[inside[hit]]]]
+    kind[ops.op[kernels[hit]]] = [KINDS.index(_KIND_OF_OP.get(str(w)[4:].lower(), "other")) for w in words]
+    return kind
+
+
+def _phase_of_kernels(rank_data, ranges, it, n_kernels: int, ops) -> tuple[np.ndarray, list]:
     """The NVTX phase (a code into the names returned) that launched each kernel, -1 for none."""
     phase = np.full(n_kernels, -1, np.int64)
-    if it is None or not rank_data.has_cuda:
+    if it is None or ops is None:
         return phase, []
     child_start, child_end, child_name, _ = child_ranges(ranges, it)
     if not len(child_start):
         return phase, []
-    ops = launched_ops(rank_data)
     kernels = np.flatnonzero(ops.op < n_kernels)  # gpu_intervals order: kernels first
     child, op = launching_child(rank_data, ranges, it.tid, ops, kernels, child_start, child_end)
     phase[ops.op[op]] = child_name[child]
@@ -121,6 +141,9 @@ def map_rank(rank_data, options: dict) -> dict:
     kind = np.array([collective_kind(None if w is None else str(w)) for w in words], np.int64)[codes]
     start, end = kernels.values("start_ns"), kernels.values("end_ns")
     it, ranges = _iterations(rank_data, options)
+    ops = launched_ops(rank_data) if rank_data.has_cuda and len(ranges) else None
+    by_range = _kind_from_nccl_ranges(rank_data, ranges, len(kernels), ops)
+    kind = np.where(kind < 0, by_range, kind)
     if it is None:
         window_start, window_end, delimiter = np.array([start.min()]), np.array([end.max()]), dict(WHOLE_CAPTURE)
     else:
@@ -137,7 +160,7 @@ def map_rank(rank_data, options: dict) -> dict:
                "end_ns": window_end[iteration], **{c: v[ran] for c, v in totals.items()}}
     by_kind = _rows(per_kind, devices, "kind", np.array(KINDS, object))
     # the same per NVTX phase: the communication kernels each phase launched take the place of the kinds
-    phase, phase_names = _phase_of_kernels(rank_data, ranges, it, len(kernels))
+    phase, phase_names = _phase_of_kernels(rank_data, ranges, it, len(kernels), ops)
     comm_phase = np.where(kind[event] >= 0, phase[event], -1)
     launched = (kind[event] < 0) | (comm_phase >= 0)  # compute, and communication some phase launched
     _, per_phase = overlap_by_window(group[launched], comm_phase[launched], clipped_start[launched],
