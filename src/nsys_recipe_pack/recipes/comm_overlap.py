@@ -43,8 +43,6 @@ WINDOW_COLUMNS = ["iteration", "device", "start_ns", "end_ns", "busy_ns", "compu
                   "overlapped_ns", "exposed_comm_ns", "exposed_compute_ns"]
 KIND_COLUMNS = ["iteration", "device", "kind", "kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
 PHASE_COLUMNS = ["iteration", "device", "phase", "kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
-
-
 NCCL_DOMAIN = "NCCL"
 
 
@@ -79,8 +77,10 @@ def _kind_from_nccl_ranges(rank_data, ranges, n_kernels: int, ops) -> np.ndarray
     inside = innermost_of(ranges.tid[nccl], ranges.start_ns[nccl], ranges.end_ns[nccl], ops.tid[kernels],
                           ops.call_start_ns[kernels], ops.call_end_ns[kernels])
     hit = inside >= 0
-    words = ranges.names[ranges.name[nccl[inside[hit]]]]
-    kind[ops.op[kernels[hit]]] = [KINDS.index(_KIND_OF_OP.get(str(w)[4:].lower(), "other")) for w in words]
+    names, at = np.unique(ranges.name[nccl[inside[hit]]], return_inverse=True)  # the few NCCL calls' names
+    kind_of_name = np.array([KINDS.index(_KIND_OF_OP.get(str(w)[4:].lower(), "other")) for w in ranges.names[names]],
+                            np.int64)
+    kind[ops.op[kernels[hit]]] = kind_of_name[at.reshape(-1)]
     return kind
 
 
