@@ -49,7 +49,7 @@ def run_recipe(name: str, inputs, output=None, *, overwrite: bool | None = None,
     if unknown:
         raise TypeError(f"{name} takes no option {', '.join(sorted(unknown))}; "
                         f"it takes {', '.join(sorted(allowed)) or 'none'}")
-    opts = {**recipe.option_defaults(), **options}
+    opts = dict(options)  # runner.run fills in the recipe's defaults
     opts["skip_bad"] = skip_bad
     opts["_dask_scheduler"] = dask_scheduler
     inputs = [str(inputs)] if isinstance(inputs, (str, Path)) else [str(i) for i in inputs]

@@ -156,8 +156,8 @@ def _flags(recipe) -> list[str]:
 
 
 def _recipe_options(args, names: list[str]) -> dict[str, dict]:
-    """Each named recipe's options: its defaults, then what was given. A flag that none of the named recipes
-    takes is a usage error naming the recipes that do."""
+    """Each named recipe's options as given (runner.run fills in its defaults). A flag that none of the named
+    recipes takes is a usage error naming the recipes that do."""
     ours = {name: recipes.get(name) for name in names if name in recipes.all_recipes()}
     given = {key for recipe in recipes.all_recipes().values() for key in recipe.option_names() if hasattr(args, key)}
     for key in sorted(given):
@@ -166,8 +166,7 @@ def _recipe_options(args, names: list[str]) -> dict[str, dict]:
             flag = next(a.option_strings[0] for a in takers[0].parser()._actions if a.dest == key)
             raise UsageError(f"{flag} is not an option of {', '.join(names)}; it is an option of "
                              f"{', '.join(r.name for r in takers)}")
-    return {name: {**recipe.option_defaults(), **{k: getattr(args, k) for k in recipe.option_names() if k in given}}
-            for name, recipe in ours.items()}
+    return {name: {k: getattr(args, k) for k in recipe.option_names() if k in given} for name, recipe in ours.items()}
 
 
 def cmd_run(args) -> int:

@@ -426,7 +426,8 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
     quiet = log is not None  # a caller that takes the messages (nsys-recipe report) shows its own progress
     log = log or (lambda msg: print(msg, file=sys.stderr))
     adapter = framework_adapter(recipe)
-    options = {**recipes.get(recipe).option_defaults(), **(options or {})}  # report passes none
+    # a recipe's defaults, under what the caller gave (cli, api and report pass only what was given)
+    options = {**recipes.get(recipe).option_defaults(), **(options or {})}
     files = expand_inputs(inputs)
     out = Path(output) if output else default_output(recipe)
     check_output(out, force)

@@ -162,6 +162,6 @@ RECIPE = Recipe(
     headline=headline,
     figures="nsys_recipe_pack.plots.kernel_pace",
     diff_metrics=diff_metrics,
-    diff_needs=frozenset({"nvtx", "kernel", "memcpy", "memset"}),
+    diff_needs=frozenset(NEEDS),
     metrics=(Metric("median_iteration_ns", "median iteration", always_tracked=True),),
 )
