@@ -13,6 +13,7 @@ name is COPIES times the original's (checked against SQL over the original expor
 
     make bench-huge                                  # 250 and 2000 copies
     .venv/bin/python bench/huge.py --copies 250      # the 680 MB case only
+    .venv/bin/python bench/huge.py --recipes sync_summary   # measure one recipe again, keep the other rows
 """
 
 from __future__ import annotations
@@ -243,16 +244,18 @@ def pack_case(recipe, args, inputs: Path, out: Path) -> list[str]:
             str(inputs)]
 
 
-def run(work: Path, copies_list: list[int], raw: Path, env: dict, nsys, repeat: int) -> list[dict]:
+def run(work: Path, copies_list: list[int], raw: Path, env: dict, nsys, repeat: int,
+        only: set[str] | None = None) -> list[dict]:
     log = raw / "commands.log"
     rows = []
+    cases = [c for c in CASES if not only or c[0] in only]
     for copies in copies_list:
         report = make_case(work, copies, nsys)
         sqlite_path, pqt = report.with_suffix(".sqlite"), report.with_name(report.stem + "_pqtdir")
         counts = _counts(sqlite_path)
         want = truth(work / "baseline_nvtx.sqlite", copies)
         size_mb = sqlite_path.stat().st_size / 1e6
-        for recipe, args, _, builtins in CASES:
+        for recipe, args, _, builtins in cases:
             for form, path in (("sqlite", sqlite_path), ("parquet", pqt)):
                 for _ in range(repeat):
                     fl = measure([sys.executable, __file__, "floor", "--recipe", recipe, str(path)], env, log)
@@ -313,6 +316,8 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
     import pandas as pd
 
     df = pd.DataFrame(rows)
+    place = {c[0]: i for i, c in enumerate(CASES)}
+    df = df.assign(place=df["recipe"].map(place)).sort_values(["copies", "place"], kind="stable")
     lines = [BEGIN, "## Huge reports: one long capture per rank", "",
              f"Written by `{meta['command']}` on {meta['date']} ({meta['cpu']}, {meta['cores']} cores, "
              f"{meta['memory_gb']} GB; Nsight Systems {meta['nsys_version']}). Rerun with `make bench-huge`.", "",
@@ -349,6 +354,8 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
             lines.append(f"| {copies} | {int(p['size_mb'].iloc[0])} | {rows_text} | {recipe} | {form} | {pack}| "
                          f"{fs:.2f} | {ratio} | {b['builtin'].iloc[0]} | {builtin} | "
                          f"{'—' if failed else 'found' if p['truth'].all() else 'not found'} |")
+    lines += [f"Rows of {', '.join(u['recipes'])} measured again by `{u['command']}` on {u['date']}; the others "
+              "are the first run's." for u in meta.get("updates", [])]
     lines += ["", f"Every command, in order, with its output: `{meta['raw']}/commands.log`; raw numbers: "
               f"`{meta['raw']}/huge.json`.", END]
     replace_section(results, BEGIN, END, "\n".join(lines))
@@ -370,6 +377,8 @@ def main() -> None:
     p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
     p.add_argument("--raw", default=str(ROOT / "bench" / "results-huge"))
     p.add_argument("--render-only", action="store_true", help="rewrite the section from the raw numbers in --raw")
+    p.add_argument("--recipes", default="", help="measure only these recipes (comma-separated); their rows replace "
+                   "those of the earlier run in --raw, the other rows are kept")
     args = p.parse_args()
     if args.render_only:
         saved = json.loads((Path(args.raw) / "huge.json").read_text())
@@ -380,13 +389,23 @@ def main() -> None:
     work, raw = Path(args.work), Path(args.raw)
     work.mkdir(parents=True, exist_ok=True)
     raw.mkdir(parents=True, exist_ok=True)
-    (raw / "commands.log").write_text("")
+    only = {r for r in args.recipes.split(",") if r}
+    earlier = json.loads((raw / "huge.json").read_text()) if only else None
+    if not only:
+        (raw / "commands.log").write_text("")
     compile_bytecode(nsys)
     env = {**os.environ, "NSYS": str(nsys.path), "PATH": str(BIN) + os.pathsep + os.environ.get("PATH", ""),
            "XDG_CACHE_HOME": str(work / "cache")}
-    rows = run(work, [int(c) for c in args.copies.split(",") if c], raw, env, nsys, args.repeat)
+    copies = [int(c) for c in args.copies.split(",") if c]
+    rows = run(work, copies, raw, env, nsys, args.repeat, only)
     meta = machine_meta(nsys, 1, raw)
-    meta["command"] = "python bench/huge.py " + shlex.join(sys.argv[1:])
+    command = "python bench/huge.py " + shlex.join(sys.argv[1:])
+    if earlier:  # the other recipes' rows as the earlier run measured them
+        rows = [r for r in earlier["rows"] if not (r["recipe"] in only and r["copies"] in copies)] + rows
+        meta, update = earlier["meta"], {"command": command, "date": meta["date"], "recipes": sorted(only)}
+        meta["updates"] = [u for u in meta.get("updates", []) if set(u["recipes"]) - only] + [update]
+    else:
+        meta["command"] = command
     (raw / "huge.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     write_section(Path(args.results), rows, meta)
     print(f"wrote {args.results}")

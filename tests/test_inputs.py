@@ -471,7 +471,9 @@ def test_a_rank_too_big_for_the_machine_is_refused_naming_the_file_and_the_memor
 
     data = write_synthetic(tmp_path / "in", ranks=1, iterations=6, fmt="sqlite")
     exe = Path(sys.executable).with_name("nsys-recipe")
-    argv = [str(exe), "run", "--name", "sync_summary", "--output", str(tmp_path / "out"), str(data)]
+    # (compute_memory_share reads its tables whole; sync_summary, which reads only the rows it uses a batch at a
+    # time, is never refused: tests/test_selection.py)
+    argv = [str(exe), "run", "--name", "compute_memory_share", "--output", str(tmp_path / "out"), str(data)]
     res = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "NSYS_RECIPE_MEMORY_GB": "0.00001"})
     assert res.returncode == 3 and "rank0.sqlite: this rank needs about" in res.stderr
     assert not (tmp_path / "out").exists()
@@ -491,6 +493,17 @@ def test_a_long_read_reports_rows_read_and_time_left(monkeypatch):
     assert lines[0] == "big.sqlite: reading 4.0 M rows"
     assert lines[1].startswith("big.sqlite: 3.0 M of 4.0 M rows read in ") and "s left" in lines[1]
     assert lines[2].startswith("big.sqlite: 4.0 M of 4.0 M rows read in ") and "left" not in lines[2]
+    # a table read a batch at a time: a line at its end, and between batches only once PROGRESS_EVERY_S passed
+    batches = io.StringIO()
+    done = rank_data._ReadProgress(Path("big.sqlite"), {"NVTX_EVENTS": 3_000_000}, stream=batches)
+    done.add("NVTX_EVENTS", 1_000_000)
+    monkeypatch.setattr(rank_data, "PROGRESS_EVERY_S", 0)
+    done.add("NVTX_EVENTS", 1_000_000)
+    monkeypatch.setattr(rank_data, "PROGRESS_EVERY_S", 10**6)
+    done.add("NVTX_EVENTS", 1_000_000)
+    lines = batches.getvalue().splitlines()
+    assert len(lines) == 3 and lines[1].startswith("big.sqlite: 2.0 M of 3.0 M rows read in ")
+    assert lines[2].startswith("big.sqlite: 3.0 M of 3.0 M rows read in ") and "left" not in lines[2]
     quiet = io.StringIO()
     monkeypatch.setattr(rank_data, "LONG_READ_ROWS", 10**9)
     rank_data._ReadProgress(Path("small.sqlite"), {"NVTX_EVENTS": 100}, stream=quiet)("NVTX_EVENTS")

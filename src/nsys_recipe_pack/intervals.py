@@ -74,6 +74,14 @@ def union_segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np
     return s[firsts], reach[np.r_[firsts[1:] - 1, len(s) - 1]]  # a segment ends at its running maximum
 
 
+def touching(seg_start: np.ndarray, seg_end: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Whether each [start, end] meets one of the disjoint sorted segments [seg_start, seg_end] (from
+    `union_segments`), a shared instant included."""
+    i = np.searchsorted(seg_start, np.asarray(ends, np.int64), side="right") - 1
+    return (i >= 0) & (seg_end[np.maximum(i, 0)] >= np.asarray(starts, np.int64)) if len(seg_start) else \
+        np.zeros(len(starts), bool)
+
+
 def covered_length(seg_start: np.ndarray, seg_end: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Length of [start, end) covered by disjoint sorted segments (from `union_segments`), for each query.
 

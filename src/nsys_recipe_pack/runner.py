@@ -58,7 +58,7 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
     out = []
     try:
         for rank_data in load_file(Path(path), set(spec.needs_given(options)), nsys_path,
-                                   spec.rows_given(options), spec.bytes_per_row):
+                                   spec.rows_given(options), spec.bytes_per_row, spec.selection):
             out.append(map_rank_data(spec, rank_data, options))
     except MissingToolError:
         raise
@@ -266,9 +266,9 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
     # (a cold run, or a user's export) uses pandas: then workers inherit it, imported before they fork.
     # Over reports whose frames are cached (the first report tells) the parent imports it for the reduce
     # while they map.
-    needs = set(recipes.get(recipe).needs_given(options))
+    spec = recipes.get(recipe)
     lazy_pandas = (all(input_kind(f) == "report" for f in files)
-                   and frames_cached(files[0], needs, nsys_path))
+                   and frames_cached(files[0], set(spec.needs_given(options)), nsys_path, spec.selection))
     if not lazy_pandas:
         pd.DataFrame  # noqa: B018
     results: list = [None] * len(args)

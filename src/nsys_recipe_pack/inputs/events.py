@@ -61,6 +61,11 @@ def _read_events(src: ExportSource, table: str, cols: list[str], times: tuple[st
     if src.has(table) and not set(times) <= set(raw.column_names) and src.count(table):
         raise BadInputError(f"{src.origin}: table {table} has no {'/'.join(times)} columns, so the export is "
                             "damaged; export the report again with `nsys export`")
+    return timed_rows(raw, cols, times)
+
+
+def timed_rows(raw: pa.Table, cols: list[str], times: tuple[str, ...]) -> pa.Table:
+    """The rows that have every one of the `times` columns; no rows: every column, empty."""
     if not raw.num_rows:
         return pa.table({c: pa.array([], pa.string() if c == "text" else pa.int64()) for c in cols})
     missing = np.zeros(raw.num_rows, bool)
@@ -74,7 +79,15 @@ def read_nvtx(src: ExportSource, strings: StringTable, only_rank_names: bool = F
     """NVTX events with their names and domains (a range's name: its text when it has one, else the string its
     textId names). only_rank_names: just the events whose name may give a rank ("rank 3", "MPI Rank 3")."""
     where = [("textId", strings.ids_containing("rank")), ("text", "rank")] if only_rank_names else None
-    raw = _read_events(src, "NVTX_EVENTS", TABLES["nvtx"]["NVTX_EVENTS"], ("start", "eventType"), where)
+    return nvtx_frame(_read_events(src, "NVTX_EVENTS", TABLES["nvtx"]["NVTX_EVENTS"], NVTX_TIMES, where), strings)
+
+
+NVTX_TIMES = ("start", "eventType")
+DOMAIN_CREATE = 75  # the NVTX event that names a domain
+
+
+def nvtx_frame(raw: pa.Table, strings: StringTable) -> Frame:
+    """NVTX_EVENTS rows as the normalised frame (domain-create events, which name domains, left out)."""
     n = raw.num_rows
     if "text" in raw.column_names:
         text = raw.column("text").combine_chunks().dictionary_encode()
@@ -94,14 +107,14 @@ def read_nvtx(src: ExportSource, strings: StringTable, only_rank_names: bool = F
     event_type = _ints(raw, "eventType")
     domain_id = _ints(raw, "domainId")
     # a range's domain: the name of the first domain-create event (type 75) with its domainId
-    create = np.flatnonzero(event_type == 75)
+    create = np.flatnonzero(event_type == DOMAIN_CREATE)
     domain_at = np.full(n, len(words))
     if len(create):
         ids, first = np.unique(domain_id[create], return_index=True)
         pos = np.minimum(np.searchsorted(ids, domain_id), len(ids) - 1)
         known = ids[pos] == domain_id
         domain_at[known] = at[create[first[pos[known]]]]
-    keep = event_type != 75
+    keep = event_type != DOMAIN_CREATE
     tid = _tids(raw)
     arrays = {"start_ns": arrow_of(_ints(raw, "start")[keep]), "end_ns": _nullable(raw, "end").filter(arrow_of(keep)),
               "event_type": arrow_of(event_type[keep]), "name": _dictionary_of(words, at[keep]),
@@ -121,7 +134,11 @@ GPU_COLUMNS = [("deviceId", "device"), ("streamId", "stream"), ("correlationId",
 def read_gpu(src: ExportSource, table: str, cols: list[str], strings: StringTable,
               where: list | None = None) -> Frame:
     """One GPU activity table, every column the recipes use present (null where the export lacks it)."""
-    raw = _read_events(src, table, cols, ("start", "end"), where)
+    return gpu_frame(_read_events(src, table, cols, ("start", "end"), where), cols, strings)
+
+
+def gpu_frame(raw: pa.Table, cols: list[str], strings: StringTable) -> Frame:
+    """A GPU activity table's rows as the normalised frame, with the columns `cols` (export names) asks for."""
     n = raw.num_rows
     have = set(raw.column_names)
     arrays = {"start_ns": arrow_of(_ints(raw, "start")), "end_ns": arrow_of(_ints(raw, "end"))}
@@ -161,8 +178,12 @@ def _dictionary_of(words: np.ndarray, at: np.ndarray) -> pa.DictionaryArray:
 
 
 def read_runtime(src: ExportSource, strings: StringTable, where: list | None = None) -> Frame:
-    raw = _read_events(src, "CUPTI_ACTIVITY_KIND_RUNTIME", TABLES["runtime"]["CUPTI_ACTIVITY_KIND_RUNTIME"],
-                       ("start", "end"), where)
+    return runtime_frame(_read_events(src, "CUPTI_ACTIVITY_KIND_RUNTIME",
+                                      TABLES["runtime"]["CUPTI_ACTIVITY_KIND_RUNTIME"], ("start", "end"), where),
+                         strings)
+
+
+def runtime_frame(raw: pa.Table, strings: StringTable) -> Frame:
     tid = _tids(raw)
     corr = _nullable(raw, "correlationId")
     arrays = {"start_ns": arrow_of(_ints(raw, "start")), "end_ns": arrow_of(_ints(raw, "end")),

@@ -24,6 +24,7 @@ from .events import read_gpu, read_mpi, read_nvtx, read_runtime, recorded_env, s
 from .export import export_entry, open_source
 from .frames import FRAME_NAMES, Frame, as_frame, read_arrow_streams, write_arrow_streams
 from .readers import TABLES, ExportSource, small_table, string_table
+from .selection import Extents, Selection, read_selected
 
 RANK_ENV_KEYS = ["RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK"]
 LOCAL_RANK_ENV_KEYS = ["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
@@ -50,7 +51,7 @@ class RankData:
     def __init__(self, file: str, pid: int | None, session_start_ns: int, env: dict | None = None,
                  rank_candidates: dict | None = None, host: str | None = None, local_rank: int | None = None,
                  has_cuda: bool = False, synthetic: bool = False, unclosed_ranges: int = 0,
-                 read_from: str | None = None, **tables):
+                 read_from: str | None = None, extents: dict | None = None, **tables):
         self.file = file  # the input as the user named it
         self.read_from = read_from or file  # what was read: the report, or the export beside it
         self.pid = pid
@@ -62,6 +63,8 @@ class RankData:
         self.has_cuda = has_cuda
         self.synthetic = synthetic  # written by the pack's generator, not a profiler
         self.unclosed_ranges = unclosed_ranges  # NVTX ranges with no end: left out of every analysis
+        # what the whole tables held where only some of their rows were read (inputs.selection.Extents.of)
+        self.extents = extents or {}
         unknown = set(tables) - set(FRAME_NAMES)
         if unknown:
             raise TypeError(f"RankData takes no table {', '.join(sorted(unknown))}")
@@ -93,7 +96,9 @@ class RankData:
         names = {"nvtx": ["nvtx"], "kernel": ["kernels"], "runtime": ["runtime"],
                  "gpu": ["kernels", "memcpy", "memset"]}[what]
         frames = [self.frame(n) for n in names]
-        if what == "nvtx":
+        if any(n in self.extents for n in names):
+            present = any(self.extents.get(n, (0,))[0] for n in names)
+        elif what == "nvtx":
             present = frames[0] is not None and bool(np.isin(frames[0].values("event_type"), [59, 60]).any())
         else:
             present = any(f is not None and len(f) for f in frames)
@@ -110,12 +115,25 @@ class RankData:
     @property
     def gpu(self) -> int | None:
         """The device most of the rank's kernels ran on."""
+        if "devices" in self.extents:
+            counts = {d: n for d, n in self.extents["devices"].items() if d >= 0}
+            return min(counts, key=lambda d: (-counts[d], d)) if counts else None
         k = self.frame("kernels")
         if k is None or not len(k):
             return None
         device = k.values("device", fill=-1)
         values, counts = np.unique(device[device >= 0], return_counts=True)
         return int(values[np.argmax(counts)]) if len(values) else None
+
+    def extent(self, name: str) -> tuple[int, int, int]:
+        """(rows, first start, last end) of one of the rank's event tables, all of it even where only some of
+        its rows were read; (0, 0, 0) when it has none."""
+        if name in self.extents:
+            return tuple(self.extents[name])
+        t = self.frame(name)
+        if t is None or not len(t):
+            return 0, 0, 0
+        return len(t), int(t.values("start_ns").min()), int(t.values("end_ns").max())
 
 def _first_int(env: dict, keys: list[str]) -> tuple[int, str] | None:
     for key in keys:
@@ -126,19 +144,20 @@ def _first_int(env: dict, keys: list[str]) -> tuple[int, str] | None:
 
 
 def load_file(path: Path, needs: set[str], nsys_path: str | None = None,
-              rows: dict[str, list[str]] | None = None, bytes_per_row: int | None = None) -> list[RankData]:
+              rows: dict[str, list[str]] | None = None, bytes_per_row: int | None = None,
+              selection: Selection | None = None) -> list[RankData]:
     """Read one input and split it into ranks (one per process that did GPU work, or NVTX work).
 
     rows: need -> names, for recipes that use only some rows (`kernel_pace --kernel`: one kernel's). An export
     is then read for those rows only; a report's export in the pack's cache is read whole once, as its loaded
     frames are kept for every later run. bytes_per_row: the recipe's peak memory per event row read (see
-    `check_memory`)."""
+    `check_memory`). selection: only the rows the recipe's map uses, read a batch at a time (inputs.selection)."""
     src = open_source(path, needs, nsys_path)
-    cache = _loaded_dir(src, needs)
+    cache = _loaded_dir(src, needs, selection)
     try:
         loaded = _read_loaded(cache) if cache is not None else None
         if loaded is None:
-            loaded = _read_frames(src, needs, path, rows if cache is None else None, bytes_per_row)
+            loaded = _read_frames(src, needs, path, rows if cache is None else None, bytes_per_row, selection)
             if cache is not None:
                 _write_loaded(cache, *loaded)
     finally:
@@ -147,28 +166,40 @@ def load_file(path: Path, needs: set[str], nsys_path: str | None = None,
 
 
 def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | None = None,
-                 bytes_per_row: int | None = None) -> tuple[dict, dict]:
+                 bytes_per_row: int | None = None, selection: Selection | None = None) -> tuple[dict, dict]:
     """The normalised frames a recipe needs, and what identifies the file's ranks."""
     if not (src.has("StringIds") or src.has("NVTX_EVENTS") or src.has("TARGET_INFO_SESSION_START_TIME")
             or src.kind == "parquetdir" and src.origin != src.path):
         raise BadInputError(f"{path}: not an Nsight Systems export (no StringIds, NVTX_EVENTS or "
                             "TARGET_INFO_* tables); export the report with `nsys export`")
-    # the event tables read whole (those read for a few rows only hold little)
-    whole = [t for need in sorted(needs) if not (rows or {}).get(need) for t in TABLES.get(need, {})]
+    # the event tables read whole (those read for a few rows only hold little); those a selection reads a batch
+    # at a time hold what it keeps
+    streamed = [need for need in selection.order if need in needs] if selection else []
+    whole = [t for need in sorted(needs) if not (rows or {}).get(need) and need not in streamed
+             for t in TABLES.get(need, {})]
     counts = {t: src.count(t) for t in whole}
     check_memory(path, counts, bytes_per_row=bytes_per_row)
-    done = _ReadProgress(path, counts)
+    done = _ReadProgress(path, {**counts, **{t: src.count(t) for need in streamed for t in TABLES[need]}})
     strings = string_table(src)
     env, hostname = recorded_env(src)
     synthetic = "SYNTHETIC" in small_table(src, "META_DATA_EXPORT", ["name"]).get("name", [])
     frames: dict[str, Frame] = {}
+    extents = Extents()
+    kept: dict[str, Frame] = {}
+    for need in streamed:
+        kept[need] = read_selected(src, need, strings, selection, kept, extents, done.add)
     # NVTX always: its "rank N" ranges are one of the sources of the rank (only those, when no recipe needs more)
-    nvtx = read_nvtx(src, strings, only_rank_names="nvtx" not in needs)
-    done("NVTX_EVENTS")
+    if "nvtx" in kept:
+        nvtx = kept["nvtx"]
+    else:
+        nvtx = read_nvtx(src, strings, only_rank_names="nvtx" not in needs)
+        done("NVTX_EVENTS")
     if "nvtx" in needs:
         frames["nvtx"] = nvtx
     for need, attr in [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")]:
-        if need in needs:
+        if need in kept:
+            frames[attr] = kept[need]
+        elif need in needs:
             (table, cols), = TABLES[need].items()
             names = (rows or {}).get(need)
             where = [("shortName", strings.ids_of(names))] if names and "shortName" in cols else None
@@ -177,7 +208,9 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
                 frame = read_gpu(src, table, cols, strings)
             frames[attr] = frame
             done(table)
-    if "runtime" in needs:
+    if "runtime" in kept:
+        frames["runtime"] = kept["runtime"]
+    elif "runtime" in needs:
         frames["runtime"] = read_runtime(src, strings)
         done("CUPTI_ACTIVITY_KIND_RUNTIME")
     if "mpi" in needs:
@@ -187,16 +220,24 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     gpu_pids: set[int] = set()
     if has_cuda:
         for attr in ("kernels", "memcpy"):
-            if attr in frames:
+            if attr in extents.tables:
+                gpu_pids.update(extents.pids(attr))
+            elif attr in frames:
                 gpu_pids.update(int(p) for p in np.unique(frames[attr].values("pid")))
-        if not gpu_pids and "runtime" in frames:
+        if not gpu_pids and "runtime" in extents.tables:
+            gpu_pids.update(extents.pids("runtime"))
+        elif not gpu_pids and "runtime" in frames:
             gpu_pids.update(int(p) for p in np.unique(frames["runtime"].values("pid")))
     if not gpu_pids and "nvtx" not in needs:  # the processes with NVTX ranges are the ranks: all ranges needed
         nvtx = read_nvtx(src, strings)
-    range_pids = nvtx.values("pid")[np.isin(nvtx.values("event_type"), [59, 60])]
+    if "nvtx" in extents.tables:
+        range_pids = np.array(sorted(extents.pids("nvtx")), np.int64)
+    else:
+        range_pids = nvtx.values("pid")[np.isin(nvtx.values("event_type"), [59, 60])]
     pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(range_pids))
     meta = {"env": env, "hostname": hostname, "session_start_ns": session_start(src), "synthetic": bool(synthetic),
-            "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": _nvtx_ranks(nvtx, pids or [None])}
+            "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": _nvtx_ranks(nvtx, pids or [None]),
+            "extents": extents.tables}
     return frames, meta
 
 
@@ -204,6 +245,7 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
 # says what it was measured to take on the long captures of bench/RESULTS.md, with some margin)
 BYTES_PER_ROW = 400
 LONG_READ_ROWS = 2_000_000  # a read of more rows than this reports its progress
+PROGRESS_EVERY_S = 10
 
 
 def check_memory(path: Path, counts: dict[str, int], available: int | None = None,
@@ -236,13 +278,25 @@ class _ReadProgress:
         self.path, self.counts = path, counts
         self.total = sum(counts.values())
         self.read = 0
-        self.start = time.monotonic()
+        self.start = self.said = time.monotonic()
+        self.table_read: dict[str, int] = {}
         self.stream = stream or sys.stderr
         if self.total >= LONG_READ_ROWS:
             print(f"{path}: reading {self.total / 1e6:.1f} M rows", file=self.stream, flush=True)
 
     def __call__(self, table: str) -> None:
         self.read += self.counts.get(table, 0)
+        self._say()
+
+    def add(self, table: str, rows: int) -> None:
+        """Rows of a table read a batch at a time: a line every PROGRESS_EVERY_S seconds and at its end."""
+        self.read += rows
+        self.table_read[table] = self.table_read.get(table, 0) + rows
+        if self.table_read[table] >= self.counts.get(table, 0) or time.monotonic() - self.said >= PROGRESS_EVERY_S:
+            self._say()
+
+    def _say(self) -> None:
+        self.said = time.monotonic()
         if self.total < LONG_READ_ROWS:
             return
         spent = time.monotonic() - self.start
@@ -289,10 +343,11 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
             cands["nvtx"] = (meta["nvtx_rank"][str(pid)], "NVTX")
         if file_rank is not None and len(pids) == 1:
             cands["filename"] = (file_rank, "file name")
+        extents = Extents(meta.get("extents")).of(pid if len(pids) > 1 else None)
         rank_data = RankData(file=str(path), pid=pid, session_start_ns=meta["session_start_ns"], env=env,
                       rank_candidates=cands, host=host, local_rank=local[0] if local and len(pids) == 1 else None,
                       has_cuda=meta["has_cuda"], synthetic=meta["synthetic"],
-                      read_from=str(read_from) if read_from is not None else None)
+                      read_from=str(read_from) if read_from is not None else None, extents=extents)
         for attr, frame in frames.items():
             if pid is not None and len(pids) > 1 and "pid" in frame:
                 frame = frame.filter(frame.values("pid") == pid)
@@ -308,26 +363,27 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
 # the loaded frames of a cached report export, kept beside it as Arrow files: a warm run reads them
 # memory-mapped instead of decoding the export's Parquet and string ids again
 
-LOADED_FORMAT = 5  # bump when _read_frames or the layout below changes
+LOADED_FORMAT = 6  # bump when _read_frames or the layout below changes
 LOADED_FILE = "frames.arrows"
 
 
-def _loaded_dir(src: ExportSource, needs: set[str]) -> Path | None:
+def _loaded_dir(src: ExportSource, needs: set[str], selection: Selection | None = None) -> Path | None:
     if src.kind != "parquetdir" or src.origin == src.path:
         return None  # only report exports in the pack's cache; user exports are read as they are
-    return _loaded_path(src.path, needs)
+    return _loaded_path(src.path, needs, selection)
 
 
-def _loaded_path(entry: Path, needs: set[str]) -> Path:
-    return entry / f"loaded-v{LOADED_FORMAT}-{'-'.join(sorted(needs))}"
+def _loaded_path(entry: Path, needs: set[str], selection: Selection | None = None) -> Path:
+    return entry / f"loaded-v{LOADED_FORMAT}-{'-'.join(sorted(needs))}{f'-{selection.tag}' if selection else ''}"
 
 
-def frames_cached(report: Path, needs: set[str], nsys_path: str | None = None) -> bool:
+def frames_cached(report: Path, needs: set[str], nsys_path: str | None = None,
+                  selection: Selection | None = None) -> bool:
     """Whether a warm read of this report needs neither nsys nor the export's Parquet: its loaded frames are
     in the cache. False, never an error, when that cannot be told (no nsys, an unreadable report)."""
     try:
         nsys = nsys_tool.find_nsys(nsys_path, required=False)
-        return nsys is not None and _loaded_path(export_entry(report, nsys), needs).is_dir()
+        return nsys is not None and _loaded_path(export_entry(report, nsys), needs, selection).is_dir()
     except (OSError, PackError):
         return False
 

@@ -42,6 +42,7 @@ MPI_PREFIX = "MPI_"
 TEXT_COLUMNS = {"NVTX_EVENTS": {"text"}, "StringIds": {"value"}, "TARGET_INFO_SYSTEM_ENV": {"name", "value"},
                 "META_DATA_EXPORT": {"name", "value"}}
 SQLITE_BATCH_ROWS = 65536
+STREAM_BATCH_ROWS = 1 << 18  # rows of a long table handled at a time when it is read in batches
 
 
 class ExportSource:
@@ -115,6 +116,49 @@ class ExportSource:
         text = TEXT_COLUMNS.get(table, set())
         return pa.table({c: _normalised(raw.column(c), c in text) for c in cols})
 
+    def read_batches(self, table: str, columns: list[str], rows: int | None = None):
+        """The asked-for columns of a table as `read_arrow` gives them, a batch of about `rows` rows at a time in
+        the table's order, so that a long table is never held whole."""
+        if not self.has(table):
+            return
+        have = self.columns(table)
+        cols = [c for c in dict.fromkeys(columns) if c in have]
+        if not cols:
+            return
+        text = TEXT_COLUMNS.get(table, set())
+        rows = rows or STREAM_BATCH_ROWS
+        if self.kind == "sqlite":
+            parts = self._sqlite_batches(table, cols, rows)
+        else:
+            parts = pq.ParquetFile(self.path / f"{table}.parquet").iter_batches(batch_size=rows, columns=cols)
+        for part in parts:
+            part = pa.table(part) if isinstance(part, pa.RecordBatch) else part
+            if text and self.kind == "sqlite":
+                part = pa.table({c: _unprefixed(part.column(c)) if c in text else part.column(c) for c in cols})
+            yield pa.table({c: _normalised(part.column(c), c in text) for c in cols})
+
+    def _sqlite_batches(self, table: str, cols: list[str], rows: int):
+        """SQLite's rows gathered into batches of about `rows`; a damaged export (values of another type than
+        their column's) is read whole through `_read_sqlite`, which reads those values as nulls."""
+        text = TEXT_COLUMNS.get(table, set())
+        sql = f"SELECT {', '.join(_sqlite_column(c, c in text, False) for c in cols)} FROM {_quoted(table)}"
+        pending, size, given = [], 0, 0
+        try:
+            for batch in self._db.stream(sql, min(rows, SQLITE_BATCH_ROWS)):
+                pending.append(batch)
+                size += batch.num_rows
+                if size >= rows:
+                    yield _joined(pending).rename_columns(cols)
+                    given += size
+                    pending, size = [], 0
+        except _TypeMismatch:  # the rows not given yet, from the whole table read the careful way
+            whole = self._read_sqlite(table, cols, None)
+            for at in range(given, whole.num_rows, rows):
+                yield whole.slice(at, rows)
+            return
+        if pending:
+            yield _joined(pending).rename_columns(cols)
+
     def _read_sqlite(self, table: str, cols: list[str], where) -> pa.Table:
         text = TEXT_COLUMNS.get(table, set())
         condition = ""
@@ -154,6 +198,11 @@ class ExportSource:
                 keep |= _meets(_normalised(group.column(column), column in TEXT_COLUMNS.get(table, ())), test)
             parts.append(group.select(cols).filter(arrow_of(keep)))
         return pa.concat_tables(parts) if parts else file.schema_arrow.empty_table().select(cols)
+
+
+def _joined(batches: list[pa.RecordBatch]) -> pa.Table:
+    """Record batches as one table; a column the driver typed null in a batch of nulls takes the others' type."""
+    return pa.concat_tables([pa.table(b) for b in batches], promote_options="permissive")
 
 
 def _meets(col: pa.Array, test) -> np.ndarray:
@@ -256,6 +305,28 @@ class _SqliteReader:
             stmt.set_sql_query(sql)
             handle, _ = stmt.execute_query()
             return pa.RecordBatchReader._import_from_c(handle.address).read_all()
+        except (self._adbc.Error, pa.ArrowException, OSError) as exc:
+            if "type mismatch" in str(exc).lower():
+                raise _TypeMismatch(str(exc)) from None
+            raise BadInputError(f"{self.path}: cannot be read as an SQLite export ({_first_line(exc)}); export "
+                                "the report again with `nsys export --type sqlite`") from None
+        finally:
+            stmt.close()
+
+    def stream(self, sql: str, batch_rows: int):
+        """The query's record batches of `batch_rows` rows, one at a time (errors as `query` raises them)."""
+        stmt = self._adbc.AdbcStatement(self._conn)
+        try:
+            stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(batch_rows)})
+            stmt.set_sql_query(sql)
+            handle, _ = stmt.execute_query()
+            reader = pa.RecordBatchReader._import_from_c(handle.address)
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    break
+                yield batch
         except (self._adbc.Error, pa.ArrowException, OSError) as exc:
             if "type mismatch" in str(exc).lower():
                 raise _TypeMismatch(str(exc)) from None

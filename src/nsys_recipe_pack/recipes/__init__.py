@@ -56,6 +56,9 @@ class Recipe:
     # peak memory over one rank per event row read: measured on a 680 MB export (bench/RESULTS.md, huge reports)
     # with some margin; None: the default of inputs.rank_data
     bytes_per_row: int | None = None
+    # inputs.Selection: only the rows its map uses, chosen while each table is read a batch at a time, so that
+    # a long capture is never held whole
+    selection: object | None = None
     summary: Callable | None = None  # summary(output folder) -> the lines `nsys-recipe run` prints
     headline: Callable | None = None  # headline(output folder) -> the one line of `nsys-recipe report`'s index
     # diff_metrics(ranks) -> DataFrame metric, key, value over one run's rank data (`nsys-recipe diff`), which

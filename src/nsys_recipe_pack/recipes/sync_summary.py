@@ -19,7 +19,8 @@ from ..gpu import PAGEABLE, gpu_intervals, pair_launches
 from ..gpu import call_key as _call_key
 from ..groups import SortedGroups
 from ..inputs import arrow_of, dictionary_column, ranked_tables, sorted_place
-from ..intervals import covered_length, union_segments
+from ..inputs.selection import Selection
+from ..intervals import covered_length, touching, union_segments
 from ..iterations import range_arrays
 from ..lazy import pd
 from ..nvtx import innermost_of
@@ -135,7 +136,8 @@ def _gpu_busy(rank_data, start: np.ndarray, end: np.ndarray) -> np.ndarray:
 def map_rank(rank_data, options: dict) -> dict:
     rank_data.require("runtime", "sync_summary")
     runtime = rank_data.frame("runtime")
-    if runtime is None or not len(runtime):
+    calls, first_start, last_end = rank_data.extent("runtime")
+    if runtime is None or not calls:
         return _map_result(np.zeros(0, np.int64), [], np.zeros(0, np.int64), [], {c: np.zeros(0, np.int64) for c in
                                                                               ("pid", "tid", "start_ns", "end_ns",
                                                                                "gpu_idle_ns", "kind")}, 0)
@@ -153,7 +155,7 @@ def map_rank(rank_data, options: dict) -> dict:
     busy = _gpu_busy(rank_data, cols["start_ns"], cols["end_ns"])
     cols["gpu_idle_ns"] = cols["end_ns"] - cols["start_ns"] - busy
     cols["waited_ns"] = _waited(rank_data, runtime, sel, cols)
-    wall = int(end_all.max() - start_all.min())
+    wall = last_end - first_start  # of all the rank's calls, also where only the blocking ones were read
     return _map_result(api_codes[sel], list(api_words[:-1]), range_codes, range_words, cols, wall,
                        _flavour(rank_data.env))
 
@@ -174,6 +176,45 @@ def _waited(rank_data, runtime, sel: np.ndarray, cols: dict) -> np.ndarray:
         hit = started < never
         waited[own_op[hit]] = np.clip(started[hit] - cols["start_ns"][own_op[hit]], 0, duration[own_op[hit]])
     return waited
+
+
+def _select(need: str, kept: dict):
+    """The rows the map uses (see `SELECTION`): the calls that may block; the copies and memsets they made;
+    the GPU work during them; the NVTX ranges around them on their threads."""
+    if need == "runtime":
+        def blocking_api(batch):
+            codes, words = batch.codes("name")
+            traits = np.array([_api_traits("" if w is None else str(w)) for w in words], np.int64).reshape(-1, 4)
+            sync, memcpy, asynchronous, memset = traits.T  # an asynchronous memset never blocks (_classify)
+            return ((sync >= 0) | (memcpy == 1) | ((memset == 1) & (asynchronous == 0)))[codes]
+        return blocking_api
+    calls = kept["runtime"]
+    start, end = calls.values("start_ns"), calls.values("end_ns")
+    during = union_segments(start, end)
+    if need in ("memcpy", "memset"):
+        keys = np.unique(_call_key(calls))
+        return lambda batch: (np.isin(_call_key(batch), keys)
+                              | touching(*during, batch.values("start_ns"), batch.values("end_ns")))
+    if need == "kernel":
+        return lambda batch: touching(*during, batch.values("start_ns"), batch.values("end_ns"))
+    tid = calls.values("tid")
+    on_thread = {t: union_segments(start[tid == t], end[tid == t]) for t in np.unique(tid)}  # a few threads
+
+    def around_calls(batch):
+        out = np.zeros(len(batch), bool)
+        range_tid = batch.values("tid")
+        range_start, range_end = batch.values("start_ns"), batch.values("end_ns")
+        for t, segments in on_thread.items():
+            on = np.flatnonzero(range_tid == t)
+            out[on] = touching(*segments, range_start[on], range_end[on])
+        return out
+    return around_calls
+
+
+# A range that touches no call cannot be the innermost around one (inputs.selection reads ranges it names
+# whatever this keeps); nor can GPU work outside every call add to a call's GPU time.
+SELECTION = Selection(tag="sync", order=("runtime", "memcpy", "memset", "kernel", "nvtx"), keep=_select,
+                      columns={"kernel": ["start", "end", "globalPid"]})
 
 
 MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "MPI_LOCALRANKID")
@@ -345,7 +386,7 @@ RECIPE = Recipe(
     needs=frozenset(NEEDS),
     map_rank=map_rank,
     reduce=reduce,
-    bytes_per_row=260,  # 2.12 GB over 10.1 M rows
+    selection=SELECTION,
     summary=summary,
     headline=headline,
     figures="nsys_recipe_pack.plots.sync_summary",

@@ -1,0 +1,183 @@
+"""Reading only the rows a recipe's map uses, a batch at a time, so that an hour-long capture is never held whole.
+
+A recipe that declares a `Selection` gets, for each event table it needs, the rows its `keep` chooses while the
+table is read in batches of `readers.STREAM_BATCH_ROWS` rows, in `order`, each table's choice seeing the rows kept
+of the tables before it (sync_summary: the blocking calls first, then only the GPU work and NVTX ranges that
+overlap them). The frames it gets are the same as a whole read's, filtered: the same dictionaries (the first row
+of every distinct name is carried through the read, then dropped), the same column types, and what the rest of
+the pack reads from a whole table (a rank's processes, its GPU, its unclosed NVTX ranges and the ranges that name
+its rank) taken from every row while it passes (`Extents`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from .events import DOMAIN_CREATE, NVTX_TIMES, gpu_frame, nvtx_frame, runtime_frame, timed_rows
+from .frames import Frame, arrow_of, numpy_of
+from .readers import TABLES, ExportSource, StringTable
+
+RANGE_EVENTS = (59, 60)  # push/pop and start/end ranges
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which rows of each event table a recipe's map uses.
+
+    keep(need, kept) -> None (every row) or a function of one batch (a Frame) giving the rows to keep, where
+    `kept` holds the frames already chosen (by need) of the needs before it in `order`. columns: need -> the
+    export columns the map reads (default: all of `readers.TABLES`); a batch always has them all."""
+
+    tag: str  # names the selection in the cache of loaded frames
+    order: tuple[str, ...]
+    keep: Callable
+    columns: dict = field(default_factory=dict)
+
+
+# need -> (frame attribute, columns whose distinct values make a frame's dictionaries, columns whose nulls
+# make a frame's column nullable)
+_NEEDS = {"nvtx": ("nvtx", ("text", "textId", "domainId"), ()),
+          "kernel": ("kernels", ("shortName", "demangledName"), ()),
+          "memcpy": ("memcpy", (), ()), "memset": ("memset", (), ()), "sync": ("sync", (), ()),
+          "runtime": ("runtime", ("nameId",), ("correlationId",))}
+
+
+class Extents:
+    """Per process, what the whole of each table held: its rows (for NVTX, its range events), first start and
+    last end, and for kernels the devices they ran on. Kept as plain lists, to travel in JSON."""
+
+    def __init__(self, saved: dict | None = None):
+        self.tables: dict = saved or {}  # attr -> {pid: [rows, start, end]}; "devices" -> {pid: {device: n}}
+
+    def add(self, attr: str, frame: Frame) -> None:
+        pid, start = frame.values("pid"), frame.values("start_ns")
+        end = frame.values("end_ns", fill=np.iinfo(np.int64).min)
+        counted = np.isin(frame.values("event_type"), RANGE_EVENTS) if attr == "nvtx" else np.ones(len(pid), bool)
+        table = self.tables.setdefault(attr, {})
+        for p in np.unique(pid):  # a few processes
+            on = pid == p
+            rows, low, high = table.get(str(p), [0, np.iinfo(np.int64).max, np.iinfo(np.int64).min])
+            table[str(p)] = [rows + int(np.count_nonzero(on & counted)), min(low, int(start[on].min())),
+                             max(high, int(end[on].max()))]
+            if attr == "kernels" and "device" in frame:
+                devices = self.tables.setdefault("devices", {}).setdefault(str(p), {})
+                values, counts = np.unique(frame.values("device", fill=-1)[on], return_counts=True)
+                for d, n in zip(values.tolist(), counts.tolist(), strict=True):
+                    devices[str(d)] = devices.get(str(d), 0) + n
+
+    def pids(self, attr: str) -> set[int]:
+        """The processes with rows in the table (NVTX: with ranges)."""
+        return {int(p) for p, (rows, *_) in self.tables.get(attr, {}).items() if attr != "nvtx" or rows}
+
+    def of(self, pid: int | None) -> dict:
+        """One process's extents (all processes together for None): attr -> (rows, start, end), and
+        "devices" -> {device: kernels}."""
+        out: dict = {}
+        for attr, table in self.tables.items():
+            rows = [v for p, v in table.items() if pid is None or p == str(pid)]
+            if attr == "devices":
+                merged: dict = {}
+                for counts in rows:
+                    for d, n in counts.items():
+                        merged[int(d)] = merged.get(int(d), 0) + n
+                out[attr] = merged
+            elif rows:
+                out[attr] = (sum(r[0] for r in rows), min(r[1] for r in rows), max(r[2] for r in rows))
+        return out
+
+
+def read_selected(src: ExportSource, need: str, strings: StringTable, selection: Selection, kept: dict,
+                  extents: Extents, progress: Callable[[str, int], None]) -> Frame:
+    """One need's table read a batch at a time, only the rows `selection` keeps (see the module's docstring)."""
+    attr, dictionary_cols, null_cols = _NEEDS[need]
+    (table, cols), = TABLES[need].items()
+    wanted = selection.columns.get(need, cols)
+    times = NVTX_TIMES if need == "nvtx" else ("start", "end")
+    keep = selection.keep(need, kept)
+    firsts = _Firsts([c for c in dictionary_cols if c in wanted], [c for c in null_cols if c in wanted])
+    parts, extra = [], []
+    for raw in src.read_batches(table, cols):
+        raw = timed_rows(raw, cols, times)
+        frame = _frame(need, raw, cols, strings)
+        extents.add(attr, frame)
+        chosen = np.ones(len(frame), bool) if keep is None else np.asarray(keep(frame), bool)
+        if need == "nvtx":
+            chosen = chosen | _identity_rows(frame)
+            create = numpy_of(raw.column("eventType"), 0) == DOMAIN_CREATE
+            rows = create.copy()  # a domain's name: its create events, every one kept
+            rows[~create] = chosen
+        else:
+            rows = chosen
+        first = firsts.of(raw)
+        take = rows | first
+        parts.append(raw.select([c for c in wanted if c in raw.column_names]).filter(arrow_of(take)))
+        extra.append((first & ~rows)[take])
+        progress(table, raw.num_rows)
+    if not parts:
+        return _frame(need, timed_rows(pa.table({}), wanted, times), wanted, strings)
+    raw = pa.concat_tables(parts)
+    del parts
+    frame = _frame(need, raw, wanted, strings)
+    extra_rows = np.concatenate(extra)
+    if need == "nvtx":  # the frame has no create events
+        extra_rows = extra_rows[numpy_of(raw.column("eventType"), 0) != DOMAIN_CREATE]
+    return frame.filter(~extra_rows) if extra_rows.any() else frame
+
+
+def _frame(need: str, raw: pa.Table, cols: list[str], strings: StringTable) -> Frame:
+    if need == "nvtx":
+        return nvtx_frame(raw, strings)
+    if need == "runtime":
+        return runtime_frame(raw, strings)
+    return gpu_frame(raw, cols, strings)
+
+
+def _identity_rows(nvtx: Frame) -> np.ndarray:
+    """NVTX events every run reads whatever its recipe: ranges never closed (counted and reported) and the
+    events whose names may give the rank."""
+    codes, words = nvtx.codes("name")
+    names_rank = np.array([isinstance(w, str) and "RANK" in w.upper() for w in words], bool)[codes]
+    unclosed = np.isin(nvtx.values("event_type"), RANGE_EVENTS) & nvtx.is_null("end_ns")
+    return names_rank | unclosed
+
+
+class _Firsts:
+    """The first row of every distinct value of some columns, and the first null of others, across batches."""
+
+    def __init__(self, distinct_cols: list[str], null_cols: list[str]):
+        self.distinct_cols, self.null_cols = distinct_cols, null_cols
+        self.seen: dict[str, set] = {c: set() for c in distinct_cols}
+        self.nulls_seen: set[str] = set()
+
+    def of(self, raw: pa.Table) -> np.ndarray:
+        out = np.zeros(raw.num_rows, bool)
+        for c in self.distinct_cols:
+            if c not in raw.column_names:
+                continue
+            col = raw.column(c).combine_chunks()
+            if pa.types.is_string(col.type):
+                enc = col.dictionary_encode()
+                values, words = numpy_of(enc.indices, -1), [None, *enc.dictionary.to_pylist()]
+                distinct, first = np.unique(values, return_index=True)
+                keys = [words[v + 1] for v in distinct.tolist()]
+            else:
+                distinct, first = np.unique(numpy_of(col, -1), return_index=True)
+                keys = [None if not ok else v for v, ok in zip(distinct.tolist(),
+                                                               _present(col, first), strict=True)]
+            new = [i for i, k in enumerate(keys) if k not in self.seen[c]]  # distinct values: few
+            self.seen[c].update(keys[i] for i in new)
+            out[first[new]] = True
+        for c in self.null_cols:
+            if c in raw.column_names and c not in self.nulls_seen and raw.column(c).null_count:
+                out[np.argmax(numpy_of(raw.column(c).is_null(), False))] = True
+                self.nulls_seen.add(c)
+        return out
+
+
+def _present(col: pa.Array, at: np.ndarray) -> list[bool]:
+    """Whether the values at these positions are not null."""
+    return (~numpy_of(col.is_null(), False)[at]).tolist() if col.null_count else [True] * len(at)
