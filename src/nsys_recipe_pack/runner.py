@@ -58,7 +58,7 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
     out = []
     try:
         for rank_data in load_file(Path(path), set(spec.needs_given(options)), nsys_path,
-                                   spec.rows_given(options), spec.bytes_per_row, spec.selection):
+                                   spec.rows_given(options), spec.bytes_per_row, spec.selection, spec.stream):
             out.append(map_rank_data(spec, rank_data, options))
     except MissingToolError:
         raise

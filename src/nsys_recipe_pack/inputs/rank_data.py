@@ -19,6 +19,7 @@ import pyarrow as pa
 from .. import nsys_tool
 from ..errors import BadInputError, MissingTraceError, PackError
 from ..lazy import pd
+from .chunks import STREAM_MIN_ROWS, NotSorted, Stream, time_chunks
 from .discovery import report_stem
 from .events import read_gpu, read_mpi, read_nvtx, read_runtime, recorded_env, session_start
 from .export import export_entry, open_source
@@ -65,6 +66,7 @@ class RankData:
         self.unclosed_ranges = unclosed_ranges  # NVTX ranges with no end: left out of every analysis
         # what the whole tables held where only some of their rows were read (inputs.selection.Extents.of)
         self.extents = extents or {}
+        self.streamed = None  # the map's result, where it was added up span by span of time (inputs.chunks)
         unknown = set(tables) - set(FRAME_NAMES)
         if unknown:
             raise TypeError(f"RankData takes no table {', '.join(sorted(unknown))}")
@@ -145,20 +147,22 @@ def _first_int(env: dict, keys: list[str]) -> tuple[int, str] | None:
 
 def load_file(path: Path, needs: set[str], nsys_path: str | None = None,
               rows: dict[str, list[str]] | None = None, bytes_per_row: int | None = None,
-              selection: Selection | None = None) -> list[RankData]:
+              selection: Selection | None = None, stream: Stream | None = None) -> list[RankData]:
     """Read one input and split it into ranks (one per process that did GPU work, or NVTX work).
 
     rows: need -> names, for recipes that use only some rows (`kernel_pace --kernel`: one kernel's). An export
     is then read for those rows only; a report's export in the pack's cache is read whole once, as its loaded
     frames are kept for every later run. bytes_per_row: the recipe's peak memory per event row read (see
-    `check_memory`). selection: only the rows the recipe's map uses, read a batch at a time (inputs.selection)."""
+    `check_memory`). selection: only the rows the recipe's map uses, read a batch at a time (inputs.selection).
+    stream: a map that adds up over time, run span by span as long tables are read (inputs.chunks)."""
     src = open_source(path, needs, nsys_path)
     cache = _loaded_dir(src, needs, selection)
     try:
         loaded = _read_loaded(cache) if cache is not None else None
         if loaded is None:
-            loaded = _read_frames(src, needs, path, rows if cache is None else None, bytes_per_row, selection)
-            if cache is not None:
+            loaded = _read_frames(src, needs, path, rows if cache is None else None, bytes_per_row, selection,
+                                  stream)
+            if cache is not None and "streamed" not in loaded[1]:
                 _write_loaded(cache, *loaded)
     finally:
         src.close()
@@ -166,7 +170,8 @@ def load_file(path: Path, needs: set[str], nsys_path: str | None = None,
 
 
 def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | None = None,
-                 bytes_per_row: int | None = None, selection: Selection | None = None) -> tuple[dict, dict]:
+                 bytes_per_row: int | None = None, selection: Selection | None = None,
+                 stream: Stream | None = None) -> tuple[dict, dict]:
     """The normalised frames a recipe needs, and what identifies the file's ranks."""
     if not (src.has("StringIds") or src.has("NVTX_EVENTS") or src.has("TARGET_INFO_SESSION_START_TIME")
             or src.kind == "parquetdir" and src.origin != src.path):
@@ -175,11 +180,14 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     # the event tables read whole (those read for a few rows only hold little); those a selection reads a batch
     # at a time hold what it keeps
     streamed = [need for need in selection.order if need in needs] if selection else []
-    whole = [t for need in sorted(needs) if not (rows or {}).get(need) and need not in streamed
+    spans = list(stream.needs) if stream and set(stream.needs) <= needs else []
+    if sum(src.count(t) for need in spans for t in TABLES[need]) < STREAM_MIN_ROWS:
+        spans = []
+    whole = [t for need in sorted(needs) if not (rows or {}).get(need) and need not in streamed + spans
              for t in TABLES.get(need, {})]
     counts = {t: src.count(t) for t in whole}
     check_memory(path, counts, bytes_per_row=bytes_per_row)
-    done = _ReadProgress(path, {**counts, **{t: src.count(t) for need in streamed for t in TABLES[need]}})
+    done = _ReadProgress(path, {**counts, **{t: src.count(t) for need in streamed + spans for t in TABLES[need]}})
     strings = string_table(src)
     env, hostname = recorded_env(src)
     synthetic = "SYNTHETIC" in small_table(src, "META_DATA_EXPORT", ["name"]).get("name", [])
@@ -188,9 +196,20 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     kept: dict[str, Frame] = {}
     for need in streamed:
         kept[need] = read_selected(src, need, strings, selection, kept, extents, done.add)
+    results, found = None, {}
+    if spans:
+        try:
+            state: dict = {}
+            for span_start, span_end, chunk in time_chunks(src, spans, strings, stream.view, extents, done.add, found):
+                stream.fold(state, span_start, span_end, chunk)
+            results = stream.finish(state, found.get("names", []))
+        except NotSorted:  # an export not in time order: its tables whole
+            return _read_frames(src, needs, path, rows, bytes_per_row, selection)
     # NVTX always: its "rank N" ranges are one of the sources of the rank (only those, when no recipe needs more)
     if "nvtx" in kept:
         nvtx = kept["nvtx"]
+    elif "nvtx" in found:
+        nvtx = found["nvtx"]
     else:
         nvtx = read_nvtx(src, strings, only_rank_names="nvtx" not in needs)
         done("NVTX_EVENTS")
@@ -199,7 +218,7 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     for need, attr in [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")]:
         if need in kept:
             frames[attr] = kept[need]
-        elif need in needs:
+        elif need in needs and need not in spans:
             (table, cols), = TABLES[need].items()
             names = (rows or {}).get(need)
             where = [("shortName", strings.ids_of(names))] if names and "shortName" in cols else None
@@ -235,9 +254,12 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     else:
         range_pids = nvtx.values("pid")[np.isin(nvtx.values("event_type"), [59, 60])]
     pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(range_pids))
+    if results is not None and len(pids) <= 1 and len(results) > 1:
+        # one rank holding the work of several processes: its map is not the sum of theirs
+        return _read_frames(src, needs, path, rows, bytes_per_row, selection)
     meta = {"env": env, "hostname": hostname, "session_start_ns": session_start(src), "synthetic": bool(synthetic),
             "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": _nvtx_ranks(nvtx, pids or [None]),
-            "extents": extents.tables}
+            "extents": extents.tables, **({"streamed": results} if results is not None else {})}
     return frames, meta
 
 
@@ -344,10 +366,13 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
         if file_rank is not None and len(pids) == 1:
             cands["filename"] = (file_rank, "file name")
         extents = Extents(meta.get("extents")).of(pid if len(pids) > 1 else None)
+        streamed = meta.get("streamed")
         rank_data = RankData(file=str(path), pid=pid, session_start_ns=meta["session_start_ns"], env=env,
                       rank_candidates=cands, host=host, local_rank=local[0] if local and len(pids) == 1 else None,
                       has_cuda=meta["has_cuda"], synthetic=meta["synthetic"],
                       read_from=str(read_from) if read_from is not None else None, extents=extents)
+        if streamed is not None:
+            rank_data.streamed = (streamed.get(pid) if len(pids) > 1 else next(iter(streamed.values()), None))
         for attr, frame in frames.items():
             if pid is not None and len(pids) > 1 and "pid" in frame:
                 frame = frame.filter(frame.values("pid") == pid)

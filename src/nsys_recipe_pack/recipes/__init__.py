@@ -59,6 +59,8 @@ class Recipe:
     # inputs.Selection: only the rows its map uses, chosen while each table is read a batch at a time, so that
     # a long capture is never held whole
     selection: object | None = None
+    # inputs.chunks.Stream: for a long capture, a map that adds up span by span of time instead of whole tables
+    stream: object | None = None
     summary: Callable | None = None  # summary(output folder) -> the lines `nsys-recipe run` prints
     headline: Callable | None = None  # headline(output folder) -> the one line of `nsys-recipe report`'s index
     # diff_metrics(ranks) -> DataFrame metric, key, value over one run's rank data (`nsys-recipe diff`), which

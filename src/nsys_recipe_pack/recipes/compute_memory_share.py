@@ -13,9 +13,10 @@ import pyarrow as pa
 from ..errors import BadInputError, MissingTraceError
 from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY, gpu_frames
 from ..groups import SortedGroups
-from ..inputs import Frame, arrow_of, dictionary_column, sorted_place
+from ..inputs import Frame, arrow_of, dictionary_column, numpy_of, sorted_place
+from ..inputs.chunks import Stream
 from ..intervals import outermost, split_into_windows, union_lengths
-from ..iterations import NCCL_KERNEL_RE, matching, range_arrays
+from ..iterations import NCCL_KERNEL_RE, closed_range_mask, matching, range_arrays
 from ..lazy import pd
 from . import Metric, Recipe, indented, ms_cell
 
@@ -45,55 +46,64 @@ LEVEL = {c: i for i, c in enumerate(PRIORITY)}  # a category's place in PRIORITY
 def _ops(rank_data) -> dict:
     """The rank's kernels, then copies, then memsets as arrays: times, device, priority level, bytes and
     whether a copy touched pageable memory."""
-    parts = []
-    k = rank_data.frame("kernels")
-    if k is not None and len(k):
-        codes, words = k.codes("name")  # the regex on the few distinct names, spread by code
-        nccl = matching(words, NCCL_KERNEL_RE)[codes]
-        parts.append((k, np.where(nccl, LEVEL["communication"], LEVEL["compute"]), None, None))
-    m = rank_data.frame("memcpy")
-    if m is not None and len(m):
-        kind = m.values("copy_kind", fill=0)
-        level = np.full(len(m), LEVEL["memcpy_other"])
+    parts = [_op_columns(need, rank_data.frame(attr)) for need, attr in GPU_NEEDS]
+    parts = [p for p in parts if p is not None]
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+
+
+GPU_NEEDS = [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset")]
+
+
+def _op_columns(need: str, frame) -> dict | None:
+    """One GPU table's ops as `_ops` gives them (None when it has none)."""
+    if frame is None or not len(frame):
+        return None
+    n = len(frame)
+    bytes_col, pageable = None, np.zeros(n, bool)
+    if need == "kernel":
+        codes, words = frame.codes("name")  # the regex on the few distinct names, spread by code
+        level = np.where(matching(words, NCCL_KERNEL_RE)[codes], LEVEL["communication"], LEVEL["compute"])
+    elif need == "memcpy":
+        kind = frame.values("copy_kind", fill=0)
+        level = np.full(n, LEVEL["memcpy_other"])
         for copy_kind, category in MEMCPY_CATEGORY.items():
             level[kind == copy_kind] = LEVEL[category]
-        pageable = (m.values("src_kind", fill=-1) == PAGEABLE) | (m.values("dst_kind", fill=-1) == PAGEABLE)
-        parts.append((m, level, "bytes", pageable))
-    s = rank_data.frame("memset")
-    if s is not None and len(s):
-        parts.append((s, np.full(len(s), LEVEL["memset"]), "bytes" if "bytes" in s else None, None))
+        pageable = (frame.values("src_kind", fill=-1) == PAGEABLE) | (frame.values("dst_kind", fill=-1) == PAGEABLE)
+        bytes_col = "bytes"
+    else:
+        level = np.full(n, LEVEL["memset"])
+        bytes_col = "bytes" if "bytes" in frame else None
 
-    def column(frame, col, fill, dtype=np.int64):
-        return frame.values(col, fill=fill) if col in frame else np.full(len(frame), fill, dtype)
+    def column(col, fill):
+        return frame.values(col, fill=fill) if col in frame else np.full(n, fill, np.int64)
 
-    def known(frame, col):
-        return ~frame.is_null(col) if col in frame else np.zeros(len(frame), bool)
+    def known(col):
+        return ~frame.is_null(col) if col in frame else np.zeros(n, bool)
 
-    return {
-        "start": np.concatenate([f.values("start_ns") for f, *_ in parts]),
-        "end": np.concatenate([f.values("end_ns") for f, *_ in parts]),
-        "device": np.concatenate([column(f, "device", 0) for f, *_ in parts]),
-        "has_device": np.concatenate([known(f, "device") for f, *_ in parts]),
-        "level": np.concatenate([level for _, level, _, _ in parts]).astype(np.int64),
-        "bytes": np.concatenate([column(f, b, 0) if b else np.zeros(len(f), np.int64) for f, _, b, _ in parts]),
-        "has_bytes": np.concatenate([known(f, b) if b else np.zeros(len(f), bool) for f, _, b, _ in parts]),
-        "pageable": np.concatenate([np.zeros(len(f), bool) if p is None else p for f, _, _, p in parts]),
-    }
+    return {"start": frame.values("start_ns"), "end": frame.values("end_ns"), "device": column("device", 0),
+            "has_device": known("device"), "level": level.astype(np.int64),
+            "bytes": column(bytes_col, 0) if bytes_col else np.zeros(n, np.int64),
+            "has_bytes": known(bytes_col) if bytes_col else np.zeros(n, bool), "pageable": pageable}
 
 
 def _split(ops: dict, group: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, dict]:
     """Per window (group 0..len(lo)-1) and category: ops, sum, union, bytes and pageable copies, and idle: the
     rest of the window. Rows by category (PRIORITY order, then idle), then window; a category's row is kept
     when it has ops or union time. Returns each row's window and the columns."""
-    n, c = len(lo), len(PRIORITY)
+    return _rows(_cells(ops, group, len(lo)), lo, hi)
+
+
+def _cells(ops: dict, group: np.ndarray, n: int, counted: np.ndarray | None = None,
+           duration: np.ndarray | None = None) -> dict:
+    """What `_rows` needs per (group, category), as sums over the ops, so that the cells of spans of time add up:
+    ops, bytes and pageable copies over the `counted` ops (default all), the sum of `duration` (default
+    end - start) and `covered[i]`, the union of the ops of the first i categories, over all of them."""
+    c = len(PRIORITY)
     cell = group * c + ops["level"]
-    ops_n = np.bincount(cell, minlength=n * c)
-    sum_ns = _sum_by(cell, ops["end"] - ops["start"], n * c)
-    has_bytes = ops["has_bytes"]
-    bytes_n = np.bincount(cell[has_bytes], minlength=n * c)
-    bytes_sum = _sum_by(cell[has_bytes], ops["bytes"][has_bytes], n * c)
-    pageable = np.bincount(cell[ops["pageable"]], minlength=n * c)
-    covered = np.zeros((c + 1, n), np.int64)  # covered[i]: union of the first i categories, per window
+    counted = np.ones(len(cell), bool) if counted is None else counted
+    duration = ops["end"] - ops["start"] if duration is None else duration
+    has_bytes = ops["has_bytes"] & counted
+    covered = np.zeros((c + 1, n), np.int64)  # covered[i]: union of the first i categories, per group
     present = np.bincount(ops["level"], minlength=c) > 0
     for i in range(c):  # a pass per category present, each vectorised over all ops
         covered[i + 1] = covered[i]
@@ -101,23 +111,33 @@ def _split(ops: dict, group: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tupl
             sel = ops["level"] <= i
             groups, lengths = union_lengths(group[sel], ops["start"][sel], ops["end"][sel])
             covered[i + 1][groups] = lengths
+    return {"ops": np.bincount(cell[counted], minlength=n * c), "sum": _sum_by(cell, duration, n * c),
+            "bytes_n": np.bincount(cell[has_bytes], minlength=n * c),
+            "bytes": _sum_by(cell[has_bytes], ops["bytes"][has_bytes], n * c),
+            "pageable": np.bincount(cell[ops["pageable"] & counted], minlength=n * c), "covered": covered}
+
+
+def _rows(cells: dict, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, dict]:
+    """`_split`'s rows from the cells of its windows."""
+    n, c = len(lo), len(PRIORITY)
+    covered = cells["covered"]
     union = np.concatenate([(covered[1:] - covered[:-1]).ravel(), hi - lo - covered[c]])
     window = np.tile(np.arange(n), c + 1)
     category = np.repeat(np.arange(c + 1), n)  # c: idle
     at = np.where(category < c, window * c + np.minimum(category, c - 1), 0)
     real = category < c
-    count = np.where(real, ops_n[at], 0)
+    count = np.where(real, cells["ops"][at], 0)
     keep = (union > 0) | (count > 0) | ~real
     at, real, count = at[keep], real[keep], count[keep]
-    with_bytes = real & (bytes_n[at] > 0)
+    with_bytes = real & (cells["bytes_n"][at] > 0)
     return window[keep], {
         "category": category[keep],  # codes into CATEGORIES
         "union_ns": union[keep],
         "ops": count,
-        "sum_ns": np.where(real, sum_ns[at], 0),
-        "bytes": np.where(with_bytes, bytes_sum[at], 0),
+        "sum_ns": np.where(real, cells["sum"][at], 0),
+        "bytes": np.where(with_bytes, cells["bytes"][at], 0),
         "has_bytes": with_bytes,
-        "pageable_ops": np.where(real, pageable[at], 0),
+        "pageable_ops": np.where(real, cells["pageable"][at], 0),
     }
 
 
@@ -149,6 +169,8 @@ BY_RANGE_DTYPES = {"range_name": "str", "category": "str", "instances": "int64",
 
 def map_rank(rank_data, options: dict) -> dict:
     rank_data.require("gpu", "compute_memory_share")
+    if rank_data.streamed is not None:  # added up span by span as a long capture was read (STREAM)
+        return rank_data.streamed
     if not gpu_frames(rank_data):
         return {"share": None, "by_range": None}
     ops = _ops(rank_data)
@@ -263,6 +285,183 @@ def diff_metrics(ranks) -> pd.DataFrame | None:
     return pd.concat(rows, ignore_index=True) if rows else None
 
 
+# One long capture, a span of time at a time (inputs.chunks): per process, each span's cells are added up, the ops
+# still running at its end carried into the next span, and the top-level NVTX ranges found as they start.
+
+OP_COLUMNS = ["start", "end", "device", "has_device", "level", "bytes", "has_bytes", "pageable"]
+INT64_MIN = np.iinfo(np.int64).min
+
+
+def _view(need: str, frame) -> pa.Table:
+    """The columns a span's rows carry: an op's `_op_columns`, a closed NVTX range's times, thread and name."""
+    if need == "nvtx":
+        closed = closed_range_mask(frame)
+        codes, words = frame.codes("name")
+        return pa.table({**{c: arrow_of(frame.values(c)[closed]) for c in ("start_ns", "end_ns", "tid", "pid")},
+                         "name": pa.array(words[codes[closed]].astype(object), pa.string())})
+    ops = _op_columns(need, frame) or {c: np.zeros(0, bool if c in ("has_device", "has_bytes", "pageable")
+                                                     else np.int64) for c in OP_COLUMNS}
+    return pa.table({"start_ns": arrow_of(ops["start"]), **{c: ops[c] for c in OP_COLUMNS[1:]},
+                     "pid": arrow_of(frame.values("pid"))})
+
+
+class _Process:
+    """What one process's spans add up to so far."""
+
+    def __init__(self):
+        self.devices: dict[int, dict] = {}  # device -> its cells, first start and last end
+        self.carry = {c: np.zeros(0, np.int64) for c in (*OP_COLUMNS, "first_start")}
+        self.thread_reach: dict[int, int] = {}
+        self.reach = INT64_MIN  # of the top-level candidates across threads
+        self.ranges = 0  # closed ranges seen
+        self.windows = {"start": np.zeros(0, np.int64), "end": np.zeros(0, np.int64), "name": np.zeros(0, object)}
+        self.window_cells: dict | None = None
+
+
+def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
+    ops = [chunk.get(need) for need, _ in GPU_NEEDS]
+    ops = [t for t in ops if t is not None and t.num_rows]
+    ops = pa.concat_tables(ops) if ops else None
+    ranges = chunk.get("nvtx")
+    pids = set()
+    for t in (ops, ranges):
+        if t is not None and t.num_rows:
+            pids.update(np.unique(numpy_of(t.column("pid"))).tolist())
+    pids.update(p for p, proc in state.items() if len(proc.carry["start"]))
+    for pid in sorted(pids):
+        proc = state.setdefault(pid, _Process())
+        new = _rows_of(ops, pid, ["start_ns", *OP_COLUMNS[1:]])
+        new["start"] = new.pop("start_ns")
+        _top_level_windows(proc, _rows_of(ranges, pid, ["start_ns", "end_ns", "tid", "name"]))
+        _fold_ops(proc, new, span_start, span_end)
+
+
+def _rows_of(table: pa.Table | None, pid: int, columns: list[str]) -> dict:
+    if table is None or not table.num_rows:
+        return {c: np.zeros(0, object if c == "name" else np.int64) for c in columns}
+    on = numpy_of(table.column("pid")) == pid
+    out = {}
+    for c in columns:
+        col = table.column(c)
+        out[c] = (np.asarray(col.to_numpy(zero_copy_only=False), object)[on] if c == "name"
+                  else numpy_of(col)[on])
+    return out
+
+
+def _fold_ops(proc: _Process, new: dict, span_start: int, span_end: int) -> None:
+    """A span's ops of one process (and those carried into it) into its devices' and windows' cells."""
+    n_new = len(new["start"])
+    pieces = {c: np.concatenate([new[c].astype(proc.carry[c].dtype), proc.carry[c]]) for c in OP_COLUMNS}
+    pieces["first_start"] = np.concatenate([new["start"], proc.carry["first_start"]])
+    counted = np.arange(len(pieces["start"])) < n_new  # an op's own row, not a part carried from a span before
+    for c in ("has_device", "has_bytes", "pageable"):
+        pieces[c] = pieces[c].astype(bool)
+    later = pieces["end"] > span_end
+    proc.carry = {c: v[later] for c, v in pieces.items()}
+    proc.carry["start"] = np.full(int(later.sum()), span_end, np.int64)
+    clipped = {**pieces, "end": np.minimum(pieces["end"], span_end)}
+    # devices: an op's count, time and bytes where it starts, its union span by span
+    on = clipped["has_device"]
+    devices, group = np.unique(clipped["device"][on], return_inverse=True)
+    duration = np.zeros(len(counted), np.int64)
+    duration[:n_new] = new["end"] - new["start"]
+    dev_ops = {c: v[on] for c, v in clipped.items()}
+    cells = _cells(dev_ops, group.reshape(-1).astype(np.int64), len(devices), counted[on], duration[on])
+    c = len(PRIORITY)
+    for i, device in enumerate(devices.tolist()):
+        mine = group.reshape(-1) == i
+        first = counted[on] & mine  # the device's first start and last end, from its ops' own rows
+        d = proc.devices.setdefault(device, {"cells": None, "lo": np.iinfo(np.int64).max, "hi": INT64_MIN})
+        if first.any():
+            d["lo"] = min(d["lo"], int(dev_ops["start"][first].min()))
+            d["hi"] = max(d["hi"], int(pieces["end"][on][first].max()))
+        one = {k: (v[:, i:i + 1] if k == "covered" else v[i * c:(i + 1) * c]) for k, v in cells.items()}
+        d["cells"] = one if d["cells"] is None else {k: d["cells"][k] + one[k] for k in one}
+    # windows: an op's count and bytes in the span holding its first moment in the window, time span by span
+    w = proc.windows
+    open_at = np.flatnonzero(w["end"] > span_start) if len(w["end"]) else np.zeros(0, np.int64)
+    if not len(open_at) or not len(clipped["start"]):
+        return
+    ws, we = w["start"][open_at], w["end"][open_at]
+    ev, win, cs, ce = split_into_windows(clipped["start"], clipped["end"], ws, we)
+    if not len(ev):
+        return
+    first = cs == np.maximum(pieces["first_start"][ev], ws[win])
+    parts = {**{k: v[ev] for k, v in clipped.items()}, "start": cs, "end": ce}
+    span_cells = _cells(parts, win, len(ws), first, ce - cs)
+    cells = proc.window_cells
+    cells["covered"][:, open_at] += span_cells["covered"]
+    at = (open_at[:, None] * c + np.arange(c)).ravel()
+    for k in ("ops", "sum", "bytes_n", "bytes", "pageable"):
+        cells[k][at] += span_cells[k]
+
+
+def _top_level_windows(proc: _Process, ranges: dict) -> None:
+    """`_top_level` over the ranges starting in a span, each thread's reach and the reach across threads carried
+    from the spans before: the new windows, appended in time order."""
+    n = len(ranges["start_ns"])
+    if not n:
+        return
+    proc.ranges += n
+    start, end, tid = ranges["start_ns"], ranges["end_ns"], ranges["tid"]
+    threads = np.unique(tid)
+    carried = np.array([t for t in threads.tolist() if t in proc.thread_reach], np.int64)
+    reach = np.array([proc.thread_reach[t] for t in carried.tolist()], np.int64)
+    k = len(carried)
+    top = outermost(np.r_[carried, tid], np.r_[np.full(k, INT64_MIN), start], np.r_[reach, end])
+    top = top[top >= k] - k
+    for t, high in zip(*_max_by(tid, end), strict=True):
+        proc.thread_reach[t] = max(proc.thread_reach.get(t, INT64_MIN), high)
+    top = top[np.argsort(start[top], kind="stable")]
+    s, e = start[top], end[top]
+    before = np.maximum.accumulate(np.r_[proc.reach, e])[:-1]
+    proc.reach = max(proc.reach, int(e.max())) if len(e) else proc.reach
+    new = top[s >= before]
+    w = proc.windows
+    proc.windows = {"start": np.r_[w["start"], start[new]], "end": np.r_[w["end"], end[new]],
+                    "name": np.concatenate([w["name"], ranges["name"][new]])}
+    c = len(PRIORITY)
+    grown = {"ops": c, "sum": c, "bytes_n": c, "bytes": c, "pageable": c}
+    cells = proc.window_cells or {**{k: np.zeros(0, np.int64) for k in grown},
+                                  "covered": np.zeros((c + 1, 0), np.int64)}
+    proc.window_cells = {**{k: np.r_[cells[k], np.zeros(len(new) * c, np.int64)] for k in grown},
+                         "covered": np.concatenate([cells["covered"], np.zeros((c + 1, len(new)), np.int64)], axis=1)}
+
+
+def _max_by(keys: np.ndarray, values: np.ndarray) -> tuple[list, list]:
+    groups = SortedGroups(keys)
+    return groups.keys.tolist(), groups.max(values).tolist()
+
+
+def _finish(state: dict, names: list) -> dict:
+    """Each process's map result, as `map_rank` gives it from a whole read."""
+    words = np.array([*names, None], object)
+    place = {w: i for i, w in enumerate(names)}
+    out = {}
+    for pid, proc in state.items():
+        share = None
+        if proc.devices:
+            devices = sorted(proc.devices)
+            cells = {k: (np.concatenate([proc.devices[d]["cells"][k] for d in devices], axis=1) if k == "covered"
+                         else np.concatenate([proc.devices[d]["cells"][k] for d in devices]))
+                     for k in proc.devices[devices[0]]["cells"]}
+            lo = np.array([proc.devices[d]["lo"] for d in devices], np.int64)
+            hi = np.array([proc.devices[d]["hi"] for d in devices], np.int64)
+            window, cols = _rows(cells, lo, hi)
+            share = _table({"device": np.array(devices, np.int64)[window], **cols}, {"category": CATEGORIES})
+        by_range = None
+        if proc.ranges:
+            w = proc.windows
+            window, cols = _rows(proc.window_cells, w["start"], w["end"])
+            codes = np.array([place[n] for n in w["name"].tolist()], np.int64)
+            by_range = _by_name(codes[window], words, cols)
+        out[pid] = {"share": share, "by_range": by_range}
+    return out
+
+
+STREAM = Stream(needs=("kernel", "memcpy", "memset", "nvtx"), view=_view, fold=_fold, finish=_finish)
+
+
 RECIPE = Recipe(
     name="compute_memory_share",
     display_name="Compute vs memory share",
@@ -271,7 +470,8 @@ RECIPE = Recipe(
     needs=frozenset(NEEDS),
     map_rank=map_rank,
     reduce=reduce,
-    bytes_per_row=260,  # 1.56 GB over 7.3 M rows
+    bytes_per_row=260,  # 1.56 GB over 7.3 M rows, when its tables are read whole
+    stream=STREAM,
     summary=summary,
     headline=headline,
     figures="nsys_recipe_pack.plots.compute_memory_share",

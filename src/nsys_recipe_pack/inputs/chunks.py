@@ -1,0 +1,124 @@
+"""Several event tables read together in time order, a span of time at a time, for recipes whose map adds up over
+time (compute_memory_share): an hour-long capture then never has to be held whole.
+
+Nsight Systems exports every event table sorted by start. `time_chunks` reads each table a batch at a time and
+hands over, span after span, every row of every table that starts in the span: a row starting before the span's
+end is in it or in an earlier one. A table found out of order raises `NotSorted` before anything is handed over
+twice, and the caller reads the tables whole instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from .events import DOMAIN_CREATE, NVTX_TIMES, nvtx_frame, timed_rows
+from .frames import arrow_of, numpy_of
+from .readers import TABLES, ExportSource, StringTable
+from .selection import _NEEDS, Extents, _Firsts, _frame, _identity_rows
+
+END_OF_TIME = np.iinfo(np.int64).max
+
+
+STREAM_MIN_ROWS = 2_000_000  # tables shorter than this are read whole (and their frames cached for warm runs)
+
+
+@dataclass(frozen=True)
+class Stream:
+    """A recipe map that adds up over time, fed span by span (`time_chunks`) instead of whole tables.
+
+    view(need, batch Frame) -> the plain Arrow columns (start_ns and pid among them) a span's rows carry;
+    fold(state, span start, span end, need -> rows) adds one span into `state` (a dict, empty at first);
+    finish(state, NVTX names) -> pid -> the map's result for that process."""
+
+    needs: tuple[str, ...]
+    view: Callable
+    fold: Callable
+    finish: Callable
+
+
+class NotSorted(Exception):
+    """A table's rows are not in the order of their start."""
+
+
+def time_chunks(src: ExportSource, needs: list[str], strings: StringTable, view: Callable, extents: Extents,
+                progress: Callable[[str, int], None], found: dict) -> Iterator[tuple[int, int, dict[str, pa.Table]]]:
+    """(span start, span end, need -> rows starting in the span) in time order; the last span ends at
+    END_OF_TIME. view(need, batch Frame) -> the plain Arrow columns a chunk's rows carry (`start_ns` among them).
+    Once NVTX is read, `found` holds its "names" (the name dictionary a whole read gives; a view refers to names
+    by their strings) and "nvtx", the events every read keeps (inputs.selection._identity_rows)."""
+    streams = {need: _batches(src, need, strings, view, extents, progress, found) for need in needs}
+    pending: dict[str, pa.Table | None] = dict.fromkeys(needs)
+    live = set(needs)
+    frontier = np.iinfo(np.int64).min
+    while True:
+        for need in needs:  # every table that still has rows holds some beyond the last span's end
+            while need in live and _exhausted_at(pending[need]):
+                batch = next(streams[need], None)
+                if batch is None:
+                    live.discard(need)
+                    break
+                starts = numpy_of(batch.column("start_ns"))
+                before = frontier if pending[need] is None or not pending[need].num_rows else _last_start(pending[need])
+                if len(starts) and (starts[0] < before or np.any(starts[1:] < starts[:-1])):
+                    raise NotSorted(need)
+                pending[need] = batch if pending[need] is None else pa.concat_tables([pending[need], batch])
+        end = min((_last_start(pending[n]) for n in live), default=END_OF_TIME)
+        chunk = {}
+        for need in needs:
+            rows = pending[need]
+            if rows is None:
+                chunk[need] = None
+                continue
+            cut = int(np.searchsorted(numpy_of(rows.column("start_ns")), end, side="left")) if end < END_OF_TIME \
+                else rows.num_rows
+            chunk[need], pending[need] = rows.slice(0, cut), rows.slice(cut)
+        yield frontier, end, chunk
+        if end == END_OF_TIME:
+            return
+        frontier = end
+
+
+def _exhausted_at(rows: pa.Table | None) -> bool:
+    """No row, or rows all starting at one instant (the span ends there, so none of them is handed over)."""
+    if rows is None or not rows.num_rows:
+        return True
+    starts = numpy_of(rows.column("start_ns"))
+    return starts[0] == starts[-1]
+
+
+def _last_start(rows: pa.Table) -> int:
+    return int(numpy_of(rows.column("start_ns"))[-1])
+
+
+def _batches(src: ExportSource, need: str, strings: StringTable, view: Callable, extents: Extents,
+             progress: Callable, found: dict) -> Iterator[pa.Table]:
+    attr = _NEEDS[need][0]
+    (table, cols), = TABLES[need].items()
+    times = NVTX_TIMES if need == "nvtx" else ("start", "end")
+    firsts = _Firsts(["text", "textId", "domainId"], []) if need == "nvtx" else None
+    kept, extra = [], []
+    for raw in src.read_batches(table, cols):
+        raw = timed_rows(raw, cols, times)
+        frame = _frame(need, raw, cols, strings)
+        extents.add(attr, frame)
+        if firsts is not None:  # the events every read keeps, and the rows that make the names' dictionary
+            create = numpy_of(raw.column("eventType"), 0) == DOMAIN_CREATE
+            rows = create.copy()
+            rows[~create] = _identity_rows(frame)
+            first = firsts.of(raw)
+            kept.append(raw.filter(arrow_of(rows | first)))
+            extra.append((first & ~rows)[rows | first])
+        progress(table, raw.num_rows)
+        yield view(need, frame)
+    if firsts is not None:
+        raw = pa.concat_tables(kept) if kept else timed_rows(pa.table({}), cols, times)
+        nvtx = nvtx_frame(raw, strings)
+        extra_rows = np.concatenate(extra)[numpy_of(raw.column("eventType"), 0) != DOMAIN_CREATE] if extra else \
+            np.zeros(0, bool)
+        found["names"] = list(nvtx.codes("name")[1][:-1])
+        found["nvtx"] = nvtx.filter(~extra_rows) if extra_rows.any() else nvtx
+

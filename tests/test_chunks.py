@@ -1,0 +1,95 @@
+"""compute_memory_share on a long capture, added up span by span of time as its tables are read (inputs.chunks):
+the same tables as the map over whole tables, however the tables are cut, and the whole read wherever spans
+cannot give the same answer."""
+
+import shutil
+import sqlite3
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from test_selection import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
+
+from nsys_recipe_pack.inputs import chunks, load_file, rank_data, readers
+from nsys_recipe_pack.inputs.readers import ExportSource, string_table
+from nsys_recipe_pack.inputs.selection import Extents
+from nsys_recipe_pack.recipes import compute_memory_share as share
+
+NEEDS = set(share.NEEDS)
+
+
+@pytest.fixture()
+def always_spans(monkeypatch):
+    monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+
+
+def _same_maps(path, expect_spans=True):
+    whole, spanned = load_file(path, NEEDS), load_file(path, NEEDS, stream=share.STREAM)
+    assert [r.pid for r in whole] == [r.pid for r in spanned]
+    for a, b in zip(whole, spanned, strict=True):
+        assert (b.streamed is not None) == expect_spans, path
+        want, got = share.map_rank(a, {}), share.map_rank(b, {})
+        for key in ("share", "by_range"):
+            assert (got[key] is None) == (want[key] is None), (path, key)
+            if want[key] is not None:
+                assert got[key].equals(want[key]), (path, key)  # values, names' dictionaries and types
+        assert (b.gpu, b.unclosed_ranges, b.rank_candidates) == (a.gpu, a.unclosed_ranges, a.rank_candidates)
+    return whole
+
+
+@pytest.mark.parametrize("batch_rows", [7, 1000])
+def test_spans_give_the_whole_reads_tables(synthetic, always_spans, monkeypatch, batch_rows):  # noqa: F811
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", batch_rows)
+    for path in [REAL_NCCL, REAL_GLOO, synthetic["sqlite"][2], synthetic["parquetdir"][2]]:
+        ranks = _same_maps(path)
+        assert any(share.map_rank(r, {})["by_range"] is not None for r in ranks), path
+
+
+def test_every_row_is_handed_over_once_in_its_span(always_spans, monkeypatch):
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 5)
+    src = ExportSource(REAL_NCCL, "sqlite")
+    try:
+        seen = {n: [] for n in share.STREAM.needs}
+        spans = []
+        view = lambda need, frame: pa.table({"start_ns": frame.values("start_ns")})  # noqa: E731
+        for low, high, chunk in chunks.time_chunks(src, list(share.STREAM.needs), string_table(src), view, Extents(),
+                                                   lambda t, n: None, {}):
+            spans.append((low, high))
+            for need, rows in chunk.items():
+                starts = np.zeros(0, np.int64) if rows is None else rows.column("start_ns").to_numpy()
+                assert ((starts >= low) & (starts < high)).all() or high == chunks.END_OF_TIME
+                seen[need].append(starts)
+        for need in share.STREAM.needs:
+            (table, _), = readers.TABLES[need].items()
+            want = np.sort(src.read_arrow(table, ["start"]).column("start").to_numpy())
+            assert np.array_equal(np.concatenate(seen[need]), want), need
+    finally:
+        src.close()
+    assert len(spans) > 10 and all(a[1] == b[0] for a, b in zip(spans, spans[1:], strict=False))
+    assert spans[-1][1] == chunks.END_OF_TIME
+
+
+def test_an_export_out_of_time_order_is_read_whole(tmp_path, always_spans, monkeypatch):
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 50)
+    path = tmp_path / "shuffled.sqlite"
+    shutil.copy(REAL_GLOO, path)
+    con = sqlite3.connect(path)  # the kernels written again latest first
+    con.execute("CREATE TABLE k AS SELECT * FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start DESC")
+    con.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL")
+    con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT * FROM k")
+    con.execute("DROP TABLE k")
+    con.commit()
+    con.close()
+    _same_maps(path, expect_spans=False)
+
+
+def test_one_rank_holding_several_processes_is_read_whole(tmp_path, always_spans):
+    """A report of one GPU process whose NVTX ranges partly come from another process: the rank's ranges are all
+    of them, which per-process spans do not give."""
+    path = tmp_path / "two_processes.sqlite"
+    shutil.copy(REAL_GLOO, path)
+    con = sqlite3.connect(path)
+    con.execute(f"UPDATE NVTX_EVENTS SET globalTid = globalTid + {1 << 24} WHERE rowid % 2 = 0")
+    con.commit()
+    con.close()
+    _same_maps(path, expect_spans=False)
