@@ -354,8 +354,9 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
             lines.append(f"| {copies} | {int(p['size_mb'].iloc[0])} | {rows_text} | {recipe} | {form} | {pack}| "
                          f"{fs:.2f} | {ratio} | {b['builtin'].iloc[0]} | {builtin} | "
                          f"{'—' if failed else 'found' if p['truth'].all() else 'not found'} |")
-    lines += [f"Rows of {', '.join(u['recipes'])} measured again by `{u['command']}` on {u['date']}; the others "
-              "are the first run's." for u in meta.get("updates", [])]
+    updates = meta.get("updates", [])
+    lines += [""] + [f"Rows of {', '.join(u['recipes'])} measured again by `{u['command']}` on {u['date']}."
+                     for u in updates] + ["The other rows are the first run's."] if updates else []
     lines += ["", f"Every command, in order, with its output: `{meta['raw']}/commands.log`; raw numbers: "
               f"`{meta['raw']}/huge.json`.", END]
     replace_section(results, BEGIN, END, "\n".join(lines))

@@ -1,6 +1,8 @@
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from nsys_recipe_pack.intervals import split_into_windows, union_lengths, union_segments
+from nsys_recipe_pack.intervals import prefix_union_lengths, split_into_windows, union_lengths, union_segments
 
 
 def test_union_length_by_group_hand_case():
@@ -16,6 +18,34 @@ def test_union_length_by_group_hand_case():
 def test_union_touching_intervals_are_not_double_counted():
     groups, lengths = union_lengths(np.zeros(3, int), np.array([0, 10, 10]), np.array([10, 20, 15]))
     assert (groups.tolist(), lengths.tolist()) == ([0], [20])
+
+
+def test_prefix_unions_by_hand():
+    # group 0: level 0 [0,10), level 1 [5,20), level 2 [30,40); group 1: level 1 [0,4)
+    covered = prefix_union_lengths(np.array([0, 0, 0, 1]), np.array([0, 5, 30, 0]), np.array([10, 20, 40, 4]),
+                                   np.array([0, 1, 2, 1]), 3, 2)
+    assert covered.tolist() == [[0, 0], [10, 0], [20, 4], [30, 4]]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-50, 50), st.integers(0, 40), st.integers(0, 4)),
+                max_size=40),
+       st.booleans())
+def test_prefix_unions_equal_one_union_per_prefix(rows, wide):
+    """Against union_lengths over each prefix of levels; `wide` spreads the times over 2**61 ns, where the
+    ends cannot be lifted per group and their ranks are used."""
+    g = np.array([r[0] for r in rows], np.int64)
+    s = np.array([r[1] for r in rows], np.int64) * (2**55 if wide else 1)
+    e = s + np.array([r[2] for r in rows], np.int64)
+    level = np.array([r[3] for r in rows], np.int64)
+    covered = prefix_union_lengths(g, s, e, level, 5, 4)
+    for i in range(6):
+        want = np.zeros(4, np.int64)
+        sel = level < i
+        if sel.any():
+            groups, lengths = union_lengths(g[sel], s[sel], e[sel])
+            want[groups] = lengths
+        assert covered[i].tolist() == want.tolist()
 
 
 def test_split_into_windows_clips_events_spanning_windows():

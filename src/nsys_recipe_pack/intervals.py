@@ -46,11 +46,7 @@ def union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tu
     e = np.asarray(ends, np.int64)
     order = np.lexsort((s, g))
     g, s, e = g[order], s[order], e[order]
-    # a running maximum of the ends that restarts with each group: on dense ranks of the ends, shifted
-    # by group so that every group's ranks lie above all earlier groups' ranks
-    values, rank = np.unique(e, return_inverse=True)
-    shift = g.astype(np.int64) * (len(values) + 1)
-    reach = values[np.maximum.accumulate(rank + shift) - shift]
+    reach = running_max_by_group(g, e)
     new = np.ones(len(s), bool)
     new[1:] = (g[1:] != g[:-1]) | (s[1:] > reach[:-1])
     firsts = np.flatnonzero(new)
@@ -58,6 +54,52 @@ def union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tu
     seg_group = g[firsts]
     group_first = np.flatnonzero(np.r_[True, seg_group[1:] != seg_group[:-1]])
     return groups[seg_group[group_first]], np.add.reduceat(seg_len, group_first)
+
+
+def running_max_by_group(group: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """The running maximum of `values` that restarts with each group, for rows sorted by group (small integers
+    from 0): each group's values lifted above all earlier groups' (on their ranks where that would not fit in
+    int64), so that one maximum.accumulate serves every group."""
+    if not len(values):
+        return np.zeros(0, np.int64)
+    group = np.asarray(group, np.int64)
+    low = int(values.min())
+    span = int(values.max()) - low + 1
+    if (int(group.max()) + 1) * span < 1 << 62:
+        lift = group * span
+        return np.maximum.accumulate(values - low + lift) - lift + low
+    distinct, rank = np.unique(values, return_inverse=True)
+    lift = group * (len(distinct) + 1)
+    return distinct[np.maximum.accumulate(rank.reshape(-1) + lift) - lift]
+
+
+def prefix_union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray, level: np.ndarray, levels: int,
+                         n: int) -> np.ndarray:
+    """covered[i, g]: the length of the union of group g's intervals of level below i, for i in 0..levels (groups
+    and levels small integers from 0, n groups).
+
+    One sort of all intervals by group and start serves every prefix of levels: each keeps that order, so its
+    union is a running maximum per group (union_lengths would sort again for each)."""
+    covered = np.zeros((levels + 1, n), np.int64)
+    if not len(starts):
+        return covered
+    order = np.lexsort((starts, group))
+    g, s, e, lv = (np.asarray(a, np.int64)[order] for a in (group, starts, ends, level))
+    present = np.bincount(lv, minlength=levels) > 0
+    for i in range(levels):
+        covered[i + 1] = covered[i]
+        if not present[i]:
+            continue
+        sel = lv <= i
+        gi, si, ei = g[sel], s[sel], e[sel]
+        reach = running_max_by_group(gi, ei)
+        new = np.ones(len(si), bool)
+        new[1:] = (gi[1:] != gi[:-1]) | (si[1:] > reach[:-1])
+        firsts = np.flatnonzero(new)
+        lengths = np.zeros(n, np.int64)
+        np.add.at(lengths, gi[firsts], reach[np.r_[firsts[1:] - 1, len(si) - 1]] - si[firsts])
+        covered[i + 1] = lengths
+    return covered
 
 
 def union_segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -108,7 +150,5 @@ def outermost(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarr
         return order
     g, s, e = group[order], start[order], end[order]
     new_group = np.r_[True, g[1:] != g[:-1]]
-    ends, rank = np.unique(e, return_inverse=True)
-    shift = (np.cumsum(new_group) - 1) * len(ends)  # each group's running maximum above all earlier groups'
-    reach = ends[np.maximum.accumulate(rank.reshape(-1) + shift) - shift]
+    reach = running_max_by_group(np.cumsum(new_group) - 1, e)
     return order[new_group | (s >= np.r_[s[:1], reach[:-1]])]

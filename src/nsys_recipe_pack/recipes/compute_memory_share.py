@@ -15,7 +15,7 @@ from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY, gpu_frames
 from ..groups import SortedGroups
 from ..inputs import Frame, arrow_of, dictionary_column, numpy_of, sorted_place
 from ..inputs.chunks import Stream
-from ..intervals import outermost, split_into_windows, union_lengths
+from ..intervals import outermost, prefix_union_lengths, split_into_windows
 from ..iterations import NCCL_KERNEL_RE, closed_range_mask, matching, range_arrays
 from ..lazy import pd
 from . import Metric, Recipe, indented, ms_cell
@@ -103,14 +103,7 @@ def _cells(ops: dict, group: np.ndarray, n: int, counted: np.ndarray | None = No
     counted = np.ones(len(cell), bool) if counted is None else counted
     duration = ops["end"] - ops["start"] if duration is None else duration
     has_bytes = ops["has_bytes"] & counted
-    covered = np.zeros((c + 1, n), np.int64)  # covered[i]: union of the first i categories, per group
-    present = np.bincount(ops["level"], minlength=c) > 0
-    for i in range(c):  # a pass per category present, each vectorised over all ops
-        covered[i + 1] = covered[i]
-        if present[i]:
-            sel = ops["level"] <= i
-            groups, lengths = union_lengths(group[sel], ops["start"][sel], ops["end"][sel])
-            covered[i + 1][groups] = lengths
+    covered = prefix_union_lengths(group, ops["start"], ops["end"], ops["level"], c, n)
     return {"ops": np.bincount(cell[counted], minlength=n * c), "sum": _sum_by(cell, duration, n * c),
             "bytes_n": np.bincount(cell[has_bytes], minlength=n * c),
             "bytes": _sum_by(cell[has_bytes], ops["bytes"][has_bytes], n * c),
@@ -298,7 +291,8 @@ def _view(need: str, frame) -> pa.Table:
         closed = closed_range_mask(frame)
         codes, words = frame.codes("name")
         return pa.table({**{c: arrow_of(frame.values(c)[closed]) for c in ("start_ns", "end_ns", "tid", "pid")},
-                         "name": pa.array(words[codes[closed]].astype(object), pa.string())})
+                         "name": pa.DictionaryArray.from_arrays(arrow_of(codes[closed].astype(np.int32)),
+                                                                pa.array(words[:-1], pa.string()))})
     ops = _op_columns(need, frame) or {c: np.zeros(0, bool if c in ("has_device", "has_bytes", "pageable")
                                                      else np.int64) for c in OP_COLUMNS}
     return pa.table({"start_ns": arrow_of(ops["start"]), **{c: ops[c] for c in OP_COLUMNS[1:]},
@@ -337,15 +331,14 @@ def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
 
 
 def _rows_of(table: pa.Table | None, pid: int, columns: list[str]) -> dict:
+    """One process's rows of a span's table as arrays; names stay Arrow, made strings only for new windows."""
     if table is None or not table.num_rows:
-        return {c: np.zeros(0, object if c == "name" else np.int64) for c in columns}
-    on = numpy_of(table.column("pid")) == pid
-    out = {}
-    for c in columns:
-        col = table.column(c)
-        out[c] = (np.asarray(col.to_numpy(zero_copy_only=False), object)[on] if c == "name"
-                  else numpy_of(col)[on])
-    return out
+        return {c: pa.array([], pa.dictionary(pa.int32(), pa.string())) if c == "name" else np.zeros(0, np.int64)
+                for c in columns}
+    pids = numpy_of(table.column("pid"))
+    on = slice(None) if pids[0] == pids[-1] and (pids == pid).all() else np.flatnonzero(pids == pid)
+    return {c: (table.column(c) if isinstance(on, slice) else table.column(c).take(on)) if c == "name"
+            else numpy_of(table.column(c))[on] for c in columns}
 
 
 def _fold_ops(proc: _Process, new: dict, span_start: int, span_end: int) -> None:
@@ -418,8 +411,9 @@ def _top_level_windows(proc: _Process, ranges: dict) -> None:
     proc.reach = max(proc.reach, int(e.max())) if len(e) else proc.reach
     new = top[s >= before]
     w = proc.windows
+    names = np.asarray(ranges["name"].take(new).to_pylist(), object) if len(new) else np.zeros(0, object)
     proc.windows = {"start": np.r_[w["start"], start[new]], "end": np.r_[w["end"], end[new]],
-                    "name": np.concatenate([w["name"], ranges["name"][new]])}
+                    "name": np.concatenate([w["name"], names])}
     c = len(PRIORITY)
     grown = {"ops": c, "sum": c, "bytes_n": c, "bytes": c, "pageable": c}
     cells = proc.window_cells or {**{k: np.zeros(0, np.int64) for k in grown},
