@@ -394,7 +394,7 @@ def _as_sqlite(export: Path, path: Path) -> Path:
     return path
 
 
-def test_sqlite_values_of_another_type_and_text_that_starts_null_are_read(tmp_path):
+def test_sqlite_values_of_another_type_and_text_that_starts_null_are_read(tmp_path, monkeypatch):
     """SQLite types each value, not each column: a column that begins with nulls, or holds a stray value of
     another type (a damaged export), still reads, the stray value as null."""
     import sqlite3
@@ -423,6 +423,12 @@ def test_sqlite_values_of_another_type_and_text_that_starts_null_are_read(tmp_pa
     # only the rows a recipe asks for: one kernel's launches
     few, _ = rank_data._read_frames(src, {"kernel"}, path, rows={"kernel": ["k"]})
     assert len(few["kernels"]) == 70_001
+    # a batch at a time, the stray value many batches in: the same rows, given once
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 1000)
+    for table, cols in (("NVTX_EVENTS", ["start", "text", "textId"]),
+                        ("CUPTI_ACTIVITY_KIND_KERNEL", ["start", "deviceId", "correlationId"])):
+        batches = list(src.read_batches(table, cols))
+        assert len(batches) > 50 and pa.concat_tables(batches).equals(src.read_arrow(table, cols)), table
     src.close()
 
 

@@ -3,6 +3,7 @@ text as strings; and the export's string table."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import numpy as np
@@ -299,34 +300,29 @@ class _SqliteReader:
                                 "report again with `nsys export --type sqlite`") from None
 
     def query(self, sql: str) -> pa.Table:
-        stmt = self._adbc.AdbcStatement(self._conn)
-        try:
-            stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(SQLITE_BATCH_ROWS)})
-            stmt.set_sql_query(sql)
-            handle, _ = stmt.execute_query()
-            return pa.RecordBatchReader._import_from_c(handle.address).read_all()
-        except (self._adbc.Error, pa.ArrowException, OSError) as exc:
-            if "type mismatch" in str(exc).lower():
-                raise _TypeMismatch(str(exc)) from None
-            raise BadInputError(f"{self.path}: cannot be read as an SQLite export ({_first_line(exc)}); export "
-                                "the report again with `nsys export --type sqlite`") from None
-        finally:
-            stmt.close()
+        with self._reader(sql, SQLITE_BATCH_ROWS) as reader:
+            return reader.read_all()
 
     def stream(self, sql: str, batch_rows: int):
-        """The query's record batches of `batch_rows` rows, one at a time (errors as `query` raises them)."""
+        """The query's record batches of `batch_rows` rows, one at a time."""
+        with self._reader(sql, batch_rows) as reader:
+            while True:
+                try:
+                    batch = reader.read_next_batch()
+                except StopIteration:
+                    return
+                yield batch
+
+    @contextlib.contextmanager
+    def _reader(self, sql: str, batch_rows: int):
+        """The query's RecordBatchReader; what goes wrong while it is read is a `_TypeMismatch` (a value of
+        another type than the column's first rows) or a BadInputError naming the file."""
         stmt = self._adbc.AdbcStatement(self._conn)
         try:
             stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(batch_rows)})
             stmt.set_sql_query(sql)
             handle, _ = stmt.execute_query()
-            reader = pa.RecordBatchReader._import_from_c(handle.address)
-            while True:
-                try:
-                    batch = reader.read_next_batch()
-                except StopIteration:
-                    break
-                yield batch
+            yield pa.RecordBatchReader._import_from_c(handle.address)
         except (self._adbc.Error, pa.ArrowException, OSError) as exc:
             if "type mismatch" in str(exc).lower():
                 raise _TypeMismatch(str(exc)) from None
