@@ -211,8 +211,11 @@ def _select(need: str, kept: dict):
     return around_calls
 
 
-# A range that touches no call cannot be the innermost around one (inputs.selection reads ranges it names
-# whatever this keeps); nor can GPU work outside every call add to a call's GPU time.
+# Ranges that nest (push/pop ranges always do): a range that touches no call is neither around one nor around
+# a range that is, so leaving it out changes no call's innermost range (inputs.selection reads the ranges that
+# name a rank whatever this keeps). Start/end ranges that cross on one thread can differ: the depth walk of
+# nvtx.innermost_of may miss, over all of them, a range the kept ones show around the call. GPU work outside
+# every call adds nothing to a call's GPU time.
 SELECTION = Selection(tag="sync", order=("runtime", "memcpy", "memset", "kernel", "nvtx"), keep=_select,
                       columns={"kernel": ["start", "end", "globalPid"]})
 
