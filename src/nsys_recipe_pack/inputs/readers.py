@@ -56,6 +56,7 @@ class ExportSource:
         self.origin = origin or path
         self._tables: set[str] | None = None  # a Parquet folder's are listed on first use
         self._cols: dict[str, list[str]] = {}
+        self._counts: dict[str, int] = {}
         if kind == "sqlite":
             self._check_sqlite()
             self._db = _SqliteReader(path)
@@ -93,12 +94,16 @@ class ExportSource:
         return self._cols[table]
 
     def count(self, table: str) -> int:
-        """Rows in a table (0 when absent), without reading them."""
-        if not self.has(table):
-            return 0
-        if self.kind == "sqlite":
-            return int(self._db.query(f"SELECT count(*) FROM {_quoted(table)}").column(0)[0].as_py())
-        return pq.ParquetFile(self.path / f"{table}.parquet").metadata.num_rows
+        """Rows in a table (0 when absent), without reading them (SQLite still walks the table: once)."""
+        if table not in self._counts:
+            if not self.has(table):
+                self._counts[table] = 0
+            elif self.kind == "sqlite":
+                self._counts[table] = int(self._db.query(f"SELECT count(*) FROM {_quoted(table)}").column(0)[0]
+                                          .as_py())
+            else:
+                self._counts[table] = pq.ParquetFile(self.path / f"{table}.parquet").metadata.num_rows
+        return self._counts[table]
 
     def read_arrow(self, table: str, columns: list[str], where: list[tuple[str, object]] | None = None) -> pa.Table:
         """The asked-for columns the table has, in that order, integers as int64 and text as strings (nulls kept).
