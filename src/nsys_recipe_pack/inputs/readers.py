@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import BadInputError
@@ -242,13 +243,9 @@ def _sqlite_column(column: str, text: bool, guarded: bool) -> str:
 
 
 def _unprefixed(col: pa.ChunkedArray) -> pa.Array:
-    """A text column read with `_sqlite_column` back to its strings and nulls (work on its distinct values)."""
-    enc = col.combine_chunks().cast(pa.string()).dictionary_encode()
-    words = enc.dictionary.to_pylist()
-    codes = numpy_of(enc.indices).astype(np.int32)
-    valid = np.array([w != "" for w in words], bool)[codes] if len(codes) else np.zeros(0, bool)
-    return pa.DictionaryArray.from_arrays(arrow_of(codes, valid=valid),
-                                          pa.array([w[1:] for w in words], pa.string())).dictionary_decode()
+    """A text column read with `_sqlite_column` back to its strings and nulls ('' was a null, '.x' is x)."""
+    col = col.combine_chunks().cast(pa.string())
+    return pc.if_else(pc.equal(col, ""), pa.scalar(None, pa.string()), pc.utf8_slice_codeunits(col, 1))
 
 
 def _normalised(col: pa.ChunkedArray | pa.Array, text: bool) -> pa.Array:
