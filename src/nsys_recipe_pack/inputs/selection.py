@@ -96,6 +96,9 @@ def read_selected(src: ExportSource, need: str, strings: StringTable, selection:
     attr, dictionary_cols, null_cols = _NEEDS[need]
     (table, cols), = TABLES[need].items()
     wanted = selection.columns.get(need, cols)
+    # what a batch is read with: the columns kept, and those `Extents` reads (a kernel's device)
+    cols = [c for c in cols if c in wanted or c in ("start", "end", "globalPid", "globalTid", "eventType")
+            or need == "kernel" and c == "deviceId"]
     times = NVTX_TIMES if need == "nvtx" else ("start", "end")
     keep = selection.keep(need, kept)
     firsts = _Firsts([c for c in dictionary_cols if c in wanted], [c for c in null_cols if c in wanted])
