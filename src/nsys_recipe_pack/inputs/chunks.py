@@ -18,7 +18,7 @@ import pyarrow as pa
 from .events import DOMAIN_CREATE, NVTX_TIMES, nvtx_frame, timed_rows
 from .frames import arrow_of, numpy_of
 from .readers import TABLES, ExportSource, StringTable
-from .selection import _NEEDS, Extents, _Firsts, _frame, _identity_rows
+from .selection import NEED_FRAMES, Extents, FirstRows, frame_of, identity_rows
 
 END_OF_TIME = np.iinfo(np.int64).max
 
@@ -49,7 +49,7 @@ def time_chunks(src: ExportSource, needs: list[str], strings: StringTable, view:
     """(span start, span end, need -> rows starting in the span) in time order; the last span ends at
     END_OF_TIME. view(need, batch Frame) -> the plain Arrow columns a chunk's rows carry (`start_ns` among them).
     Once NVTX is read, `found` holds its "names" (the name dictionary a whole read gives; a view refers to names
-    by their strings) and "nvtx", the events every read keeps (inputs.selection._identity_rows)."""
+    by their strings) and "nvtx", the events every read keeps (inputs.selection.identity_rows)."""
     streams = {need: _batches(src, need, strings, view, extents, progress, found) for need in needs}
     pending: dict[str, pa.Table | None] = dict.fromkeys(needs)
     live = set(needs)
@@ -96,19 +96,19 @@ def _last_start(rows: pa.Table) -> int:
 
 def _batches(src: ExportSource, need: str, strings: StringTable, view: Callable, extents: Extents,
              progress: Callable, found: dict) -> Iterator[pa.Table]:
-    attr = _NEEDS[need][0]
+    attr = NEED_FRAMES[need][0]
     (table, cols), = TABLES[need].items()
     times = NVTX_TIMES if need == "nvtx" else ("start", "end")
-    firsts = _Firsts(["text", "textId", "domainId"], []) if need == "nvtx" else None
+    firsts = FirstRows(["text", "textId", "domainId"], []) if need == "nvtx" else None
     kept, extra = [], []
     for raw in src.read_batches(table, cols):
         raw = timed_rows(raw, cols, times)
-        frame = _frame(need, raw, cols, strings)
+        frame = frame_of(need, raw, cols, strings)
         extents.add(attr, frame)
         if firsts is not None:  # the events every read keeps, and the rows that make the names' dictionary
             create = numpy_of(raw.column("eventType"), 0) == DOMAIN_CREATE
             rows = create.copy()
-            rows[~create] = _identity_rows(frame)
+            rows[~create] = identity_rows(frame)
             first = firsts.of(raw)
             kept.append(raw.filter(arrow_of(rows | first)))
             extra.append((first & ~rows)[rows | first])

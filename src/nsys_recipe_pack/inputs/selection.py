@@ -40,10 +40,10 @@ class Selection:
 
 # need -> (frame attribute, columns whose distinct values make a frame's dictionaries, columns whose nulls
 # make a frame's column nullable)
-_NEEDS = {"nvtx": ("nvtx", ("text", "textId", "domainId"), ()),
-          "kernel": ("kernels", ("shortName", "demangledName"), ()),
-          "memcpy": ("memcpy", (), ()), "memset": ("memset", (), ()), "sync": ("sync", (), ()),
-          "runtime": ("runtime", ("nameId",), ("correlationId",))}
+NEED_FRAMES = {"nvtx": ("nvtx", ("text", "textId", "domainId"), ()),
+               "kernel": ("kernels", ("shortName", "demangledName"), ()),
+               "memcpy": ("memcpy", (), ()), "memset": ("memset", (), ()), "sync": ("sync", (), ()),
+               "runtime": ("runtime", ("nameId",), ("correlationId",))}
 
 
 class Extents:
@@ -93,7 +93,7 @@ class Extents:
 def read_selected(src: ExportSource, need: str, strings: StringTable, selection: Selection, kept: dict,
                   extents: Extents, progress: Callable[[str, int], None]) -> Frame:
     """One need's table read a batch at a time, only the rows `selection` keeps (see the module's docstring)."""
-    attr, dictionary_cols, null_cols = _NEEDS[need]
+    attr, dictionary_cols, null_cols = NEED_FRAMES[need]
     (table, cols), = TABLES[need].items()
     wanted = selection.columns.get(need, cols)
     # what a batch is read with: the columns kept, and those `Extents` reads (a kernel's device)
@@ -101,15 +101,15 @@ def read_selected(src: ExportSource, need: str, strings: StringTable, selection:
             or need == "kernel" and c == "deviceId"]
     times = NVTX_TIMES if need == "nvtx" else ("start", "end")
     keep = selection.keep(need, kept)
-    firsts = _Firsts([c for c in dictionary_cols if c in wanted], [c for c in null_cols if c in wanted])
+    firsts = FirstRows([c for c in dictionary_cols if c in wanted], [c for c in null_cols if c in wanted])
     parts, extra = [], []
     for raw in src.read_batches(table, cols):
         raw = timed_rows(raw, cols, times)
-        frame = _frame(need, raw, cols, strings)
+        frame = frame_of(need, raw, cols, strings)
         extents.add(attr, frame)
         chosen = np.ones(len(frame), bool) if keep is None else np.asarray(keep(frame), bool)
         if need == "nvtx":
-            chosen = chosen | _identity_rows(frame)
+            chosen = chosen | identity_rows(frame)
             create = numpy_of(raw.column("eventType"), 0) == DOMAIN_CREATE
             rows = create.copy()  # a domain's name: its create events, every one kept
             rows[~create] = chosen
@@ -121,17 +121,17 @@ def read_selected(src: ExportSource, need: str, strings: StringTable, selection:
         extra.append((first & ~rows)[take])
         progress(table, raw.num_rows)
     if not parts:
-        return _frame(need, timed_rows(pa.table({}), wanted, times), wanted, strings)
+        return frame_of(need, timed_rows(pa.table({}), wanted, times), wanted, strings)
     raw = pa.concat_tables(parts)
     del parts
-    frame = _frame(need, raw, wanted, strings)
+    frame = frame_of(need, raw, wanted, strings)
     extra_rows = np.concatenate(extra)
     if need == "nvtx":  # the frame has no create events
         extra_rows = extra_rows[numpy_of(raw.column("eventType"), 0) != DOMAIN_CREATE]
     return frame.filter(~extra_rows) if extra_rows.any() else frame
 
 
-def _frame(need: str, raw: pa.Table, cols: list[str], strings: StringTable) -> Frame:
+def frame_of(need: str, raw: pa.Table, cols: list[str], strings: StringTable) -> Frame:
     if need == "nvtx":
         return nvtx_frame(raw, strings)
     if need == "runtime":
@@ -139,7 +139,7 @@ def _frame(need: str, raw: pa.Table, cols: list[str], strings: StringTable) -> F
     return gpu_frame(raw, cols, strings)
 
 
-def _identity_rows(nvtx: Frame) -> np.ndarray:
+def identity_rows(nvtx: Frame) -> np.ndarray:
     """NVTX events every run reads whatever its recipe: ranges never closed (counted and reported) and the
     events whose names may give the rank."""
     codes, words = nvtx.codes("name")
@@ -148,7 +148,7 @@ def _identity_rows(nvtx: Frame) -> np.ndarray:
     return names_rank | unclosed
 
 
-class _Firsts:
+class FirstRows:
     """The first row of every distinct value of some columns, and the first null of others, across batches."""
 
     def __init__(self, distinct_cols: list[str], null_cols: list[str]):
