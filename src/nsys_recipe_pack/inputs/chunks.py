@@ -15,10 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .events import DOMAIN_CREATE, NVTX_TIMES, nvtx_frame, timed_rows
-from .frames import arrow_of, numpy_of
+from .frames import numpy_of
 from .readers import TABLES, ExportSource, StringTable
-from .selection import NEED_FRAMES, Extents, FirstRows, frame_of, identity_rows
+from .selection import Extents, KeptRows, batch_frames
 
 END_OF_TIME = np.iinfo(np.int64).max
 
@@ -96,29 +95,13 @@ def _last_start(rows: pa.Table) -> int:
 
 def _batches(src: ExportSource, need: str, strings: StringTable, view: Callable, extents: Extents,
              progress: Callable, found: dict) -> Iterator[pa.Table]:
-    attr = NEED_FRAMES[need][0]
-    (table, cols), = TABLES[need].items()
-    times = NVTX_TIMES if need == "nvtx" else ("start", "end")
-    firsts = FirstRows(["text", "textId", "domainId"], []) if need == "nvtx" else None
-    kept, extra = [], []
-    for raw in src.read_batches(table, cols):
-        raw = timed_rows(raw, cols, times)
-        frame = frame_of(need, raw, cols, strings)
-        extents.add(attr, frame)
-        if firsts is not None:  # the events every read keeps, and the rows that make the names' dictionary
-            create = numpy_of(raw.column("eventType"), 0) == DOMAIN_CREATE
-            rows = create.copy()
-            rows[~create] = identity_rows(frame)
-            first = firsts.of(raw)
-            kept.append(raw.filter(arrow_of(rows | first)))
-            extra.append((first & ~rows)[rows | first])
-        progress(table, raw.num_rows)
+    (_, cols), = TABLES[need].items()
+    identity = KeptRows(need, cols, strings) if need == "nvtx" else None
+    for raw, frame in batch_frames(src, need, cols, strings, extents, progress):
+        if identity is not None:  # the events every read keeps, and the rows that make the names' dictionary
+            identity.add(raw, frame, np.zeros(len(frame), bool))
         yield view(need, frame)
-    if firsts is not None:
-        raw = pa.concat_tables(kept) if kept else timed_rows(pa.table({}), cols, times)
-        nvtx = nvtx_frame(raw, strings)
-        extra_rows = np.concatenate(extra)[numpy_of(raw.column("eventType"), 0) != DOMAIN_CREATE] if extra else \
-            np.zeros(0, bool)
+    if identity is not None:
+        nvtx, carried = identity.with_carried()
         found["names"] = list(nvtx.codes("name")[1][:-1])
-        found["nvtx"] = nvtx.filter(~extra_rows) if extra_rows.any() else nvtx
-
+        found["nvtx"] = nvtx.filter(~carried) if carried.any() else nvtx

@@ -11,7 +11,7 @@ its rank) taken from every row while it passes (`Extents`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -93,42 +93,74 @@ class Extents:
 def read_selected(src: ExportSource, need: str, strings: StringTable, selection: Selection, kept: dict,
                   extents: Extents, progress: Callable[[str, int], None]) -> Frame:
     """One need's table read a batch at a time, only the rows `selection` keeps (see the module's docstring)."""
-    attr, dictionary_cols, null_cols = NEED_FRAMES[need]
     (table, cols), = TABLES[need].items()
     wanted = selection.columns.get(need, cols)
     # what a batch is read with: the columns kept, and those `Extents` reads (a kernel's device)
     cols = [c for c in cols if c in wanted or c in ("start", "end", "globalPid", "globalTid", "eventType")
             or need == "kernel" and c == "deviceId"]
-    times = NVTX_TIMES if need == "nvtx" else ("start", "end")
     keep = selection.keep(need, kept)
-    firsts = FirstRows([c for c in dictionary_cols if c in wanted], [c for c in null_cols if c in wanted])
-    parts, extra = [], []
+    rows = KeptRows(need, wanted, strings)
+    for raw, frame in batch_frames(src, need, cols, strings, extents, progress):
+        rows.add(raw, frame, np.ones(len(frame), bool) if keep is None else np.asarray(keep(frame), bool))
+    return rows.frame()
+
+
+def batch_frames(src: ExportSource, need: str, cols: list[str], strings: StringTable, extents: Extents,
+                 progress: Callable[[str, int], None]) -> Iterator[tuple[pa.Table, Frame]]:
+    """(raw rows, their frame) of one need's table a batch at a time, each batch added to `extents`."""
+    (table, _), = TABLES[need].items()
+    times = NVTX_TIMES if need == "nvtx" else ("start", "end")
     for raw in src.read_batches(table, cols):
         raw = timed_rows(raw, cols, times)
         frame = frame_of(need, raw, cols, strings)
-        extents.add(attr, frame)
-        chosen = np.ones(len(frame), bool) if keep is None else np.asarray(keep(frame), bool)
-        if need == "nvtx":
+        extents.add(NEED_FRAMES[need][0], frame)
+        yield raw, frame
+        progress(table, raw.num_rows)
+
+
+class KeptRows:
+    """The rows of one table a batched read keeps, and the frame they make, with the dictionaries and column
+    types a whole read gives (the first row of every name, and the first null, carried through, then dropped).
+    NVTX also keeps every domain's create events (they name domains) and `identity_rows`."""
+
+    def __init__(self, need: str, wanted: list[str], strings: StringTable):
+        self.need, self.wanted, self.strings = need, wanted, strings
+        _, dictionary_cols, null_cols = NEED_FRAMES[need]
+        self.firsts = FirstRows([c for c in dictionary_cols if c in wanted], [c for c in null_cols if c in wanted])
+        self.parts: list[pa.Table] = []
+        self.extra: list[np.ndarray] = []  # per kept row: carried for a name or null only
+
+    def add(self, raw: pa.Table, frame: Frame, chosen: np.ndarray) -> None:
+        """Keep the `chosen` rows of a batch's frame (and of its raw rows, the first of each name)."""
+        if self.need == "nvtx":
             chosen = chosen | identity_rows(frame)
             create = numpy_of(raw.column("eventType"), 0) == DOMAIN_CREATE
-            rows = create.copy()  # a domain's name: its create events, every one kept
-            rows[~create] = chosen
+            rows = create.copy()
+            rows[~create] = chosen  # the frame has no create events
         else:
             rows = chosen
-        first = firsts.of(raw)
+        first = self.firsts.of(raw)
         take = rows | first
-        parts.append(raw.select([c for c in wanted if c in raw.column_names]).filter(arrow_of(take)))
-        extra.append((first & ~rows)[take])
-        progress(table, raw.num_rows)
-    if not parts:
-        return frame_of(need, timed_rows(pa.table({}), wanted, times), wanted, strings)
-    raw = pa.concat_tables(parts)
-    del parts
-    frame = frame_of(need, raw, wanted, strings)
-    extra_rows = np.concatenate(extra)
-    if need == "nvtx":  # the frame has no create events
-        extra_rows = extra_rows[numpy_of(raw.column("eventType"), 0) != DOMAIN_CREATE]
-    return frame.filter(~extra_rows) if extra_rows.any() else frame
+        self.parts.append(raw.select([c for c in self.wanted if c in raw.column_names]).filter(arrow_of(take)))
+        self.extra.append((first & ~rows)[take])
+
+    def frame(self) -> Frame:
+        frame, carried = self.with_carried()
+        return frame.filter(~carried) if carried.any() else frame
+
+    def with_carried(self) -> tuple[Frame, np.ndarray]:
+        """The frame with the rows carried for a name or a null still in (its dictionaries are the whole read's
+        even where it keeps no row), and which rows those are."""
+        if not self.parts:
+            times = NVTX_TIMES if self.need == "nvtx" else ("start", "end")
+            return (frame_of(self.need, timed_rows(pa.table({}), self.wanted, times), self.wanted, self.strings),
+                    np.zeros(0, bool))
+        raw = pa.concat_tables(self.parts)
+        self.parts = []
+        carried = np.concatenate(self.extra)
+        if self.need == "nvtx":  # the frame has no create events
+            carried = carried[numpy_of(raw.column("eventType"), 0) != DOMAIN_CREATE]
+        return frame_of(self.need, raw, self.wanted, self.strings), carried
 
 
 def frame_of(need: str, raw: pa.Table, cols: list[str], strings: StringTable) -> Frame:
