@@ -406,6 +406,7 @@ def test_sqlite_values_of_another_type_and_text_that_starts_null_are_read(tmp_pa
     con.execute("CREATE TABLE NVTX_EVENTS (start, end, eventType, text, textId, globalTid, domainId)")
     rows = [(i, i + 1, 59, None, 1, 7 << 24, 0) for i in range(100_000)]
     rows.append((200_000, 200_001, 59, "late", None, 7 << 24, 0))
+    rows.append((200_002, "never", 59, "stray end", None, 7 << 24, 0))
     con.executemany("INSERT INTO NVTX_EVENTS VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
     con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start, end, deviceId, correlationId, globalPid, shortName)")
     con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (?, ?, ?, ?, ?, ?)",
@@ -416,7 +417,8 @@ def test_sqlite_values_of_another_type_and_text_that_starts_null_are_read(tmp_pa
     frames, meta = rank_data._read_frames(src, {"nvtx", "kernel"}, path)
     nvtx = frames["nvtx"]
     codes, words = nvtx.codes("name")
-    assert len(nvtx) == 100_001 and words[codes[-1]] == "late" and words[codes[0]] == "step"
+    assert len(nvtx) == 100_002 and words[codes[-2]] == "late" and words[codes[0]] == "step"
+    assert words[codes[-1]] == "stray end" and nvtx.is_null("end_ns")[-1]
     kernels = frames["kernels"].to_pandas()
     assert len(kernels) == 70_001 and kernels["device"].iloc[-1] is pd.NA and kernels["correlation_id"].iloc[-1] == 2
     assert kernels["name"].eq("k").all() and meta["pids"] == [7]
@@ -425,7 +427,7 @@ def test_sqlite_values_of_another_type_and_text_that_starts_null_are_read(tmp_pa
     assert len(few["kernels"]) == 70_001
     # a batch at a time, the stray value many batches in: the same rows, given once
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 1000)
-    for table, cols in (("NVTX_EVENTS", ["start", "text", "textId"]),
+    for table, cols in (("NVTX_EVENTS", ["start", "end", "text", "textId"]),
                         ("CUPTI_ACTIVITY_KIND_KERNEL", ["start", "deviceId", "correlationId"])):
         batches = list(src.read_batches(table, cols))
         assert len(batches) > 50 and pa.concat_tables(batches).equals(src.read_arrow(table, cols)), table

@@ -120,8 +120,7 @@ class ExportSource:
         if not cols:
             return pa.table({})
         raw = self._read_sqlite(table, cols, where) if self.kind == "sqlite" else self._read_parquet(table, cols, where)
-        text = TEXT_COLUMNS.get(table, set())
-        return pa.table({c: _normalised(raw.column(c), c in text) for c in cols})
+        return _normalised_table(raw, cols, TEXT_COLUMNS.get(table, set()))
 
     def read_batches(self, table: str, columns: list[str], rows: int | None = None):
         """The asked-for columns of a table as `read_arrow` gives them, a batch of about `rows` rows at a time in
@@ -132,21 +131,18 @@ class ExportSource:
         cols = [c for c in dict.fromkeys(columns) if c in have]
         if not cols:
             return
-        text = TEXT_COLUMNS.get(table, set())
         rows = rows or STREAM_BATCH_ROWS
         if self.kind == "sqlite":
             parts = self._sqlite_batches(table, cols, rows)
         else:
             parts = pq.ParquetFile(self.path / f"{table}.parquet").iter_batches(batch_size=rows, columns=cols)
         for part in parts:
-            part = pa.table(part) if isinstance(part, pa.RecordBatch) else part
-            if text and self.kind == "sqlite":
-                part = pa.table({c: _unprefixed(part.column(c)) if c in text else part.column(c) for c in cols})
-            yield pa.table({c: _normalised(part.column(c), c in text) for c in cols})
+            yield _normalised_table(pa.table(part), cols, TEXT_COLUMNS.get(table, set()))
 
     def _sqlite_batches(self, table: str, cols: list[str], rows: int):
-        """SQLite's rows gathered into batches of about `rows`; a damaged export (values of another type than
-        their column's) is read whole through `_read_sqlite`, which reads those values as nulls."""
+        """SQLite's rows gathered into batches of about `rows`, as `_read_sqlite` gives them; a damaged export
+        (values of another type than their column's) is read whole through `_read_sqlite`, which reads those
+        values as nulls."""
         text = TEXT_COLUMNS.get(table, set())
         sql = f"SELECT {', '.join(_sqlite_column(c, c in text, False) for c in cols)} FROM {_quoted(table)}"
         pending, size, given = [], 0, 0
@@ -155,7 +151,7 @@ class ExportSource:
                 pending.append(batch)
                 size += batch.num_rows
                 if size >= rows:
-                    yield _joined(pending).rename_columns(cols)
+                    yield _unprefixed_text(_joined(pending), cols, text)
                     given += size
                     pending, size = [], 0
         except _TypeMismatch:  # the rows not given yet, from the whole table read the careful way
@@ -164,7 +160,7 @@ class ExportSource:
                 yield whole.slice(at, rows)
             return
         if pending:
-            yield _joined(pending).rename_columns(cols)
+            yield _unprefixed_text(_joined(pending), cols, text)
 
     def _read_sqlite(self, table: str, cols: list[str], where) -> pa.Table:
         text = TEXT_COLUMNS.get(table, set())
@@ -190,8 +186,7 @@ class ExportSource:
             except _TypeMismatch as exc:
                 raise BadInputError(f"{self.path}: table {table} cannot be read ({exc}); export the report again "
                                     "with `nsys export --type sqlite`") from None
-        return pa.table({c: _unprefixed(raw.column(i)) if c in text else raw.column(i)
-                         for i, c in enumerate(cols)})
+        return _unprefixed_text(raw, cols, text)
 
     def _read_parquet(self, table: str, cols: list[str], where) -> pa.Table:
         file = pq.ParquetFile(self.path / f"{table}.parquet")
@@ -205,6 +200,15 @@ class ExportSource:
                 keep |= _meets(_normalised(group.column(column), column in TEXT_COLUMNS.get(table, ())), test)
             parts.append(group.select(cols).filter(arrow_of(keep)))
         return pa.concat_tables(parts) if parts else file.schema_arrow.empty_table().select(cols)
+
+
+def _unprefixed_text(raw: pa.Table, cols: list[str], text: set[str]) -> pa.Table:
+    """A query's columns (in `cols` order, whatever the driver named them) with text back from `_sqlite_column`."""
+    return pa.table({c: _unprefixed(raw.column(i)) if c in text else raw.column(i) for i, c in enumerate(cols)})
+
+
+def _normalised_table(raw: pa.Table, cols: list[str], text: set[str]) -> pa.Table:
+    return pa.table({c: _normalised(raw.column(c), c in text) for c in cols})
 
 
 def _joined(batches: list[pa.RecordBatch]) -> pa.Table:
