@@ -77,7 +77,7 @@ def export_forms(work: Path, nsys) -> dict[str, Path]:
     return sets
 
 
-def run_all(sets: dict[str, Path], out: Path) -> list[str]:
+def run_all(sets: dict[str, Path], out: Path, recipes: set[str] | None = None) -> list[str]:
     done = []
     for set_name, path in sets.items():
         folder = set_name.split("/")[0]
@@ -85,6 +85,8 @@ def run_all(sets: dict[str, Path], out: Path) -> list[str]:
         if folder in KERNELS:
             runs.append(("kernel_pace", {"kernel": KERNELS[folder]}))
         for recipe, options in runs:
+            if recipes and recipe not in recipes:
+                continue
             tag = "-".join([recipe, *(f"{k}={v}" for k, v in options.items())])
             dest = out / set_name.replace("/", "__") / tag
             try:
@@ -100,10 +102,12 @@ def run_all(sets: dict[str, Path], out: Path) -> list[str]:
     return done
 
 
-def compare(new: Path, old: Path) -> list[str]:
+def compare(new: Path, old: Path, recipes: set[str] | None = None) -> list[str]:
     problems = []
     for old_run in sorted(p for p in old.glob("*/*") if p.is_dir()):
         rel = old_run.relative_to(old)
+        if recipes and old_run.name.split("-")[0] not in recipes:
+            continue
         new_run = new / rel
         if (old_run / "error.txt").exists() or (new_run / "error.txt").exists():
             a = (old_run / "error.txt").read_text() if (old_run / "error.txt").exists() else "(no error)"
@@ -136,7 +140,9 @@ def main() -> None:
     g.add_argument("--against", help="run again into a scratch folder and compare with this saved folder")
     p.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "nsys-recipe-same-outputs"),
                    help="where the exports of the sample sets are made once and kept")
+    p.add_argument("--recipes", help="only these recipes (comma-separated; with --against)")
     args = p.parse_args()
+    recipes = set(args.recipes.split(",")) if args.recipes else None
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     nsys = nsys_tool.find_nsys(required=False)
@@ -149,8 +155,8 @@ def main() -> None:
         return
     out = Path(tempfile.mkdtemp(prefix="same-outputs-", dir=work))
     try:
-        done = run_all(sets, out)
-        problems = compare(out, Path(args.against))
+        done = run_all(sets, out, recipes)
+        problems = compare(out, Path(args.against), recipes)
     finally:
         shutil.rmtree(out, ignore_errors=True)
     for line in problems:

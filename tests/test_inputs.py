@@ -226,7 +226,7 @@ def test_a_task_s_arrow_tables_cross_the_spill_file_unchanged(nsys, tmp_path):
                     tables += 1
                 else:
                     assert repr(res[key]) == repr(value)
-    assert tables == 4  # sync_summary's calls and nvtx_gpu_proj's ranges of each report
+    assert tables == 6  # sync_summary's calls, nvtx_gpu_proj's ranges and their sums, of each report
 
 
 def test_numpy_and_arrow_conversions_from_buffers_match_pyarrow_s_own():

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from . import recipes, runner
 from .errors import PackError
+from .spill import remove_spilled
 
 
 def add_recipe_options(parser, name: str) -> None:
@@ -32,11 +33,13 @@ def run_in_framework(recipe, context, name: str) -> None:
     options = {k: recipe.get_parsed_arg(k) for k in recipes.get(name).option_names()}
     options["skip_bad"] = bool(recipe.get_parsed_arg("skip_bad"))
     inputs = [str(p) for p in recipe.get_parsed_arg("input")]
+    mapped = []
     try:
         mapped = context.wait(context.map(runner.map_file, inputs, recipe=name, options=options,
                                           nsys_path=nsys_of_framework()))
         tables, analysis = runner.reduce_all(name, mapped, options)
     except PackError as exc:
+        remove_spilled(mapped)
         print(f"nsys-recipe-pack error: {exc} [exit {exc.exit_code}]", file=sys.stderr)
         where = os.environ.get(runner.ERROR_FILE_ENV)  # set by the pack's own runner.run_framework_engine
         if where:
@@ -50,7 +53,11 @@ def run_in_framework(recipe, context, name: str) -> None:
         from .nsys_tool import _version_of
 
         analysis["nsys_version"] = _version_of(found)
-    for table in runner.write_tables(out, tables, analysis).values():
+    try:
+        written = runner.write_tables(out, tables, analysis)
+    finally:
+        remove_spilled(mapped)
+    for table in written.values():
         recipe.add_output_file(table, "Parquet")
     recipe.add_output_file("analysis.json", "JSON")
     notebook = recipes.get(name).notebook_path()

@@ -78,10 +78,16 @@ def innermost_of(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, tid:
 def parents_of(tid: np.ndarray, start: np.ndarray, levels: np.ndarray) -> np.ndarray:
     """Position of each range's parent (the enclosing range one level up on the same thread), or -1, from
     the ranges' threads, starts and levels."""
+    return parents_among(tid, start, levels, tid, start, levels)
+
+
+def parents_among(tid: np.ndarray, start: np.ndarray, levels: np.ndarray, c_tid: np.ndarray, c_start: np.ndarray,
+                  c_levels: np.ndarray) -> np.ndarray:
+    """Position among candidate ranges (in range order) of each range's parent, or -1: the latest candidate one
+    level up on its thread that started before it."""
     if len(tid) == 0:
         return np.zeros(0, np.int64)
-    levels = np.asarray(levels)
-    return _asof_backward(tid, levels - 1, start, tid, levels, start)
+    return _asof_backward(tid, np.asarray(levels) - 1, start, c_tid, np.asarray(c_levels), c_start)
 
 
 def _asof_backward(q_tid, q_level, q_t, c_tid, c_level, c_t) -> np.ndarray:

@@ -36,6 +36,7 @@ from .inputs import (
 )
 from .lazy import pd
 from .ranks import assign_ranks
+from .spill import RankedRows, remove_spilled
 from .staging import staged_output
 
 # `file` is the input as named; `read_from` what was read for it: the report itself, or an export beside it
@@ -58,7 +59,8 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
     out = []
     try:
         for rank_data in load_file(Path(path), set(spec.needs_given(options)), nsys_path,
-                                   spec.rows_given(options), spec.bytes_per_row, spec.selection, spec.stream):
+                                   spec.rows_given(options), spec.bytes_per_row, spec.selection,
+                                   spec.stream_given(options)):
             out.append(map_rank_data(spec, rank_data, options))
     except MissingToolError:
         raise
@@ -217,7 +219,9 @@ def write_tables(out_dir: Path, tables: dict, analysis: dict) -> dict:
     written = {}
     for name, df in tables.items():
         path = out_dir / f"{name}.parquet"
-        if isinstance(df, pa.Table):
+        if isinstance(df, RankedRows):  # per-event rows of the ranks, some maybe in files (spill.py)
+            df.write_parquet(path)
+        elif isinstance(df, pa.Table):
             # large tables built as Arrow, strings dictionary-encoded: without the Arrow schema in the file
             # they read back as plain strings, as pandas writes them
             pq.write_table(df, path, store_schema=False)
@@ -470,11 +474,14 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
             log(f"running {recipe} with the pack's runner on {len(files)} input(s)")
             version = _nsys_version_or_none(files, nsys_path)  # before the map: the workers inherit it
             mapped = run_pack_engine(recipe, files, options, mode, jobs, nsys_path)
-            tables, analysis = reduce_all(recipe, mapped, options)
-            analysis["engine"] = "pack"
-            analysis["nsys_version"] = version
-            analysis["notes"] = [*notes, *analysis.get("notes", [])]
-            written = write_tables(staged, tables, analysis)
+            try:
+                tables, analysis = reduce_all(recipe, mapped, options)
+                analysis["engine"] = "pack"
+                analysis["nsys_version"] = version
+                analysis["notes"] = [*notes, *analysis.get("notes", [])]
+                written = write_tables(staged, tables, analysis)
+            finally:
+                remove_spilled(mapped)
             copy_notebook(staged, recipe)
             write_nsys_analysis(staged, out.name, recipe, mode, [str(f) for f in files], written, started)
         if report:

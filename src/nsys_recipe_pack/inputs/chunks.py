@@ -10,7 +10,7 @@ twice, and the caller reads the tables whole instead.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -30,13 +30,17 @@ class Stream:
     """A recipe map that adds up over time, fed span by span (`time_chunks`) instead of whole tables.
 
     view(need, batch Frame) -> the plain Arrow columns (start_ns and pid among them) a span's rows carry;
-    fold(state, span start, span end, need -> rows) adds one span into `state` (a dict, empty at first);
-    finish(state, NVTX names) -> pid -> the map's result for that process."""
+    fold(state, span start, span end, need -> rows) adds one span into `state`;
+    finish(state, NVTX names) -> pid -> the map's result for that process;
+    prepare(export source, options) -> the state before the first span (what a fold must know ahead of the spans,
+    read first), an empty dict without it. `options` are the recipe's (Recipe.stream_given)."""
 
     needs: tuple[str, ...]
     view: Callable
     fold: Callable
     finish: Callable
+    prepare: Callable | None = None
+    options: dict = field(default_factory=dict)
 
 
 class NotSorted(Exception):

@@ -19,6 +19,7 @@ import pyarrow as pa
 from .. import nsys_tool
 from ..errors import BadInputError, MissingTraceError, PackError
 from ..lazy import pd
+from ..spill import remove_spilled
 from .chunks import STREAM_MIN_ROWS, NotSorted, Stream, time_chunks
 from .discovery import report_stem
 from .events import read_gpu, read_mpi, read_nvtx, read_runtime, recorded_env, session_start
@@ -199,7 +200,7 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     results, found = None, {}
     if spans:
         try:
-            state: dict = {}
+            state = stream.prepare(src, stream.options) if stream.prepare else {}
             for span_start, span_end, chunk in time_chunks(src, spans, strings, stream.view, extents, done.add, found):
                 stream.fold(state, span_start, span_end, chunk)
             results = stream.finish(state, found.get("names", []))
@@ -229,7 +230,7 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
             done(table)
     if "runtime" in kept:
         frames["runtime"] = kept["runtime"]
-    elif "runtime" in needs:
+    elif "runtime" in needs and "runtime" not in spans:
         frames["runtime"] = read_runtime(src, strings)
         done("CUPTI_ACTIVITY_KIND_RUNTIME")
     if "mpi" in needs:
@@ -254,8 +255,10 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     else:
         range_pids = nvtx.values("pid")[np.isin(nvtx.values("event_type"), [59, 60])]
     pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(range_pids))
-    if results is not None and len(pids) <= 1 and len(results) > 1:
-        # one rank holding the work of several processes: its map is not the sum of theirs
+    if results is not None and (len(pids) <= 1 and len(results) > 1 or len(pids) > 1 and not set(pids) <= set(results)):
+        # one rank holding the work of several processes (its map is not the sum of theirs), or ranks whose maps
+        # the stream did not make one by one
+        remove_spilled(results)
         return _read_frames(src, needs, path, rows, bytes_per_row, selection)
     meta = {"env": env, "hostname": hostname, "session_start_ns": session_start(src), "synthetic": bool(synthetic),
             "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": _nvtx_ranks(nvtx, pids or [None]),

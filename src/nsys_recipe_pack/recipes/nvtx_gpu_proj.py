@@ -16,21 +16,27 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import launched_ops
+from ..gpu import call_key, launched_ops
 from ..groups import SortedGroups, distinct
-from ..inputs import Frame, arrow_of, dictionary_column, ranked_tables
+from ..inputs import TABLES, arrow_of, dictionary_column, numpy_of
+from ..inputs.chunks import NotSorted, Stream
+from ..inputs.events import gpu_frame, timed_rows
+from ..inputs.selection import RANGE_EVENTS
 from ..intervals import union_lengths
 from ..iterations import closed_range_mask, closed_ranges
 from ..lazy import pd
-from ..nvtx import innermost_of, op_name, parents_of, stack_levels_of
+from ..nvtx import innermost_of, op_name, parents_among, parents_of, stack_levels_of
+from ..spill import RankedRows, SpillWriter
 from . import Metric, Recipe, indented, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
 ATTRIBUTIONS = ("process", "thread")
 # the per-range table's columns and their pandas dtypes (nullable where a range may have no parent or no GPU op)
-RANGE_DTYPES = {"name": "object", "domain": "object", "pid": "int64", "tid": "int64", "range_id": "int64",
+RANGE_DTYPES = {"name": "str", "domain": "str", "pid": "int64", "tid": "int64", "range_id": "int64",
                 "parent_id": "Int64", "stack_level": "int64", "cpu_start_ns": "int64", "cpu_end_ns": "int64",
                 "gpu_start_ns": "Int64", "gpu_end_ns": "Int64", "gpu_busy_ns": "Int64", "gpu_ops": "int64"}
+# a rank's sums over its ranges of one name and domain, added across ranks (and pieces of a rank) into the summary
+SUM_COLUMNS = ["count", "cpu_total_ns", "gpu_proj_total_ns", "gpu_busy_total_ns", "gpu_ops"]
 
 
 def launch_ranges(r_tid, r_pid, r_start, r_end, tid, pid, call_start, call_end, attribution: str = "process"):
@@ -55,6 +61,8 @@ def launch_ranges(r_tid, r_pid, r_start, r_end, tid, pid, call_start, call_end, 
 def map_rank(rank_data, options: dict) -> dict:
     rank_data.require("nvtx", "nvtx_gpu_proj")
     rank_data.require("runtime", "nvtx_gpu_proj")
+    if rank_data.streamed is not None:  # projected span by span of time as a long capture was read (STREAM)
+        return rank_data.streamed
     nvtx_events = rank_data.frame("nvtx")
     start_all, end_all = nvtx_events.values("start_ns"), nvtx_events.values("end_ns")
     closed = np.flatnonzero(closed_range_mask(nvtx_events))
@@ -93,26 +101,54 @@ def map_rank(rank_data, options: dict) -> dict:
         busy[in_range] = length
     name_codes, name_words = nvtx_events.codes("name")
     domain_codes, domain_words = nvtx_events.codes("domain")
-    has_op = count > 0
-    ranges = pa.Table.from_arrays([
-        dictionary_column(name_codes[r], name_words[:-1]), dictionary_column(domain_codes[r], domain_words[:-1]),
-        arrow_of(nvtx_events.values("pid")[r]), arrow_of(tid), arrow_of(np.arange(n, dtype=np.int64)),
-        arrow_of(np.maximum(parent, 0), valid=parent >= 0), arrow_of(levels), arrow_of(start), arrow_of(end),
-        arrow_of(gpu_start, valid=has_op), arrow_of(gpu_end, valid=has_op), arrow_of(busy, valid=has_op),
-        arrow_of(count),
-    ], names=["name", "domain", "pid", "tid", "range_id", "parent_id", "stack_level", "cpu_start_ns", "cpu_end_ns",
-              "gpu_start_ns", "gpu_end_ns", "gpu_busy_ns", "gpu_ops"])
-    return {"ranges": ranges, "unlinked_ops": ops.unlinked}
+    name = dictionary_column(name_codes[r], name_words[:-1])
+    domain = dictionary_column(domain_codes[r], domain_words[:-1])
+    columns = {"pid": pid, "tid": tid, "range_id": np.arange(n, dtype=np.int64), "parent_id": parent,
+               "stack_level": levels, "cpu_start_ns": start, "cpu_end_ns": end, "gpu_start_ns": gpu_start,
+               "gpu_end_ns": gpu_end, "gpu_busy_ns": busy, "gpu_ops": count}
+    return {"ranges": ranges_table(name, domain, columns),
+            "sums": range_sums(name_codes[r], name_words[:-1], domain_codes[r], domain_words[:-1], columns),
+            "unlinked_ops": ops.unlinked}
+
+
+def ranges_table(name: pa.Array, domain: pa.Array, columns: dict) -> pa.Table:
+    """The per-range table from its columns as arrays (parent -1: none; GPU columns null where no op)."""
+    has_op, parent = columns["gpu_ops"] > 0, columns["parent_id"]
+    arrays = {"name": name, "domain": domain, **{c: arrow_of(columns[c]) for c in RANGE_DTYPES if c in columns},
+              "parent_id": arrow_of(np.maximum(parent, 0), valid=parent >= 0),
+              **{c: arrow_of(columns[c], valid=has_op) for c in ("gpu_start_ns", "gpu_end_ns", "gpu_busy_ns")}}
+    return pa.table({c: arrays[c] for c in RANGE_DTYPES})
+
+
+def range_sums(name_codes: np.ndarray, name_words, domain_codes: np.ndarray, domain_words, columns: dict) -> pa.Table:
+    """Per name and domain of some ranges: how many, and the sums of their CPU time, GPU projection, GPU busy
+    time and GPU ops (the summary's columns, before they are added across ranks)."""
+    groups = SortedGroups(name_codes * (len(domain_words) + 1) + domain_codes)
+    has_op = columns["gpu_ops"] > 0
+    proj = np.where(has_op, columns["gpu_end_ns"] - columns["gpu_start_ns"], 0)
+    return pa.table({"name": dictionary_column(name_codes[groups.lead], name_words),
+                     "domain": dictionary_column(domain_codes[groups.lead], domain_words),
+                     "count": arrow_of(groups.size.astype(np.int64)),
+                     "cpu_total_ns": arrow_of(groups.sum(columns["cpu_end_ns"] - columns["cpu_start_ns"])),
+                     "gpu_proj_total_ns": arrow_of(groups.sum(proj)),
+                     "gpu_busy_total_ns": arrow_of(groups.sum(np.where(has_op, columns["gpu_busy_ns"], 0))),
+                     "gpu_ops": arrow_of(groups.sum(columns["gpu_ops"]))})
+
+
+def _output_schema(dtypes: dict) -> pa.Schema:
+    """The Arrow schema pandas writes for a frame of these dtypes (its metadata gives readers them back)."""
+    return pa.Schema.from_pandas(pd.DataFrame({c: pd.Series(dtype=d) for c, d in dtypes.items()}),
+                                 preserve_index=False)
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
-    table = ranked_tables(per_rank, "ranges")
-    ranges = Frame(table, {"rank": "int64", **RANGE_DTYPES}).to_pandas()
-    g = ranges.assign(cpu=ranges["cpu_end_ns"] - ranges["cpu_start_ns"],
-                      proj=(ranges["gpu_end_ns"] - ranges["gpu_start_ns"]).astype("Int64"))
-    summary = g.groupby(["rank", "name", "domain"], as_index=False).agg(
-        count=("cpu", "size"), cpu_total_ns=("cpu", "sum"), gpu_proj_total_ns=("proj", lambda s: s.sum()),
-        gpu_busy_total_ns=("gpu_busy_ns", lambda s: s.sum()), gpu_ops=("gpu_ops", "sum"))
+    ranges = RankedRows(_output_schema({"rank": "int64", **RANGE_DTYPES}), [(r["rank"], r["ranges"]) for r in per_rank])
+    sums_schema = _output_schema({"name": "str", "domain": "str", **dict.fromkeys(SUM_COLUMNS, "int64")})
+    sums = pa.concat_tables([
+        r["sums"].cast(sums_schema).add_column(0, "rank", arrow_of(np.full(r["sums"].num_rows, r["rank"], np.int64)))
+        for r in per_rank]).to_pandas()
+    summary = sums.groupby(["rank", "name", "domain"], as_index=False)[SUM_COLUMNS].sum()
+    summary = summary.astype({"gpu_proj_total_ns": "Int64", "gpu_busy_total_ns": "Int64"})
     busy = summary["gpu_busy_total_ns"].astype("float64")
     summary["launch_ratio"] = np.where(busy > 0, summary["cpu_total_ns"] / busy.where(busy > 0, 1), np.nan)
     summary = summary.sort_values(["rank", "gpu_busy_total_ns"], ascending=[True, False]).reset_index(drop=True)
@@ -156,6 +192,254 @@ def diff_metrics(ranks) -> pd.DataFrame | None:
     return pd.DataFrame({"metric": "nvtx_total_ns", "key": t.index, "value": t.to_numpy(np.float64)})
 
 
+# ---------------------------------------------------------------------------------------------------
+# a long capture, span by span of time (inputs.chunks): the ranges table written as it is made (spill.py)
+
+LIVE = {"id": np.int64, "tid": np.int64, "pid": np.int64, "start": np.int64, "end": np.int64, "level": np.int64,
+        "parent": np.int64, "gpu_start": np.int64, "gpu_end": np.int64, "busy": np.int64, "reach": np.int64,
+        "ops": np.int64, "pending": np.int64, "late": bool}
+HOLD_ROWS = 1 << 20  # finished ranges held back behind unfinished ones (to be written in order) before those go late
+KEY_COLUMNS = ["start", "end", "globalPid", "correlationId"]
+GPU_NEEDS = ("kernel", "memcpy", "memset")
+
+
+class _Projection:
+    """What a span-by-span projection carries: every GPU op's launch key with the ops still to come, the ranges not
+    yet written (`live`, in range order), and the (key, range) pairs of the launching calls whose ops are still to
+    come (`pending`, by key)."""
+
+    def __init__(self, keys: np.ndarray, remaining: np.ndarray, attribution: str):
+        self.keys, self.remaining, self.attribution = keys, remaining, attribution
+        self.called = np.zeros(len(keys), bool)  # a call with this key was read
+        self.arrived = np.zeros(len(keys), bool)  # an op with this key was read
+        self.live = {c: np.zeros(0, t) for c, t in LIVE.items()}
+        self.live_names = pa.table({"name": pa.array([], pa.large_string()), "domain": pa.array([], pa.large_string())})
+        self.last = {c: np.zeros(0, np.int64) for c in ("tid", "level", "start", "end", "id")}  # per thread and level
+        self.pending_key, self.pending_range = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self.next_id, self.unlinked, self.pids = 0, 0, set()
+        self.spill = SpillWriter(pa.schema([("name", pa.large_string()), ("domain", pa.large_string()),
+                                            *((c, pa.int64()) for c in list(RANGE_DTYPES)[2:])]), "range_id")
+        self.late: list[pa.Table] = []
+        self.sums: list[pa.Table] = []
+
+
+def _prepare(src, options: dict) -> _Projection:
+    """Every GPU op's launch key (process, correlation id) and how many ops hold it, read ahead: a call that launches
+    nothing is then dropped as it is read, and one whose ops have all come is let go."""
+    keys = []
+    for need in GPU_NEEDS:
+        (table, _), = TABLES[need].items()
+        if src.has(table):
+            for raw in src.read_batches(table, KEY_COLUMNS):
+                keys.append(call_key(gpu_frame(timed_rows(raw, KEY_COLUMNS, ("start", "end")), KEY_COLUMNS, None)))
+    keys = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+    keys.sort(kind="stable")  # in place; nearly sorted already, which the stable sort is quick on
+    first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, np.int64)
+    remaining = np.diff(np.r_[first, len(keys)]).astype(np.int32)
+    return _Projection(keys[first], remaining, options.get("attribution") or "process")
+
+
+def _view(need: str, frame) -> pa.Table:
+    """A span's rows: a range's times, thread, names (end null: never closed); a call's or op's times and key."""
+    if need == "nvtx":
+        ranges = np.isin(frame.values("event_type"), RANGE_EVENTS)
+        closed = closed_range_mask(frame)[ranges]
+        names = {}
+        for col in ("name", "domain"):
+            codes, words = frame.codes(col)
+            names[col] = dictionary_column(codes[ranges], words[:-1]).dictionary_decode()
+        return pa.table({"start_ns": arrow_of(frame.values("start_ns")[ranges]),
+                         "end_ns": arrow_of(frame.values("end_ns")[ranges], valid=closed),
+                         "tid": arrow_of(frame.values("tid")[ranges]), "pid": arrow_of(frame.values("pid")[ranges]),
+                         **names})
+    columns = {"start_ns": arrow_of(frame.values("start_ns")), "end_ns": arrow_of(frame.values("end_ns")),
+               "pid": arrow_of(frame.values("pid")), "key": arrow_of(call_key(frame))}
+    if need == "runtime":
+        columns["tid"] = arrow_of(frame.values("tid"))
+    return pa.table(columns)
+
+
+def _fold(state: _Projection, span_start: int, span_end: int, chunk: dict) -> None:
+    for rows in chunk.values():
+        if rows is not None and rows.num_rows:
+            state.pids.update(np.unique(numpy_of(rows.column("pid"))).tolist())
+    _add_ranges(state, chunk.get("nvtx"), span_start)
+    _add_calls(state, chunk.get("runtime"), span_start)
+    ops = [chunk[need] for need in GPU_NEEDS if chunk.get(need) is not None and chunk[need].num_rows]
+    if ops:
+        _add_ops(state, pa.concat_tables(ops))
+    _write_finished(state, span_end)
+
+
+def _add_ranges(state: _Projection, rows: pa.Table | None, span_start: int) -> None:
+    """A span's closed ranges, in range order, with their levels and parents, into `live`."""
+    if rows is None or not rows.num_rows:
+        return
+    closed = ~numpy_of(rows.column("end_ns").is_null(), True)
+    start, end = numpy_of(rows.column("start_ns"))[closed], numpy_of(rows.column("end_ns"))[closed]
+    order = np.lexsort((-end, start))
+    start, end = start[order], end[order]
+    tid, pid = numpy_of(rows.column("tid"))[closed][order], numpy_of(rows.column("pid"))[closed][order]
+    ids = state.next_id + np.arange(len(start), dtype=np.int64)
+    state.next_id += len(start)
+    live = state.live
+    # a range's level counts the ranges open at its start: the earlier ones still open then are in `live`
+    was_open = np.flatnonzero(live["end"] >= span_start)
+    levels = stack_levels_of(np.r_[live["tid"][was_open], tid], np.r_[live["start"][was_open], start],
+                             np.r_[live["end"][was_open], end])[len(was_open):]
+    # its parent: the latest range one level up on its thread, of which only each thread's and level's last one
+    # before this span can be
+    last = state.last
+    cand = {c: np.r_[last[c], v] for c, v in (("tid", tid), ("level", levels), ("start", start), ("end", end),
+                                               ("id", ids))}
+    at = parents_among(tid, start, levels, cand["tid"], cand["start"], cand["level"])
+    up = np.maximum(at, 0)
+    encloses = (at >= 0) & (cand["start"][up] <= start) & (cand["end"][up] >= end)
+    if np.any((levels > 0) != encloses) or np.any((at >= 0) != encloses):
+        raise NotSorted("NVTX ranges that cross on one thread")  # the nesting below assumes none do
+    keep = np.lexsort((cand["id"], cand["start"], cand["level"], cand["tid"]))
+    tid_sorted, level_sorted = cand["tid"][keep], cand["level"][keep]
+    lasts = keep[np.r_[(tid_sorted[1:] != tid_sorted[:-1]) | (level_sorted[1:] != level_sorted[:-1]), True]]
+    state.last = {c: v[lasts] for c, v in cand.items()}
+    new = {"id": ids, "tid": tid, "pid": pid, "start": start, "end": end, "level": levels,
+           "parent": np.where(at >= 0, cand["id"][up], -1)}
+    n = len(ids)
+    for c, t in LIVE.items():
+        value = new.get(c, {"gpu_start": np.iinfo(np.int64).max, "gpu_end": np.iinfo(np.int64).min,
+                            "reach": np.iinfo(np.int64).min}.get(c, 0))
+        live[c] = np.concatenate([live[c], np.broadcast_to(np.asarray(value, t), n)])
+    names = rows.select(["name", "domain"]).filter(arrow_of(closed)).take(arrow_of(order))
+    state.live_names = pa.concat_tables([state.live_names, names.cast(state.live_names.schema)])
+
+
+def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> None:
+    """A span's launching calls: each (key, range) pair of a call and a range it counts for, kept until the
+    key's ops have all come."""
+    if rows is None or not rows.num_rows:
+        return
+    key = numpy_of(rows.column("key"))
+    at = np.minimum(np.searchsorted(state.keys, key), max(len(state.keys) - 1, 0))
+    calls = np.flatnonzero(state.keys[at] == key) if len(state.keys) else np.zeros(0, np.int64)
+    if not len(calls):
+        return
+    if state.arrived[at[calls]].any():
+        raise NotSorted("a GPU op that starts before the call that launched it")
+    state.called[at[calls]] = True
+    live = state.live
+    was_open = np.flatnonzero(live["end"] >= span_start)
+    times = {c: numpy_of(rows.column(c))[calls] for c in ("tid", "pid", "start_ns", "end_ns")}
+    launch, pos = launch_ranges(live["tid"][was_open], live["pid"][was_open], live["start"][was_open],
+                                live["end"][was_open], times["tid"], times["pid"], times["start_ns"],
+                                times["end_ns"], state.attribution)
+    pair_key, pair_id = [], []
+    call, cur = calls[launch], was_open[pos]
+    while len(cur):  # up the parents, one level a step: every range enclosing a call's range is still open
+        pair_key.append(key[call])
+        pair_id.append(live["id"][cur])
+        parent = live["parent"][cur]
+        call, cur = call[parent >= 0], np.searchsorted(live["id"], parent[parent >= 0])
+    if not pair_key:
+        return
+    all_key = np.concatenate([state.pending_key, *pair_key])
+    all_id = np.concatenate([state.pending_range, *pair_id])
+    order = np.lexsort((all_id, all_key))
+    all_key, all_id, fresh = all_key[order], all_id[order], order >= len(state.pending_key)
+    first = np.r_[True, (all_key[1:] != all_key[:-1]) | (all_id[1:] != all_id[:-1])]
+    group = np.cumsum(first) - 1
+    known = np.zeros(int(first.sum()), bool)  # a pair an earlier call made already: it counts once
+    known[group[~fresh]] = True
+    added = all_id[first][~known]
+    np.add.at(live["pending"], np.searchsorted(live["id"], added), 1)
+    state.pending_key, state.pending_range = all_key[first], all_id[first]
+
+
+def _add_ops(state: _Projection, rows: pa.Table) -> None:
+    """A span's GPU ops into the ranges their calls count for; the pairs of keys whose ops have all come go."""
+    key, start, end = (numpy_of(rows.column(c)) for c in ("key", "start_ns", "end_ns"))
+    at = np.minimum(np.searchsorted(state.keys, key), max(len(state.keys) - 1, 0))
+    if not len(state.keys) or np.any(state.keys[at] != key):
+        raise NotSorted("GPU ops the first read did not give")  # the export changed under the read
+    state.arrived[at] = True
+    state.unlinked += int(np.count_nonzero(~state.called[at]))
+    lo = np.searchsorted(state.pending_key, key, side="left")
+    hits = np.searchsorted(state.pending_key, key, side="right") - lo
+    op = np.repeat(np.arange(len(key)), hits)
+    pair = np.repeat(lo - np.cumsum(hits) + hits, hits) + np.arange(len(op))
+    live = state.live
+    where = np.searchsorted(live["id"], state.pending_range[pair])
+    s, e = start[op], end[op]
+    np.minimum.at(live["gpu_start"], where, s)
+    np.maximum.at(live["gpu_end"], where, e)
+    np.add.at(live["ops"], where, 1)
+    # ops come in order of start, so a range's earlier ops all lie before its reach: only what is beyond it adds
+    clipped = np.maximum(s, live["reach"][where])
+    beyond = e > clipped
+    ranges, length = union_lengths(where[beyond], clipped[beyond], e[beyond])
+    live["busy"][ranges] += length
+    np.maximum.at(live["reach"], where, e)
+    keys_seen, count = np.unique(at, return_counts=True)
+    state.remaining[keys_seen] -= count
+    done = state.remaining[np.searchsorted(state.keys, state.pending_key)] == 0
+    if done.any():
+        np.subtract.at(live["pending"], np.searchsorted(live["id"], state.pending_range[done]), 1)
+        state.pending_key, state.pending_range = state.pending_key[~done], state.pending_range[~done]
+
+
+def _write_finished(state: _Projection, span_end: int) -> None:
+    """Write the ranges that are finished (closed before the span's end, no op of theirs to come) in range order.
+    Finished ranges behind an unfinished one wait, up to HOLD_ROWS of them; past that the oldest unfinished go
+    `late`: written aside when finished, merged back into their places when the output is written."""
+    live = state.live
+    finished = (live["end"] < span_end) & (live["pending"] == 0)
+    if np.count_nonzero(~live["late"]) > HOLD_ROWS:
+        live["late"] |= (np.arange(len(finished)) < len(finished) - HOLD_ROWS // 2) & ~finished
+    blocking = np.flatnonzero(~finished & ~live["late"])
+    in_order = finished & ~live["late"] & (np.arange(len(finished)) < (blocking[0] if len(blocking) else len(finished)))
+    late = finished & live["late"]
+    if in_order.any():
+        state.spill.write(_rows_of(state, in_order))
+    if late.any():
+        state.late.append(_rows_of(state, late))
+    gone = in_order | late
+    if gone.any():
+        state.live = {c: v[~gone] for c, v in live.items()}
+        state.live_names = state.live_names.filter(arrow_of(~gone))
+
+
+def _rows_of(state: _Projection, chosen: np.ndarray) -> pa.Table:
+    """Some live ranges as the per-range table; their sums are added to the rank's."""
+    live = state.live
+    columns = {"pid": live["pid"][chosen], "tid": live["tid"][chosen], "range_id": live["id"][chosen],
+               "parent_id": live["parent"][chosen], "stack_level": live["level"][chosen],
+               "cpu_start_ns": live["start"][chosen], "cpu_end_ns": live["end"][chosen],
+               "gpu_start_ns": live["gpu_start"][chosen], "gpu_end_ns": live["gpu_end"][chosen],
+               "gpu_busy_ns": live["busy"][chosen], "gpu_ops": live["ops"][chosen]}
+    names = state.live_names.filter(arrow_of(chosen))
+    coded = [names.column(c).combine_chunks().dictionary_encode() for c in ("name", "domain")]
+    state.sums.append(range_sums(numpy_of(coded[0].indices), coded[0].dictionary.to_pylist(),
+                                 numpy_of(coded[1].indices), coded[1].dictionary.to_pylist(), columns))
+    return ranges_table(names.column("name"), names.column("domain"), columns)
+
+
+def _finish(state: _Projection, names: list) -> dict:
+    """The map's result as `map_rank` gives it from a whole read, its ranges in a file (spill.SpilledRows)."""
+    late = pa.concat_tables(state.late) if state.late else None
+    result = {"ranges": state.spill.close(late), "sums": _sums_of(state.sums), "unlinked_ops": state.unlinked}
+    # one process's work: its rank's. Several: no process's alone, which rank_data reads again whole
+    return {next(iter(state.pids)) if len(state.pids) == 1 else None: result}
+
+
+def _sums_of(parts: list[pa.Table]) -> pa.Table:
+    if not parts:
+        return range_sums(np.zeros(0, np.int64), [], np.zeros(0, np.int64), [],
+                          {c: np.zeros(0, np.int64) for c in ("cpu_start_ns", "cpu_end_ns", "gpu_start_ns",
+                                                              "gpu_end_ns", "gpu_busy_ns", "gpu_ops")})
+    return pa.concat_tables([t.cast(parts[0].schema) for t in parts]) if len(parts) > 1 else parts[0]
+
+
+STREAM = Stream(needs=("nvtx", "runtime", *GPU_NEEDS), view=_view, fold=_fold, finish=_finish, prepare=_prepare)
+
+
 RECIPE = Recipe(
     name="nvtx_gpu_proj",
     display_name="NVTX GPU projection",
@@ -165,7 +449,8 @@ RECIPE = Recipe(
     map_rank=map_rank,
     reduce=reduce,
     add_options=add_options,
-    bytes_per_row=450,  # 3.82 GB over 10.1 M rows
+    bytes_per_row=450,  # 3.82 GB over 10.1 M rows, when its tables are read whole
+    stream=STREAM,
     summary=summary,
     headline=headline,
     figures="nsys_recipe_pack.plots.nvtx_gpu_proj",

@@ -1,0 +1,134 @@
+"""Per-event output too long to hold (one row per NVTX range of an hour-long capture): written a piece at a time to
+a file while the map reads the capture, read back a piece at a time when the output folder is written
+(`RankedRows.write_parquet`, from runner.write_tables). Outputs of usual size stay in memory as Arrow tables.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pyarrow.parquet as pq
+
+from .errors import PackError
+from .inputs.frames import arrow_of, numpy_of
+
+ROW_GROUP_ROWS = 1 << 20  # rows per Parquet row group of a table written in pieces
+
+
+@dataclass
+class SpilledRows:
+    """Rows in the order of an integer `key` column, in a file of Arrow IPC batches, and `late`: rows that were
+    finished after rows with a greater key had been written, merged back into their places on reading."""
+
+    path: str
+    key: str
+    late: pa.Table
+    num_rows: int = 0
+
+    def batches(self) -> Iterator[pa.Table]:
+        if not os.path.exists(self.path):
+            raise PackError(f"{self.path}: a worker wrote this part of the output there, which this machine does not "
+                            "see; give the workers and the run one shared TMPDIR")
+        late_keys = numpy_of(self.late.column(self.key)) if self.late.num_rows else np.zeros(0, np.int64)
+        taken = 0
+        with pa.OSFile(self.path, "rb") as source:
+            for batch in ipc.open_stream(source):
+                rows = pa.Table.from_batches([batch])
+                if not rows.num_rows:
+                    continue
+                cut = int(np.searchsorted(late_keys, numpy_of(rows.column(self.key))[-1], side="right"))
+                if cut > taken:
+                    rows = _in_key_order(pa.concat_tables([rows, self.late.slice(taken, cut - taken)]), self.key)
+                    taken = cut
+                yield rows
+        if taken < self.late.num_rows:
+            yield self.late.slice(taken)
+
+    def remove(self) -> None:
+        _remove(self.path)
+
+
+def _in_key_order(rows: pa.Table, key: str) -> pa.Table:
+    return rows.take(arrow_of(np.argsort(numpy_of(rows.column(key)), kind="stable")))
+
+
+class SpillWriter:
+    """Writes a table's rows a piece at a time, in `key` order, to a temporary file (in TMPDIR)."""
+
+    def __init__(self, schema: pa.Schema, key: str):
+        fd, self.path = tempfile.mkstemp(prefix="nsys-recipe-spill-", suffix=".arrows")
+        os.close(fd)
+        self.key, self.schema, self.rows = key, schema, 0
+        self._sink = pa.OSFile(self.path, "wb")
+        self._writer = ipc.new_stream(self._sink, schema)
+        # a map given up half way (its read failed, or its tables are read whole instead) leaves no file behind
+        self._unclosed = weakref.finalize(self, _remove, self.path)
+
+    def write(self, rows: pa.Table) -> None:
+        if rows.num_rows:
+            self._writer.write_table(rows.cast(self.schema))
+            self.rows += rows.num_rows
+
+    def close(self, late: pa.Table | None = None) -> SpilledRows:
+        self._writer.close()
+        self._sink.close()
+        self._unclosed.detach()
+        late = (self.schema.empty_table() if late is None else _in_key_order(late.cast(self.schema), self.key))
+        return SpilledRows(self.path, self.key, late, self.rows + late.num_rows)
+
+    def discard(self) -> None:
+        self._writer.close()
+        self._sink.close()
+        self._unclosed()
+
+
+def _remove(path: str) -> None:
+    if os.path.exists(path):
+        os.unlink(path)
+
+
+@dataclass
+class RankedRows:
+    """One output table made of each rank's rows (an Arrow table, or SpilledRows) one after another, with a leading
+    `rank` column: written to Parquet a row group at a time, never held whole."""
+
+    schema: pa.Schema  # with the `rank` column first; its pandas metadata gives readers the pandas dtypes
+    parts: list[tuple[int, object]] = field(default_factory=list)
+
+    def tables(self) -> Iterator[pa.Table]:
+        for rank, rows in self.parts:
+            for piece in (rows.batches() if isinstance(rows, SpilledRows) else [rows]):
+                piece = piece.add_column(0, "rank", arrow_of(np.full(piece.num_rows, rank, np.int64)))
+                yield piece.select(self.schema.names).cast(self.schema)
+
+    def write_parquet(self, path) -> None:
+        with pq.ParquetWriter(str(path), self.schema) as writer:
+            held: list[pa.Table] = []
+            for piece in self.tables():
+                held.append(piece)
+                if sum(t.num_rows for t in held) >= ROW_GROUP_ROWS:
+                    writer.write_table(pa.concat_tables(held), row_group_size=ROW_GROUP_ROWS)
+                    held = []
+            if held or not self.parts:
+                writer.write_table(pa.concat_tables(held) if held else self.schema.empty_table(),
+                                   row_group_size=ROW_GROUP_ROWS)
+
+
+def remove_spilled(mapped) -> None:
+    """Remove the files of every SpilledRows among map results (lists of result dicts, nested as the runner
+    keeps them)."""
+    if isinstance(mapped, SpilledRows):
+        mapped.remove()
+    elif isinstance(mapped, dict):
+        for value in mapped.values():
+            remove_spilled(value)
+    elif isinstance(mapped, list | tuple):
+        for value in mapped:
+            remove_spilled(value)

@@ -1,0 +1,153 @@
+"""nvtx_gpu_proj on a long capture, projected span by span of time as its tables are read (inputs.chunks) with its
+ranges written to a file as they are finished (spill.py): the same output folder as the map over whole tables,
+however the tables are cut, and the whole read wherever spans cannot give the same answer."""
+
+import shutil
+import sqlite3
+import tempfile
+
+import numpy as np
+import pandas as pd
+import pandas.testing as pdt
+import pyarrow as pa
+import pytest
+from test_selection import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
+
+from nsys_recipe_pack import recipes, runner
+from nsys_recipe_pack.inputs import load_file, rank_data, readers
+from nsys_recipe_pack.recipes import nvtx_gpu_proj as proj
+from nsys_recipe_pack.spill import SpilledRows, SpillWriter
+
+SPEC = recipes.get("nvtx_gpu_proj")
+
+
+@pytest.fixture()
+def spill_dir(tmp_path, monkeypatch):
+    """Where spilled ranges go during a test: empty again once each run is written."""
+    folder = tmp_path / "spill"
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    return folder
+
+
+def _run(path, out, attribution, spans, monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(rank_data, "STREAM_MIN_ROWS", 0 if spans else 1 << 62)
+        runner.run("nvtx_gpu_proj", [str(path)], str(out), force=True, mode="none",
+                   options={"attribution": attribution}, log=lambda msg: None)
+
+
+def _streamed(path, attribution="process"):
+    ranks = load_file(path, set(SPEC.needs), stream=SPEC.stream_given({"attribution": attribution}))
+    results = [r.streamed for r in ranks]
+    for r in results:
+        if r is not None:
+            r["ranges"].remove()
+    return results
+
+
+def _same_output(path, tmp_path, monkeypatch, attribution="process"):
+    _run(path, tmp_path / "whole", attribution, False, monkeypatch)
+    _run(path, tmp_path / "spans", attribution, True, monkeypatch)
+    for table in ("ranges", "summary", "files"):
+        want = pd.read_parquet(tmp_path / "whole" / f"{table}.parquet")
+        got = pd.read_parquet(tmp_path / "spans" / f"{table}.parquet")
+        pdt.assert_frame_equal(got, want)  # values and dtypes
+    analysis = [(tmp_path / run / "analysis.json").read_text() for run in ("whole", "spans")]
+    assert analysis[0] == analysis[1]
+    return pd.read_parquet(tmp_path / "whole" / "ranges.parquet")
+
+
+@pytest.mark.parametrize("batch_rows", [7, 1000])
+@pytest.mark.parametrize("attribution", ["process", "thread"])
+def test_spans_give_the_whole_reads_output(synthetic, spill_dir, tmp_path, monkeypatch,  # noqa: F811
+                                           batch_rows, attribution):
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", batch_rows)
+    for i, path in enumerate([REAL_GLOO, synthetic["sqlite"][2], synthetic["parquetdir"][2]]):
+        with monkeypatch.context() as m:
+            m.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+            assert all(r is not None for r in _streamed(path, attribution)), path
+        ranges = _same_output(path, tmp_path / str(i), monkeypatch, attribution)
+        assert ranges["gpu_ops"].sum() > 0 and ranges["stack_level"].max() > 0, path
+        assert not list(spill_dir.iterdir())
+
+
+def test_ranges_finished_late_are_put_back_in_their_places(spill_dir, tmp_path, monkeypatch):
+    """With few finished ranges held back behind unfinished ones, most are written aside and merged back in."""
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 20)
+    monkeypatch.setattr(proj, "HOLD_ROWS", 4)
+    monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+    streamed, = _streamed(REAL_GLOO)
+    assert streamed["ranges"].late.num_rows > 10
+    _same_output(REAL_GLOO, tmp_path, monkeypatch)
+    assert not list(spill_dir.iterdir())
+
+
+def test_several_processes_in_one_file_are_read_whole(spill_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 50)
+    with monkeypatch.context() as m:
+        m.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+        assert _streamed(REAL_NCCL) == [None, None]
+    _same_output(REAL_NCCL, tmp_path, monkeypatch)
+    assert not list(spill_dir.iterdir())
+
+
+def test_ranges_that_cross_on_one_thread_are_read_whole(spill_dir, tmp_path, monkeypatch):
+    """Start/end ranges may cross (the nesting of spans assumes they do not): the whole read, same output."""
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 50)
+    path = tmp_path / "crossing.sqlite"
+    shutil.copy(REAL_GLOO, path)
+    con = sqlite3.connect(path)
+    # every fifth closed range made to end a little after the range that follows it on its thread has started
+    con.execute("""UPDATE NVTX_EVENTS SET end = end + 1000 + (SELECT MIN(n.start) - NVTX_EVENTS.start FROM NVTX_EVENTS n
+                   WHERE n.globalTid = NVTX_EVENTS.globalTid AND n.start > NVTX_EVENTS.start)
+                   WHERE end IS NOT NULL AND eventType IN (59, 60) AND rowid % 5 = 0""")
+    con.commit()
+    con.close()
+    with monkeypatch.context() as m:
+        m.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+        assert _streamed(path) == [None]
+    _same_output(path, tmp_path, monkeypatch)
+    assert not list(spill_dir.iterdir())
+
+
+def test_spilled_rows_come_back_in_key_order(spill_dir):
+    """Rows written in pieces in key order, and late rows (finished after greater keys were written) put back."""
+    schema = pa.schema([("range_id", pa.int64()), ("name", pa.large_string())])
+    writer = SpillWriter(schema, "range_id")
+    writer.write(pa.table({"range_id": [0, 2, 3], "name": ["a", "c", "d"]}))
+    writer.write(pa.table({"range_id": [6, 7], "name": ["g", "h"]}))
+    writer.write(pa.table({"range_id": [9], "name": ["j"]}))
+    spilled = writer.close(pa.table({"range_id": [10, 5, 1, 8], "name": ["k", "f", "b", "i"]}))
+    assert isinstance(spilled, SpilledRows) and spilled.num_rows == 10
+    back = pa.concat_tables(list(spilled.batches()))
+    assert back.column("range_id").to_pylist() == [0, 1, 2, 3, 5, 6, 7, 8, 9, 10]
+    assert back.column("name").to_pylist() == list("abcdfghijk")
+    spilled.remove()
+    assert not list(spill_dir.iterdir())
+    SpillWriter(schema, "range_id").discard()
+    assert not list(spill_dir.iterdir())
+
+
+def test_a_spilled_table_is_written_in_row_groups(spill_dir, tmp_path, monkeypatch):
+    """A ranges table longer than a row group comes out whole and in order."""
+    from nsys_recipe_pack import spill
+
+    monkeypatch.setattr(spill, "ROW_GROUP_ROWS", 3)
+    schema = pa.schema([("rank", pa.int64()), ("range_id", pa.int64())])
+    writer = SpillWriter(pa.schema([("range_id", pa.int64())]), "range_id")
+    for first in range(0, 10, 2):
+        writer.write(pa.table({"range_id": np.arange(first, first + 2)}))
+    rows = spill.RankedRows(schema, [(0, pa.table({"range_id": [0, 1]})), (1, writer.close())])
+    rows.write_parquet(tmp_path / "t.parquet")
+    got = pd.read_parquet(tmp_path / "t.parquet")
+    assert got["rank"].tolist() == [0, 0] + [1] * 10 and got["range_id"].tolist() == [0, 1, *range(10)]
+
+
+def test_a_spilled_table_another_machine_wrote_is_a_clear_error(spill_dir):
+    from nsys_recipe_pack.errors import PackError
+
+    spilled = SpillWriter(pa.schema([("range_id", pa.int64())]), "range_id").close()
+    spilled.remove()
+    with pytest.raises(PackError, match="shared TMPDIR"):
+        list(spilled.batches())
