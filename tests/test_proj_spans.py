@@ -76,6 +76,7 @@ def test_ranges_finished_late_are_put_back_in_their_places(spill_dir, tmp_path, 
     """With few finished ranges held back behind unfinished ones, most are written aside and merged back in."""
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 20)
     monkeypatch.setattr(proj, "HOLD_ROWS", 4)
+    monkeypatch.setattr(proj, "SUMS_ROWS", 5)  # the sums added up as they go, too
     monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
     streamed, = _streamed(REAL_GLOO)
     assert streamed["ranges"].late.num_rows > 10

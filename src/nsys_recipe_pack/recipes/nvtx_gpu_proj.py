@@ -199,6 +199,7 @@ LIVE = {"id": np.int64, "tid": np.int64, "pid": np.int64, "start": np.int64, "en
         "parent": np.int64, "gpu_start": np.int64, "gpu_end": np.int64, "busy": np.int64, "reach": np.int64,
         "ops": np.int64, "pending": np.int64, "late": bool}
 HOLD_ROWS = 1 << 20  # finished ranges held back behind unfinished ones (to be written in order) before those go late
+SUMS_ROWS = 1 << 20  # rows of sums by name and domain, piece by piece, before they are added up
 KEY_COLUMNS = ["start", "end", "globalPid", "correlationId"]
 GPU_NEEDS = ("kernel", "memcpy", "memset")
 
@@ -418,6 +419,8 @@ def _rows_of(state: _Projection, chosen: np.ndarray) -> pa.Table:
     coded = [names.column(c).combine_chunks().dictionary_encode() for c in ("name", "domain")]
     state.sums.append(range_sums(numpy_of(coded[0].indices), coded[0].dictionary.to_pylist(),
                                  numpy_of(coded[1].indices), coded[1].dictionary.to_pylist(), columns))
+    if sum(t.num_rows for t in state.sums) > SUMS_ROWS:
+        state.sums = [_sums_of(state.sums)]
     return ranges_table(names.column("name"), names.column("domain"), columns)
 
 
@@ -430,11 +433,13 @@ def _finish(state: _Projection, names: list) -> dict:
 
 
 def _sums_of(parts: list[pa.Table]) -> pa.Table:
-    if not parts:
-        return range_sums(np.zeros(0, np.int64), [], np.zeros(0, np.int64), [],
-                          {c: np.zeros(0, np.int64) for c in ("cpu_start_ns", "cpu_end_ns", "gpu_start_ns",
-                                                              "gpu_end_ns", "gpu_busy_ns", "gpu_ops")})
-    return pa.concat_tables([t.cast(parts[0].schema) for t in parts]) if len(parts) > 1 else parts[0]
+    """Sums of pieces added per name and domain (each piece's sums, one row per name and domain in it)."""
+    plain = pa.schema([("name", pa.large_string()), ("domain", pa.large_string()),
+                       *((c, pa.int64()) for c in SUM_COLUMNS)])
+    rows = pa.concat_tables([t.cast(plain) for t in parts]) if parts else plain.empty_table()
+    added = rows.group_by(["name", "domain"], use_threads=False).aggregate([(c, "sum") for c in SUM_COLUMNS])
+    added = added.rename_columns([{f"{c}_sum": c for c in SUM_COLUMNS}.get(c, c) for c in added.column_names])
+    return added.select(plain.names)
 
 
 STREAM = Stream(needs=("nvtx", "runtime", *GPU_NEEDS), view=_view, fold=_fold, finish=_finish, prepare=_prepare)
