@@ -195,9 +195,10 @@ def diff_metrics(ranks) -> pd.DataFrame | None:
 # ---------------------------------------------------------------------------------------------------
 # a long capture, span by span of time (inputs.chunks): the ranges table written as it is made (spill.py)
 
+# a range not yet written: parent_at is its parent's place in `live` while that is there (else -1)
 LIVE = {"id": np.int64, "tid": np.int64, "pid": np.int64, "start": np.int64, "end": np.int64, "level": np.int64,
-        "parent": np.int64, "gpu_start": np.int64, "gpu_end": np.int64, "busy": np.int64, "reach": np.int64,
-        "ops": np.int64, "pending": np.int64, "late": bool}
+        "parent": np.int64, "parent_at": np.int64, "gpu_start": np.int64, "gpu_end": np.int64, "busy": np.int64,
+        "reach": np.int64, "ops": np.int64, "pending": np.int64, "late": bool}
 HOLD_ROWS = 1 << 20  # finished ranges held back behind unfinished ones (to be written in order) before those go late
 SUMS_ROWS = 1 << 20  # rows of sums by name and domain, piece by piece, before they are added up
 KEY_COLUMNS = ["start", "end", "globalPid", "correlationId"]
@@ -207,7 +208,7 @@ GPU_NEEDS = ("kernel", "memcpy", "memset")
 class _Projection:
     """What a span-by-span projection carries: every GPU op's launch key with the ops still to come, the ranges not
     yet written (`live`, in range order), and the (key, range) pairs of the launching calls whose ops are still to
-    come (`pending`, by key)."""
+    come (`pending`, by key; a range by its place in `live`)."""
 
     def __init__(self, keys: np.ndarray, remaining: np.ndarray, attribution: str):
         self.keys, self.remaining, self.attribution = keys, remaining, attribution
@@ -216,7 +217,7 @@ class _Projection:
         self.live = {c: np.zeros(0, t) for c, t in LIVE.items()}
         self.live_names = pa.table({"name": pa.array([], pa.large_string()), "domain": pa.array([], pa.large_string())})
         self.last = {c: np.zeros(0, np.int64) for c in ("tid", "level", "start", "end", "id")}  # per thread and level
-        self.pending_key, self.pending_range = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self.pending_key, self.pending_at = np.zeros(0, np.int64), np.zeros(0, np.int64)
         self.next_id, self.unlinked, self.pids = 0, 0, set()
         self.spill = SpillWriter(pa.schema([("name", pa.large_string()), ("domain", pa.large_string()),
                                             *((c, pa.int64()) for c in list(RANGE_DTYPES)[2:])]), "range_id")
@@ -263,7 +264,8 @@ def _view(need: str, frame) -> pa.Table:
 def _fold(state: _Projection, span_start: int, span_end: int, chunk: dict) -> None:
     for rows in chunk.values():
         if rows is not None and rows.num_rows:
-            state.pids.update(np.unique(numpy_of(rows.column("pid"))).tolist())
+            pid = numpy_of(rows.column("pid"))
+            state.pids.update([int(pid[0])] if pid.min() == pid.max() else np.unique(pid).tolist())
     _add_ranges(state, chunk.get("nvtx"), span_start)
     _add_calls(state, chunk.get("runtime"), span_start)
     ops = [chunk[need] for need in GPU_NEEDS if chunk.get(need) is not None and chunk[need].num_rows]
@@ -302,8 +304,11 @@ def _add_ranges(state: _Projection, rows: pa.Table | None, span_start: int) -> N
     tid_sorted, level_sorted = cand["tid"][keep], cand["level"][keep]
     lasts = keep[np.r_[(tid_sorted[1:] != tid_sorted[:-1]) | (level_sorted[1:] != level_sorted[:-1]), True]]
     state.last = {c: v[lasts] for c, v in cand.items()}
-    new = {"id": ids, "tid": tid, "pid": pid, "start": start, "end": end, "level": levels,
-           "parent": np.where(at >= 0, cand["id"][up], -1)}
+    parent = np.where(at >= 0, cand["id"][up], -1)
+    # a parent is still open, so not yet written: in `live`, or among these ranges
+    parent_at = np.where(parent >= 0, np.searchsorted(np.r_[live["id"], ids], parent), -1)
+    new = {"id": ids, "tid": tid, "pid": pid, "start": start, "end": end, "level": levels, "parent": parent,
+           "parent_at": parent_at}
     n = len(ids)
     for c, t in LIVE.items():
         value = new.get(c, {"gpu_start": np.iinfo(np.int64).max, "gpu_end": np.iinfo(np.int64).min,
@@ -319,7 +324,7 @@ def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> No
     if rows is None or not rows.num_rows:
         return
     key = numpy_of(rows.column("key"))
-    at = np.minimum(np.searchsorted(state.keys, key), max(len(state.keys) - 1, 0))
+    at = _key_places(state.keys, key)
     calls = np.flatnonzero(state.keys[at] == key) if len(state.keys) else np.zeros(0, np.int64)
     if not len(calls):
         return
@@ -332,32 +337,41 @@ def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> No
     launch, pos = launch_ranges(live["tid"][was_open], live["pid"][was_open], live["start"][was_open],
                                 live["end"][was_open], times["tid"], times["pid"], times["start_ns"],
                                 times["end_ns"], state.attribution)
-    pair_key, pair_id = [], []
+    pair_key, pair_at = [], []
     call, cur = calls[launch], was_open[pos]
     while len(cur):  # up the parents, one level a step: every range enclosing a call's range is still open
         pair_key.append(key[call])
-        pair_id.append(live["id"][cur])
-        parent = live["parent"][cur]
-        call, cur = call[parent >= 0], np.searchsorted(live["id"], parent[parent >= 0])
+        pair_at.append(cur)
+        parent = live["parent_at"][cur]
+        call, cur = call[parent >= 0], parent[parent >= 0]
     if not pair_key:
         return
     all_key = np.concatenate([state.pending_key, *pair_key])
-    all_id = np.concatenate([state.pending_range, *pair_id])
-    order = np.lexsort((all_id, all_key))
-    all_key, all_id, fresh = all_key[order], all_id[order], order >= len(state.pending_key)
-    first = np.r_[True, (all_key[1:] != all_key[:-1]) | (all_id[1:] != all_id[:-1])]
+    all_at = np.concatenate([state.pending_at, *pair_at])
+    order = np.lexsort((all_at, all_key))
+    all_key, all_at, fresh = all_key[order], all_at[order], order >= len(state.pending_key)
+    first = np.r_[True, (all_key[1:] != all_key[:-1]) | (all_at[1:] != all_at[:-1])]
     group = np.cumsum(first) - 1
     known = np.zeros(int(first.sum()), bool)  # a pair an earlier call made already: it counts once
     known[group[~fresh]] = True
-    added = all_id[first][~known]
-    np.add.at(live["pending"], np.searchsorted(live["id"], added), 1)
-    state.pending_key, state.pending_range = all_key[first], all_id[first]
+    np.add.at(live["pending"], all_at[first][~known], 1)
+    state.pending_key, state.pending_at = all_key[first], all_at[first]
+
+
+def _key_places(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
+    """Where each wanted key is (or would go, short of the end) among the sorted keys: searched within the keys
+    between the least and the greatest wanted, few and close together for a span's calls or ops."""
+    if not len(keys) or not len(wanted):
+        return np.zeros(len(wanted), np.int64)
+    low = int(np.searchsorted(keys, wanted.min()))
+    high = int(np.searchsorted(keys, wanted.max(), side="right"))
+    return np.minimum(low + np.searchsorted(keys[low:high], wanted), len(keys) - 1)
 
 
 def _add_ops(state: _Projection, rows: pa.Table) -> None:
     """A span's GPU ops into the ranges their calls count for; the pairs of keys whose ops have all come go."""
     key, start, end = (numpy_of(rows.column(c)) for c in ("key", "start_ns", "end_ns"))
-    at = np.minimum(np.searchsorted(state.keys, key), max(len(state.keys) - 1, 0))
+    at = _key_places(state.keys, key)
     if not len(state.keys) or np.any(state.keys[at] != key):
         raise NotSorted("GPU ops the first read did not give")  # the export changed under the read
     state.arrived[at] = True
@@ -367,7 +381,7 @@ def _add_ops(state: _Projection, rows: pa.Table) -> None:
     op = np.repeat(np.arange(len(key)), hits)
     pair = np.repeat(lo - np.cumsum(hits) + hits, hits) + np.arange(len(op))
     live = state.live
-    where = np.searchsorted(live["id"], state.pending_range[pair])
+    where = state.pending_at[pair]
     s, e = start[op], end[op]
     np.minimum.at(live["gpu_start"], where, s)
     np.maximum.at(live["gpu_end"], where, e)
@@ -378,12 +392,12 @@ def _add_ops(state: _Projection, rows: pa.Table) -> None:
     ranges, length = union_lengths(where[beyond], clipped[beyond], e[beyond])
     live["busy"][ranges] += length
     np.maximum.at(live["reach"], where, e)
-    keys_seen, count = np.unique(at, return_counts=True)
-    state.remaining[keys_seen] -= count
+    first = int(at.min())
+    state.remaining[first:first + int(at.max()) + 1 - first] -= np.bincount(at - first).astype(np.int32)
     done = state.remaining[np.searchsorted(state.keys, state.pending_key)] == 0
     if done.any():
-        np.subtract.at(live["pending"], np.searchsorted(live["id"], state.pending_range[done]), 1)
-        state.pending_key, state.pending_range = state.pending_key[~done], state.pending_range[~done]
+        np.subtract.at(live["pending"], state.pending_at[done], 1)
+        state.pending_key, state.pending_at = state.pending_key[~done], state.pending_at[~done]
 
 
 def _write_finished(state: _Projection, span_end: int) -> None:
@@ -403,6 +417,9 @@ def _write_finished(state: _Projection, span_end: int) -> None:
         state.late.append(_rows_of(state, late))
     gone = in_order | late
     if gone.any():
+        place = np.where(gone, -1, np.cumsum(~gone) - 1)  # each range's place once the written ones are gone
+        live["parent_at"] = np.where(live["parent_at"] >= 0, place[np.maximum(live["parent_at"], 0)], -1)
+        state.pending_at = place[state.pending_at]  # a range a pair names is not finished, so still there
         state.live = {c: v[~gone] for c, v in live.items()}
         state.live_names = state.live_names.filter(arrow_of(~gone))
 
