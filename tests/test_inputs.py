@@ -516,3 +516,36 @@ def test_a_long_read_reports_rows_read_and_time_left(monkeypatch):
     monkeypatch.setattr(rank_data, "LONG_READ_ROWS", 10**9)
     rank_data._ReadProgress(Path("small.sqlite"), {"NVTX_EVENTS": 100}, stream=quiet)("NVTX_EVENTS")
     assert quiet.getvalue() == ""
+
+
+@pytest.mark.parametrize("text_type", [pa.string(), pa.large_string(), "all null as int64"])
+def test_a_parquet_read_of_some_rows_gives_exactly_those_rows(tmp_path, text_type):
+    """Rows whose text contains a word, or whose text id is one of some ids, from a Parquet table of several row
+    groups (some with no such row, whose other columns are then not read): the rows a filter over every row keeps."""
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(5)
+    n = 40
+    words = np.array(["MPI Rank 3", "forward", None, "rank", "Ranked", "step", "backward"], object)
+    text = words[rng.integers(0, len(words), n)]
+    text[:12] = "forward"  # the first row groups hold no such row
+    if text_type == "all null as int64":
+        text_col = pa.nulls(n, pa.int64())
+    else:
+        text_col = pa.array(text.tolist(), text_type)
+    text_id = rng.integers(0, 9, n)
+    text_id[:12] = 0
+    table = pa.table({"start": np.arange(n, dtype=np.int64), "textId": text_id, "text": text_col})
+    folder = tmp_path / "x_pqtdir"
+    folder.mkdir()
+    pq.write_table(table, folder / "NVTX_EVENTS.parquet", row_group_size=5)
+    src = readers.ExportSource(folder, "parquetdir")
+    got = src.read_arrow("NVTX_EVENTS", ["start", "text", "textId"], where=[("textId", [2, 7]), ("text", "rank")])
+    with_word = np.array([isinstance(t, str) and "rank" in t.lower() for t in text], bool)
+    if text_type == "all null as int64":
+        with_word[:] = False
+    want = np.flatnonzero(with_word | np.isin(table.column("textId").to_numpy(), [2, 7]))
+    assert got.column("start").to_pylist() == want.tolist()
+    assert got.column("text").type == pa.string()
+    expected_text = [None] * len(want) if text_type == "all null as int64" else text[want].tolist()
+    assert got.column("text").to_pylist() == expected_text

@@ -192,16 +192,24 @@ class ExportSource:
         return _unprefixed_text(raw, cols, text)
 
     def _read_parquet(self, table: str, cols: list[str], where) -> pa.Table:
-        file = pq.ParquetFile(self.path / f"{table}.parquet")
+        text = TEXT_COLUMNS.get(table, set())
+        tested = list(dict.fromkeys(c for c, _ in where or []))
+        # text tested as the file's dictionary of it: each distinct word once, no string per row
+        file = pq.ParquetFile(self.path / f"{table}.parquet", read_dictionary=[c for c in tested if c in text])
         if where is None:
             return file.read(columns=cols)
-        parts = []  # a row group at a time, so only the matching rows are ever held
-        for i in range(file.num_row_groups):
-            group = file.read_row_group(i, columns=list(dict.fromkeys([*cols, *(c for c, _ in where)])))
+        others = [c for c in cols if c not in tested]
+        parts = []  # a row group at a time, the tested columns first: only the matching rows are ever held, and a
+        for i in range(file.num_row_groups):  # group with none has nothing else read
+            group = file.read_row_group(i, columns=tested)
             keep = np.zeros(group.num_rows, bool)
             for column, test in where:
-                keep |= _meets(_normalised(group.column(column), column in TEXT_COLUMNS.get(table, ())), test)
-            parts.append(group.select(cols).filter(arrow_of(keep)))
+                keep |= _meets(_tested(group.column(column), column in text), test)
+            if keep.any():
+                if others:
+                    rest = file.read_row_group(i, columns=others)
+                    group = pa.table({c: (group if c in tested else rest).column(c) for c in cols})
+                parts.append(group.select(cols).filter(arrow_of(keep)))
         return pa.concat_tables(parts) if parts else file.schema_arrow.empty_table().select(cols)
 
 
@@ -217,6 +225,12 @@ def _normalised_table(raw: pa.Table, cols: list[str], text: set[str]) -> pa.Tabl
 def _joined(batches: list[pa.RecordBatch]) -> pa.Table:
     """Record batches as one table; a column the driver typed null in a batch of nulls takes the others' type."""
     return pa.concat_tables([pa.table(b) for b in batches], promote_options="permissive")
+
+
+def _tested(col: pa.ChunkedArray, text: bool) -> pa.Array:
+    """A column as `_meets` tests it: text read as the file's dictionary kept so."""
+    col = col.combine_chunks()
+    return col if text and pa.types.is_dictionary(col.type) else _normalised(col, text)
 
 
 def _meets(col: pa.Array, test) -> np.ndarray:
