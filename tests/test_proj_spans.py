@@ -5,6 +5,7 @@ however the tables are cut, and the whole read wherever spans cannot give the sa
 import shutil
 import sqlite3
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -23,7 +24,8 @@ SPEC = recipes.get("nvtx_gpu_proj")
 
 @pytest.fixture()
 def spill_dir(tmp_path, monkeypatch):
-    """Where spilled ranges go during a test: empty again once each run is written."""
+    """TMPDIR during a test, where a map outside `run` writes its ranges (a run writes them in its output folder):
+    empty again after each."""
     folder = tmp_path / "spill"
     folder.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
@@ -47,8 +49,19 @@ def _streamed(path, attribution="process"):
 
 
 def _same_output(path, tmp_path, monkeypatch, attribution="process"):
+    written = []
+
+    class Recorded(SpillWriter):
+        def __init__(self, *args):
+            super().__init__(*args)
+            written.append(Path(self.path))
+
+    monkeypatch.setattr(proj, "SpillWriter", Recorded)
     _run(path, tmp_path / "whole", attribution, False, monkeypatch)
     _run(path, tmp_path / "spans", attribution, True, monkeypatch)
+    # the ranges were written into the output folder as it was made, and are gone from it
+    assert written and all(f.parent.parent == tmp_path and f.parent.name.startswith(".spans.partial-") for f in written)
+    assert not any(f.exists() for f in written) and not list((tmp_path / "spans").glob(".*"))
     for table in ("ranges", "summary", "files"):
         want = pd.read_parquet(tmp_path / "whole" / f"{table}.parquet")
         got = pd.read_parquet(tmp_path / "spans" / f"{table}.parquet")
@@ -150,5 +163,5 @@ def test_a_spilled_table_another_machine_wrote_is_a_clear_error(spill_dir):
 
     spilled = SpillWriter(pa.schema([("range_id", pa.int64())]), "range_id").close()
     spilled.remove()
-    with pytest.raises(PackError, match="shared TMPDIR"):
+    with pytest.raises(PackError, match="every node sees"):
         list(spilled.batches())

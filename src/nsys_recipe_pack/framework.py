@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import recipes, runner
 from .errors import PackError
-from .spill import remove_spilled
+from .spill import SPILL_DIR, remove_spilled
 
 
 def add_recipe_options(parser, name: str) -> None:
@@ -33,6 +33,7 @@ def run_in_framework(recipe, context, name: str) -> None:
     options = {k: recipe.get_parsed_arg(k) for k in recipes.get(name).option_names()}
     options["skip_bad"] = bool(recipe.get_parsed_arg("skip_bad"))
     inputs = [str(p) for p in recipe.get_parsed_arg("input")]
+    options[SPILL_DIR] = str(recipe.get_output_dir())  # long per-event tables are written there as they are made
     mapped = []
     try:
         mapped = context.wait(context.map(runner.map_file, inputs, recipe=name, options=options,

@@ -36,7 +36,7 @@ from .inputs import (
 )
 from .lazy import pd
 from .ranks import assign_ranks
-from .spill import RankedRows, remove_spilled
+from .spill import SPILL_DIR, RankedRows, remove_spilled
 from .staging import staged_output
 
 # `file` is the input as named; `read_from` what was read for it: the report itself, or an export beside it
@@ -473,7 +473,7 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
         else:
             log(f"running {recipe} with the pack's runner on {len(files)} input(s)")
             version = _nsys_version_or_none(files, nsys_path)  # before the map: the workers inherit it
-            mapped = run_pack_engine(recipe, files, options, mode, jobs, nsys_path)
+            mapped = run_pack_engine(recipe, files, {**options, SPILL_DIR: str(staged)}, mode, jobs, nsys_path)
             try:
                 tables, analysis = reduce_all(recipe, mapped, options)
                 analysis["engine"] = "pack"

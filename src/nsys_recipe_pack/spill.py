@@ -20,6 +20,7 @@ from .errors import PackError
 from .inputs.frames import arrow_of, numpy_of
 
 ROW_GROUP_ROWS = 1 << 20  # rows per Parquet row group of a table written in pieces
+SPILL_DIR = "_spill_dir"  # the option that names the folder a map writes such tables to (the output being written)
 
 
 @dataclass
@@ -35,7 +36,7 @@ class SpilledRows:
     def batches(self) -> Iterator[pa.Table]:
         if not os.path.exists(self.path):
             raise PackError(f"{self.path}: a worker wrote this part of the output there, which this machine does not "
-                            "see; give the workers and the run one shared TMPDIR")
+                            "see; write the output to a folder every node sees (--output on a shared filesystem)")
         late_keys = numpy_of(self.late.column(self.key)) if self.late.num_rows else np.zeros(0, np.int64)
         taken = 0
         with pa.OSFile(self.path, "rb") as source:
@@ -60,14 +61,16 @@ def _in_key_order(rows: pa.Table, key: str) -> pa.Table:
 
 
 class SpillWriter:
-    """Writes a table's rows a piece at a time, in `key` order, to a temporary file (in TMPDIR)."""
+    """Writes a table's rows a piece at a time, in `key` order, LZ4-compressed, to a temporary file in `folder`
+    (the run's output folder being written, where the runner gives one; else TMPDIR, which is often memory)."""
 
-    def __init__(self, schema: pa.Schema, key: str):
-        fd, self.path = tempfile.mkstemp(prefix="nsys-recipe-spill-", suffix=".arrows")
+    def __init__(self, schema: pa.Schema, key: str, folder: str | None = None):
+        fd, self.path = tempfile.mkstemp(prefix=".nsys-recipe-spill-", suffix=".arrows",
+                                         dir=folder if folder and os.path.isdir(folder) else None)
         os.close(fd)
         self.key, self.schema, self.rows = key, schema, 0
         self._sink = pa.OSFile(self.path, "wb")
-        self._writer = ipc.new_stream(self._sink, schema)
+        self._writer = ipc.new_stream(self._sink, schema, options=ipc.IpcWriteOptions(compression="lz4"))
         # a map given up half way (its read failed, or its tables are read whole instead) leaves no file behind
         self._unclosed = weakref.finalize(self, _remove, self.path)
 

@@ -26,7 +26,7 @@ from ..intervals import union_lengths
 from ..iterations import closed_range_mask, closed_ranges
 from ..lazy import pd
 from ..nvtx import innermost_of, op_name, parents_among, parents_of, stack_levels_of
-from ..spill import RankedRows, SpillWriter
+from ..spill import SPILL_DIR, RankedRows, SpillWriter
 from . import Metric, Recipe, indented, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
@@ -210,8 +210,8 @@ class _Projection:
     yet written (`live`, in range order), and the (key, range) pairs of the launching calls whose ops are still to
     come (`pending`, by key; a range by its place in `live`)."""
 
-    def __init__(self, keys: np.ndarray, remaining: np.ndarray, attribution: str):
-        self.keys, self.remaining, self.attribution = keys, remaining, attribution
+    def __init__(self, keys: np.ndarray, remaining: np.ndarray, options: dict):
+        self.keys, self.remaining, self.attribution = keys, remaining, options.get("attribution") or "process"
         self.called = np.zeros(len(keys), bool)  # a call with this key was read
         self.arrived = np.zeros(len(keys), bool)  # an op with this key was read
         self.live = {c: np.zeros(0, t) for c, t in LIVE.items()}
@@ -220,7 +220,8 @@ class _Projection:
         self.pending_key, self.pending_at = np.zeros(0, np.int64), np.zeros(0, np.int64)
         self.next_id, self.unlinked, self.pids = 0, 0, set()
         self.spill = SpillWriter(pa.schema([("name", pa.large_string()), ("domain", pa.large_string()),
-                                            *((c, pa.int64()) for c in list(RANGE_DTYPES)[2:])]), "range_id")
+                                            *((c, pa.int64()) for c in list(RANGE_DTYPES)[2:])]), "range_id",
+                                 options.get(SPILL_DIR))
         self.late: list[pa.Table] = []
         self.sums: list[pa.Table] = []
 
@@ -238,7 +239,7 @@ def _prepare(src, options: dict) -> _Projection:
     keys.sort(kind="stable")  # in place; nearly sorted already, which the stable sort is quick on
     first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, np.int64)
     remaining = np.diff(np.r_[first, len(keys)]).astype(np.int32)
-    return _Projection(keys[first], remaining, options.get("attribution") or "process")
+    return _Projection(keys[first], remaining, options)
 
 
 def _view(need: str, frame) -> pa.Table:
