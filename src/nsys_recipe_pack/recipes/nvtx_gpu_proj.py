@@ -8,7 +8,8 @@ launches backward kernels from its autograd thread, data loaders copy from pin-m
 without this `backward` would show almost no GPU time. `--attribution thread` keeps the launching
 thread only, as Nsight Systems' `nvtx_gpu_proj_trace` does. A range's projection spans its ops' first
 start to last end; `gpu_busy_ns` is the union of its ops, so kernels overlapping on two streams are not
-counted twice.
+counted twice. A long capture is projected span by span of time as it is read, each range written once finished
+(`STREAM`, below), so that neither its tables nor its ranges are ever held whole.
 """
 
 from __future__ import annotations
