@@ -165,3 +165,23 @@ def test_a_spilled_table_another_machine_wrote_is_a_clear_error(spill_dir):
     spilled.remove()
     with pytest.raises(PackError, match="every node sees"):
         list(spilled.batches())
+
+
+def test_a_long_projection_tells_its_progress_first_read_included(spill_dir, monkeypatch):
+    """The first read (every GPU op's launch key) counts in the rows to read and read, so that the time left is
+    estimated over all of them and the last line says every row was read."""
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 200)
+    monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+    seen = []
+    monkeypatch.setattr(rank_data._ReadProgress, "_say", lambda self: seen.append((self.read, self.total,
+                                                                                   dict(self.table_read))))
+    _streamed(REAL_GLOO)
+    con = sqlite3.connect(REAL_GLOO)
+    count = {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+             for t in ("NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL",
+                       "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")}
+    con.close()
+    ahead = {f"{t} (first read)": n for t, n in count.items() if "ACTIVITY_KIND_M" in t or t.endswith("KERNEL")}
+    read, total, by_table = seen[-1]
+    assert read == total == sum(count.values()) + sum(ahead.values())
+    assert {t: by_table[t] for t in ahead} == ahead and count["CUPTI_ACTIVITY_KIND_KERNEL"] > 1000

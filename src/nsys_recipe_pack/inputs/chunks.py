@@ -32,14 +32,16 @@ class Stream:
     view(need, batch Frame) -> the plain Arrow columns (start_ns and pid among them) a span's rows carry;
     fold(state, span start, span end, need -> rows) adds one span into `state`;
     finish(state, NVTX names) -> pid -> the map's result for that process;
-    prepare(export source, options) -> the state before the first span (what a fold must know ahead of the spans,
-    read first), an empty dict without it. `options` are the recipe's (Recipe.stream_given)."""
+    prepare(export source, options, progress) -> the state before the first span (what a fold must know ahead of
+    the spans, read first from the tables of the needs in `ahead`, each batch told to progress(table, rows)), an
+    empty dict without it. `options` are the recipe's (Recipe.stream_given)."""
 
     needs: tuple[str, ...]
     view: Callable
     fold: Callable
     finish: Callable
     prepare: Callable | None = None
+    ahead: tuple[str, ...] = ()
     options: dict = field(default_factory=dict)
 
 

@@ -188,7 +188,9 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
              for t in TABLES.get(need, {})]
     counts = {t: src.count(t) for t in whole}
     check_memory(path, counts, bytes_per_row=bytes_per_row)
-    done = _ReadProgress(path, {**counts, **{t: src.count(t) for need in streamed + spans for t in TABLES[need]}})
+    ahead = {f"{t} (first read)": src.count(t) for need in (stream.ahead if spans else ()) for t in TABLES[need]}
+    done = _ReadProgress(path, {**counts, **{t: src.count(t) for need in streamed + spans for t in TABLES[need]},
+                                **ahead})
     strings = string_table(src)
     env, hostname = recorded_env(src)
     synthetic = "SYNTHETIC" in small_table(src, "META_DATA_EXPORT", ["name"]).get("name", [])
@@ -200,7 +202,8 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     results, found = None, {}
     if spans:
         try:
-            state = stream.prepare(src, stream.options) if stream.prepare else {}
+            state = (stream.prepare(src, stream.options, lambda table, rows: done.add(f"{table} (first read)", rows))
+                     if stream.prepare else {})
             for span_start, span_end, chunk in time_chunks(src, spans, strings, stream.view, extents, done.add, found):
                 stream.fold(state, span_start, span_end, chunk)
             results = stream.finish(state, found.get("names", []))

@@ -227,7 +227,7 @@ class _Projection:
         self.sums: list[pa.Table] = []
 
 
-def _prepare(src, options: dict) -> _Projection:
+def _prepare(src, options: dict, progress) -> _Projection:
     """Every GPU op's launch key (process, correlation id) and how many ops hold it, read ahead: a call that launches
     nothing is then dropped as it is read, and one whose ops have all come is let go."""
     keys = []
@@ -236,6 +236,7 @@ def _prepare(src, options: dict) -> _Projection:
         if src.has(table):
             for raw in src.read_batches(table, KEY_COLUMNS):
                 keys.append(call_key(gpu_frame(timed_rows(raw, KEY_COLUMNS, ("start", "end")), KEY_COLUMNS, None)))
+                progress(table, raw.num_rows)
     keys = np.concatenate(keys) if keys else np.zeros(0, np.int64)
     keys.sort(kind="stable")  # in place; nearly sorted already, which the stable sort is quick on
     first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, np.int64)
@@ -461,7 +462,8 @@ def _sums_of(parts: list[pa.Table]) -> pa.Table:
     return added.select(plain.names)
 
 
-STREAM = Stream(needs=("nvtx", "runtime", *GPU_NEEDS), view=_view, fold=_fold, finish=_finish, prepare=_prepare)
+STREAM = Stream(needs=("nvtx", "runtime", *GPU_NEEDS), view=_view, fold=_fold, finish=_finish, prepare=_prepare,
+                ahead=GPU_NEEDS)
 
 
 RECIPE = Recipe(
