@@ -185,3 +185,32 @@ def test_a_long_projection_tells_its_progress_first_read_included(spill_dir, mon
     read, total, by_table = seen[-1]
     assert read == total == sum(count.values()) + sum(ahead.values())
     assert {t: by_table[t] for t in ahead} == ahead and count["CUPTI_ACTIVITY_KIND_KERNEL"] > 1000
+
+
+@pytest.mark.parametrize("named_first", [True, False])
+def test_ranges_of_a_named_domain_come_out_as_from_the_whole_read(spill_dir, tmp_path, monkeypatch, named_first):
+    """Ranges of one name in two domains: two rows of the summary, from spans as from the whole read. The event that
+    names the domain comes first (spans after it name the domain), or after the ranges (read whole)."""
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 30)
+    path = tmp_path / "domains.sqlite"
+    shutil.copy(REAL_GLOO, path)
+    con = sqlite3.connect(path)
+    tid = con.execute("SELECT globalTid FROM NVTX_EVENTS LIMIT 1").fetchone()[0]
+    con.execute("UPDATE NVTX_EVENTS SET domainId = 5 WHERE eventType IN (59, 60) AND start % 2 = 0")
+    con.execute("CREATE TABLE later AS SELECT * FROM NVTX_EVENTS")
+    if named_first:
+        con.execute("DELETE FROM NVTX_EVENTS")
+    con.execute("INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) VALUES (0, 75, 'Mine', ?, 5)",
+                (tid,))
+    if named_first:
+        con.execute("INSERT INTO NVTX_EVENTS SELECT * FROM later")
+    con.execute("DROP TABLE later")
+    con.commit()
+    con.close()
+    with monkeypatch.context() as m:
+        m.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+        assert (_streamed(path) != [None]) == named_first
+    _same_output(path, tmp_path, monkeypatch)
+    summary = pd.read_parquet(tmp_path / "spans" / "summary.parquet")
+    both = summary.groupby("name")["domain"].nunique()
+    assert set(summary["domain"]) == {"", "Mine"} and (both == 2).sum() >= 3

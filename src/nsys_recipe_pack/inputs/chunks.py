@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from .events import DOMAIN_CREATE
 from .frames import numpy_of
 from .readers import TABLES, ExportSource, StringTable
-from .selection import Extents, KeptRows, batch_frames
+from .selection import RANGE_EVENTS, Extents, KeptRows, batch_frames
 
 END_OF_TIME = np.iinfo(np.int64).max
 
@@ -103,9 +104,16 @@ def _batches(src: ExportSource, need: str, strings: StringTable, view: Callable,
              progress: Callable, found: dict) -> Iterator[pa.Table]:
     (_, cols), = TABLES[need].items()
     identity = KeptRows(need, cols, strings) if need == "nvtx" else None
+    named, unnamed = set(), set()  # NVTX domains: named so far; used by ranges before any event named them
     for raw, frame in batch_frames(src, need, cols, strings, extents, progress):
         if identity is not None:  # the events every read keeps, and the rows that make the names' dictionary
             identity.add(raw, frame, np.zeros(len(frame), bool))
+            event, domain = numpy_of(raw.column("eventType"), 0), numpy_of(raw.column("domainId"), 0)
+            creates = set(np.unique(domain[event == DOMAIN_CREATE]).tolist())
+            if creates & unnamed:  # the whole read names those earlier ranges' domain; these spans did not
+                raise NotSorted("an NVTX domain named after ranges of it")
+            named |= creates
+            unnamed |= set(np.unique(domain[np.isin(event, RANGE_EVENTS)]).tolist()) - named
         yield view(need, frame)
     if identity is not None:
         nvtx, carried = identity.with_carried()

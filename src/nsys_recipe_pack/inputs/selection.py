@@ -110,9 +110,17 @@ def batch_frames(src: ExportSource, need: str, cols: list[str], strings: StringT
     """(raw rows, their frame) of one need's table a batch at a time, each batch added to `extents`."""
     (table, _), = TABLES[need].items()
     times = NVTX_TIMES if need == "nvtx" else ("start", "end")
+    creates = None  # NVTX: the domain-create events read so far, which name the domains of the ranges after them
     for raw in src.read_batches(table, cols):
         raw = timed_rows(raw, cols, times)
-        frame = frame_of(need, raw, cols, strings)
+        named = raw
+        if need == "nvtx" and "eventType" in raw.column_names:
+            if creates is not None:  # before the batch: a frame leaves create events out
+                named = pa.concat_tables([creates, raw])
+            create = numpy_of(raw.column("eventType"), 0) == DOMAIN_CREATE
+            if create.any():
+                creates = pa.concat_tables([t for t in (creates, raw.filter(arrow_of(create))) if t is not None])
+        frame = frame_of(need, named, cols, strings)
         extents.add(NEED_FRAMES[need][0], frame)
         yield raw, frame
         progress(table, raw.num_rows)

@@ -437,8 +437,8 @@ def _rows_of(state: _Projection, chosen: np.ndarray) -> pa.Table:
                "gpu_busy_ns": live["busy"][chosen], "gpu_ops": live["ops"][chosen]}
     names = state.live_names.filter(arrow_of(chosen))
     coded = [names.column(c).combine_chunks().dictionary_encode() for c in ("name", "domain")]
-    state.sums.append(range_sums(numpy_of(coded[0].indices), coded[0].dictionary.to_pylist(),
-                                 numpy_of(coded[1].indices), coded[1].dictionary.to_pylist(), columns))
+    state.sums.append(range_sums(numpy_of(coded[0].indices, -1), coded[0].dictionary.to_pylist(),
+                                 numpy_of(coded[1].indices, -1), coded[1].dictionary.to_pylist(), columns))
     if sum(t.num_rows for t in state.sums) > SUMS_ROWS:
         state.sums = [_sums_of(state.sums)]
     return ranges_table(names.column("name"), names.column("domain"), columns)
