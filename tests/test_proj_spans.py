@@ -214,3 +214,18 @@ def test_ranges_of_a_named_domain_come_out_as_from_the_whole_read(spill_dir, tmp
     summary = pd.read_parquet(tmp_path / "spans" / "summary.parquet")
     both = summary.groupby("name")["domain"].nunique()
     assert set(summary["domain"]) == {"", "Mine"} and (both == 2).sum() >= 3
+
+
+def test_an_nvtx_table_without_domains_reads_in_spans(spill_dir, tmp_path, monkeypatch):
+    """An export whose NVTX table has no domainId column (as some exports' tables lack columns)."""
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 30)
+    path = tmp_path / "no_domain_column.sqlite"
+    shutil.copy(REAL_GLOO, path)
+    con = sqlite3.connect(path)
+    con.execute("ALTER TABLE NVTX_EVENTS DROP COLUMN domainId")
+    con.commit()
+    con.close()
+    with monkeypatch.context() as m:
+        m.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+        assert _streamed(path) != [None]
+    _same_output(path, tmp_path, monkeypatch)

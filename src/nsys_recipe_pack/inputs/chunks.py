@@ -108,7 +108,9 @@ def _batches(src: ExportSource, need: str, strings: StringTable, view: Callable,
     for raw, frame in batch_frames(src, need, cols, strings, extents, progress):
         if identity is not None:  # the events every read keeps, and the rows that make the names' dictionary
             identity.add(raw, frame, np.zeros(len(frame), bool))
-            event, domain = numpy_of(raw.column("eventType"), 0), numpy_of(raw.column("domainId"), 0)
+            event = numpy_of(raw.column("eventType"), 0)
+            domain = (numpy_of(raw.column("domainId"), 0) if "domainId" in raw.column_names
+                      else np.zeros(raw.num_rows, np.int64))
             creates = set(np.unique(domain[event == DOMAIN_CREATE]).tolist())
             if creates & unnamed:  # the whole read names those earlier ranges' domain; these spans did not
                 raise NotSorted("an NVTX domain named after ranges of it")
