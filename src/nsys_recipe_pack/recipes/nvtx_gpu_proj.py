@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import call_key, launched_ops
+from ..gpu import call_key, launched_ops, pair_launches
 from ..groups import SortedGroups, distinct
 from ..inputs import TABLES, arrow_of, dictionary_column, numpy_of
 from ..inputs.chunks import NotSorted, Stream
@@ -379,10 +379,7 @@ def _add_ops(state: _Projection, rows: pa.Table) -> None:
         raise NotSorted("GPU ops the first read did not give")  # the export changed under the read
     state.arrived[at] = True
     state.unlinked += int(np.count_nonzero(~state.called[at]))
-    lo = np.searchsorted(state.pending_key, key, side="left")
-    hits = np.searchsorted(state.pending_key, key, side="right") - lo
-    op = np.repeat(np.arange(len(key)), hits)
-    pair = np.repeat(lo - np.cumsum(hits) + hits, hits) + np.arange(len(op))
+    op, pair = pair_launches(key, state.pending_key)
     live = state.live
     where = state.pending_at[pair]
     s, e = start[op], end[op]
