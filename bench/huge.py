@@ -168,13 +168,15 @@ def floor(path: Path, recipe: str) -> None:
             if table not in have:
                 continue
             present = {r[1] for r in sqlite3.connect(path).execute(f"PRAGMA table_info({table})")}
-            text = readers.TEXT_COLUMNS.get(table, set())  # as the pack reads text: see readers._sqlite_column
-            sel = [f"COALESCE('.' || {c}, '')" if c in text else c for c in cols if c in present]
-            sql = f"SELECT {', '.join(sel)} FROM {table}"
+            condition = ""
             if table == "CUPTI_ACTIVITY_KIND_KERNEL" and rows.get("kernel"):
-                sql += f" WHERE shortName IN (SELECT id FROM StringIds WHERE value = '{KERNEL}')"
+                condition = f" WHERE shortName IN (SELECT id FROM StringIds WHERE value = '{KERNEL}')"
             elif table == "NVTX_EVENTS" and "nvtx" not in needs:
-                sql += " WHERE text LIKE '%rank%' OR textId IN (SELECT id FROM StringIds WHERE value LIKE '%rank%')"
+                condition = (" WHERE text LIKE '%rank%' OR textId IN (SELECT id FROM StringIds WHERE value LIKE "
+                             "'%rank%')")
+            # text read as the pack reads it (a first row that types the column as text)
+            sql, _ = readers._sqlite_query(table, [c for c in cols if c in present],
+                                           readers.TEXT_COLUMNS.get(table, set()), False, condition)
             stmt = adbc_driver_manager.AdbcStatement(conn)
             stmt.set_options(**{"adbc.sqlite.query.batch_rows": "65536"})
             stmt.set_sql_query(sql)

@@ -434,6 +434,35 @@ def test_sqlite_values_of_another_type_and_text_that_starts_null_are_read(tmp_pa
     src.close()
 
 
+def test_sqlite_text_keeps_empty_strings_nulls_and_row_order(tmp_path, monkeypatch):
+    """Text read as SQLite holds it: '' stays '', null stays null, a number in a text column becomes its text,
+    every row once and in the table's order, whole, filtered, in batches, and in an empty table."""
+    import sqlite3
+
+    path = tmp_path / "text.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE NVTX_EVENTS (start INTEGER, text TEXT, textId INTEGER)")
+    values = [None] * 70_000 + ["", "step", 5, None, "rank 3", "Rank 4"]
+    con.executemany("INSERT INTO NVTX_EVENTS VALUES (?, ?, ?)", [(i, v, i % 3) for i, v in enumerate(values)])
+    con.execute("CREATE TABLE StringIds (id INTEGER, value TEXT)")
+    con.commit()
+    expected = [None if v is None else str(v) for v in values]
+    src = inputs.ExportSource(path, "sqlite")
+    whole = src.read_arrow("NVTX_EVENTS", ["text", "start"])
+    assert whole.column("text").to_pylist() == expected
+    assert whole.column("start").to_pylist() == list(range(len(values)))
+    some = src.read_arrow("NVTX_EVENTS", ["start", "text"], where=[("text", "rank")])
+    assert some.column("text").to_pylist() == ["rank 3", "Rank 4"]
+    assert some.column("start").to_pylist() == [len(values) - 2, len(values) - 1]
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 1000)
+    batches = list(src.read_batches("NVTX_EVENTS", ["text", "textId"]))
+    assert sum(b.num_rows for b in batches) == len(values)
+    assert pa.concat_tables(batches).column("text").to_pylist() == expected
+    empty = src.read_arrow("StringIds", ["id", "value"])
+    assert empty.num_rows == 0 and empty.column("value").type == pa.string()
+    src.close()
+
+
 def test_distinct_ids_match_numpy_unique():
     rng = np.random.default_rng(5)
     for _ in range(200):

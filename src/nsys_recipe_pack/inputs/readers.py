@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..errors import BadInputError
@@ -147,14 +146,15 @@ class ExportSource:
         (values of another type than their column's) is read whole through `_read_sqlite`, which reads those
         values as nulls."""
         text = TEXT_COLUMNS.get(table, set())
-        sql = f"SELECT {', '.join(_sqlite_column(c, c in text, False) for c in cols)} FROM {_quoted(table)}"
+        sql, first = _sqlite_query(table, cols, text, False)
         pending, size, given = [], 0, 0
         try:
             for batch in self._db.stream(sql, min(rows, SQLITE_BATCH_ROWS)):
-                pending.append(batch)
-                size += batch.num_rows
+                pending.append(batch.slice(first))
+                first = 0
+                size += pending[-1].num_rows
                 if size >= rows:
-                    yield _unprefixed_text(_joined(pending), cols, text)
+                    yield _text_as_strings(_joined(pending), cols, text)
                     given += size
                     pending, size = [], 0
         except _TypeMismatch:  # the rows not given yet, from the whole table read the careful way
@@ -163,7 +163,7 @@ class ExportSource:
                 yield whole.slice(at, rows)
             return
         if pending:
-            yield _unprefixed_text(_joined(pending), cols, text)
+            yield _text_as_strings(_joined(pending), cols, text)
 
     def _read_sqlite(self, table: str, cols: list[str], where) -> pa.Table:
         text = TEXT_COLUMNS.get(table, set())
@@ -177,19 +177,16 @@ class ExportSource:
                     tests.append(f"{_quoted(column)} IN ({','.join(str(int(v)) for v in np.unique(test))})")
             condition = " WHERE " + " OR ".join(tests)
 
-        def sql(guarded: bool) -> str:
-            return (f"SELECT {', '.join(_sqlite_column(c, c in text, guarded) for c in cols)} "
-                    f"FROM {_quoted(table)}{condition}")
-
+        sql, first = _sqlite_query(table, cols, text, False, condition)
         try:
-            raw = self._db.query(sql(guarded=False))
+            raw = self._db.query(sql)
         except _TypeMismatch:  # a damaged export: values of other types than the column's are read as nulls
             try:
-                raw = self._db.query(sql(guarded=True))
+                raw = self._db.query(_sqlite_query(table, cols, text, True, condition)[0])
             except _TypeMismatch as exc:
                 raise BadInputError(f"{self.path}: table {table} cannot be read ({exc}); export the report again "
                                     "with `nsys export --type sqlite`") from None
-        return _unprefixed_text(raw, cols, text)
+        return _text_as_strings(raw.slice(first), cols, text)
 
     def _read_parquet(self, table: str, cols: list[str], where) -> pa.Table:
         text = TEXT_COLUMNS.get(table, set())
@@ -213,9 +210,10 @@ class ExportSource:
         return pa.concat_tables(parts) if parts else file.schema_arrow.empty_table().select(cols)
 
 
-def _unprefixed_text(raw: pa.Table, cols: list[str], text: set[str]) -> pa.Table:
-    """A query's columns (in `cols` order, whatever the driver named them) with text back from `_sqlite_column`."""
-    return pa.table({c: _unprefixed(raw.column(i)) if c in text else raw.column(i) for i, c in enumerate(cols)})
+def _text_as_strings(raw: pa.Table, cols: list[str], text: set[str]) -> pa.Table:
+    """A query's columns in `cols` order, whatever the driver named them, text as strings."""
+    return pa.table({c: _normalised(raw.column(i), True) if c in text else raw.column(i)
+                     for i, c in enumerate(cols)})
 
 
 def _normalised_table(raw: pa.Table, cols: list[str], text: set[str]) -> pa.Table:
@@ -252,21 +250,25 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
+def _sqlite_query(table: str, cols: list[str], text: set[str], guarded: bool, condition: str = "") -> tuple[str, int]:
+    """A SELECT of the columns, and how many leading rows to drop from its result. Arrow's SQLite driver types a
+    column by its first rows, and a text column often starts with nulls: a first row holding '' in each text column
+    (and nulls elsewhere) makes it text. Integers as they are; `guarded`, anything else as null."""
+    body = f"SELECT {', '.join(_sqlite_column(c, c in text, guarded) for c in cols)} FROM {_quoted(table)}{condition}"
+    if not text & set(cols):
+        return body, 0
+    empty = "''"
+    first = ", ".join(f"{empty if c in text else 'NULL'} AS c{i}" for i, c in enumerate(cols))
+    return f"SELECT {first} UNION ALL {body}", 1
+
+
 def _sqlite_column(column: str, text: bool, guarded: bool) -> str:
-    """A column in a SELECT. Text gets a leading '.' and nulls become '': Arrow types a column by its first
-    rows, and a text column often starts with nulls. Integers as they are; `guarded`, anything else as null."""
     q = _quoted(column)
     if text:
-        return f"COALESCE('.' || {q}, '')"
+        return f"CAST({q} AS TEXT)" if guarded else q
     if guarded:
         return f"CASE typeof({q}) WHEN 'integer' THEN {q} WHEN 'real' THEN CAST({q} AS INTEGER) END"
     return q
-
-
-def _unprefixed(col: pa.ChunkedArray) -> pa.Array:
-    """A text column read with `_sqlite_column` back to its strings and nulls ('' was a null, '.x' is x)."""
-    col = col.combine_chunks().cast(pa.string())
-    return pc.if_else(pc.equal(col, ""), pa.scalar(None, pa.string()), pc.utf8_slice_codeunits(col, 1))
 
 
 def _normalised(col: pa.ChunkedArray | pa.Array, text: bool) -> pa.Array:
