@@ -119,3 +119,22 @@ def test_sync_summary_is_the_same_from_a_selected_read(synthetic, monkeypatch):
             assert np.array_equal(b["summary"][column], values), (path, column)
         compared += len(a["calls"])
     assert compared > 0
+
+
+def test_first_rows_of_each_value_across_batches_by_hand():
+    """The first row of every distinct id (a null and -1 apart) and word (a null apart), over three batches."""
+    import pyarrow as pa
+
+    from nsys_recipe_pack.inputs.selection import FirstRows
+
+    firsts = FirstRows(["textId", "text"], ["end"])
+    batches = [pa.table({"textId": pa.array([5, 5, None, 7], pa.int64()), "text": ["a", None, "a", "b"],
+                         "end": pa.array([1, 2, 3, 4], pa.int64())}),
+               pa.table({"textId": pa.array([7, -1, None, 5], pa.int64()), "text": ["b", "b", None, "c"],
+                         "end": pa.array([1, None, 3, None], pa.int64())}),
+               pa.table({"textId": pa.array([-1, 9, 9, None], pa.int64()), "text": ["c", "a", "d", "d"],
+                         "end": pa.array([None, 2, 3, 4], pa.int64())})]
+    got = [np.flatnonzero(firsts.of(b)).tolist() for b in batches]
+    # batch 1: 5 and "a" at 0, "null" text at 1, null id at 2, 7 and "b" at 3; batch 2: -1 at 1, the first null
+    # end at 1, "c" at 3; batch 3: 9 at 1, "d" at 2
+    assert got == [[0, 1, 2, 3], [1, 3], [1, 2]]

@@ -54,18 +54,32 @@ class Extents:
         self.tables: dict = saved or {}  # attr -> {pid: [rows, start, end]}; "devices" -> {pid: {device: n}}
 
     def add(self, attr: str, frame: Frame) -> None:
+        table = self.tables.setdefault(attr, {})
+        if not len(frame):
+            return
         pid, start = frame.values("pid"), frame.values("start_ns")
         end = frame.values("end_ns", fill=np.iinfo(np.int64).min)
-        counted = np.isin(frame.values("event_type"), RANGE_EVENTS) if attr == "nvtx" else np.ones(len(pid), bool)
-        table = self.tables.setdefault(attr, {})
-        for p in np.unique(pid):  # a few processes
-            on = pid == p
+        if attr == "nvtx":
+            event_type = frame.values("event_type")
+            counted = (event_type == RANGE_EVENTS[0]) | (event_type == RANGE_EVENTS[1])
+        else:
+            counted = None
+        one = pid.min() == pid.max()  # usually: a batch of one process's rows
+        for p in pid[:1] if one else np.unique(pid):  # a few processes
+            on = slice(None) if one else pid == p
             rows, low, high = table.get(str(p), [0, np.iinfo(np.int64).max, np.iinfo(np.int64).min])
-            table[str(p)] = [rows + int(np.count_nonzero(on & counted)), min(low, int(start[on].min())),
-                             max(high, int(end[on].max()))]
+            counted_rows = len(start[on]) if counted is None else np.count_nonzero(counted[on])
+            table[str(p)] = [rows + int(counted_rows), min(low, int(start[on].min())), max(high, int(end[on].max()))]
             if attr == "kernels" and "device" in frame:
                 devices = self.tables.setdefault("devices", {}).setdefault(str(p), {})
-                values, counts = np.unique(frame.values("device", fill=-1)[on], return_counts=True)
+                device = frame.values("device", fill=-1)[on]
+                least = int(device.min())
+                if int(device.max()) - least < 1 << 16:  # a few small device numbers: counted without a sort
+                    counts = np.bincount(device - least)
+                    values = np.flatnonzero(counts)
+                    values, counts = values + least, counts[values]
+                else:
+                    values, counts = np.unique(device, return_counts=True)
                 for d, n in zip(values.tolist(), counts.tolist(), strict=True):
                     devices[str(d)] = devices.get(str(d), 0) + n
 
@@ -193,7 +207,9 @@ class FirstRows:
 
     def __init__(self, distinct_cols: list[str], null_cols: list[str]):
         self.distinct_cols, self.null_cols = distinct_cols, null_cols
-        self.seen: dict[str, set] = {c: set() for c in distinct_cols}
+        self.seen_words: dict[str, set] = {c: set() for c in distinct_cols}  # text columns
+        self.seen_ints: dict[str, np.ndarray] = {c: np.zeros(0, np.int64) for c in distinct_cols}  # id columns
+        self.null_ids_seen: set[str] = set()
         self.nulls_seen: set[str] = set()
 
     def of(self, raw: pa.Table) -> np.ndarray:
@@ -202,18 +218,29 @@ class FirstRows:
             if c not in raw.column_names:
                 continue
             col = raw.column(c).combine_chunks()
+            # the rows whose value is not seen yet (none, after the first batches), then the first of each
             if pa.types.is_string(col.type):
                 enc = col.dictionary_encode()
-                values, words = numpy_of(enc.indices, -1), [None, *enc.dictionary.to_pylist()]
-                distinct, first = np.unique(values, return_index=True)
-                keys = [words[v + 1] for v in distinct.tolist()]
+                codes = numpy_of(enc.indices, -1)
+                words = [*enc.dictionary.to_pylist(), None]  # code -1: null
+                known = np.array([w in self.seen_words[c] for w in words], bool)
+                fresh = np.flatnonzero(~known[codes])
+            else:  # ids: the seen ones (nulls apart, so that numpy tests them against a table of their span)
+                codes = numpy_of(col, NULL_ID)
+                fresh = ~np.isin(codes, self.seen_ints[c])
+                if c in self.null_ids_seen and col.null_count:
+                    fresh &= codes != NULL_ID
+                fresh = np.flatnonzero(fresh)
+            if not len(fresh):
+                continue
+            distinct, first = np.unique(codes[fresh], return_index=True)
+            out[fresh[first]] = True
+            if pa.types.is_string(col.type):
+                self.seen_words[c].update(words[i] for i in distinct.tolist())
             else:
-                distinct, first = np.unique(numpy_of(col, -1), return_index=True)
-                keys = [None if not ok else v for v, ok in zip(distinct.tolist(),
-                                                               _present(col, first), strict=True)]
-            new = [i for i, k in enumerate(keys) if k not in self.seen[c]]  # distinct values: few
-            self.seen[c].update(keys[i] for i in new)
-            out[first[new]] = True
+                if distinct[0] == NULL_ID:
+                    self.null_ids_seen.add(c)
+                self.seen_ints[c] = np.union1d(self.seen_ints[c], distinct[distinct != NULL_ID])
         for c in self.null_cols:
             if c in raw.column_names and c not in self.nulls_seen and raw.column(c).null_count:
                 out[np.argmax(numpy_of(raw.column(c).is_null(), False))] = True
@@ -221,6 +248,4 @@ class FirstRows:
         return out
 
 
-def _present(col: pa.Array, at: np.ndarray) -> list[bool]:
-    """Whether the values at these positions are not null."""
-    return (~numpy_of(col.is_null(), False)[at]).tolist() if col.null_count else [True] * len(at)
+NULL_ID = np.iinfo(np.int64).min  # a null id among the ids FirstRows has seen

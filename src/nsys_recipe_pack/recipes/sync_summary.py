@@ -178,6 +178,13 @@ def _waited(rank_data, runtime, sel: np.ndarray, cols: dict) -> np.ndarray:
     return waited
 
 
+def _among(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """np.isin(values, keys) for sorted distinct keys, by search: the keys are not sorted again for every batch."""
+    if not len(keys):
+        return np.zeros(len(values), bool)
+    return keys[np.minimum(np.searchsorted(keys, values), len(keys) - 1)] == values
+
+
 def _select(need: str, kept: dict):
     """The rows the map uses (see `SELECTION`): the calls that may block; the copies and memsets they made;
     the GPU work during them; the NVTX ranges around them on their threads."""
@@ -193,7 +200,7 @@ def _select(need: str, kept: dict):
     during = union_segments(start, end)
     if need in ("memcpy", "memset"):
         keys = np.unique(_call_key(calls))
-        return lambda batch: (np.isin(_call_key(batch), keys)
+        return lambda batch: (_among(_call_key(batch), keys)
                               | touching(*during, batch.values("start_ns"), batch.values("end_ns")))
     if need == "kernel":
         return lambda batch: touching(*during, batch.values("start_ns"), batch.values("end_ns"))
