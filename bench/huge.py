@@ -357,8 +357,10 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
                          f"{fs:.2f} | {ratio} | {b['builtin'].iloc[0]} | {builtin} | "
                          f"{'—' if failed else 'found' if p['truth'].all() else 'not found'} |")
     updates = meta.get("updates", [])
+    again = {r for u in updates for r in u["recipes"]}
     lines += [""] + [f"Rows of {', '.join(u['recipes'])} measured again by `{u['command']}` on {u['date']}."
-                     for u in updates] + ["The other rows are the first run's."] if updates else []
+                     for u in updates] + (["The other rows are the first run's."]
+                                          if set(df["recipe"]) - again else []) if updates else []
     lines += ["", f"Every command, in order, with its output: `{meta['raw']}/commands.log`; raw numbers: "
               f"`{meta['raw']}/huge.json`.", END]
     replace_section(results, BEGIN, END, "\n".join(lines))
