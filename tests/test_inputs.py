@@ -12,7 +12,7 @@ import pandas as pd
 import pandas.testing as pdt
 import pyarrow as pa
 import pytest
-from conftest import MPI_SET
+from conftest import MPI_SET, SAMPLES
 
 from nsys_recipe_pack import inputs, nsys_tool, recipes, runner
 from nsys_recipe_pack.errors import BadInputError, UsageError
@@ -578,3 +578,24 @@ def test_a_parquet_read_of_some_rows_gives_exactly_those_rows(tmp_path, text_typ
     assert got.column("text").type == pa.string()
     expected_text = [None] * len(want) if text_type == "all null as int64" else text[want].tolist()
     assert got.column("text").to_pylist() == expected_text
+
+
+@pytest.mark.parametrize("needs,rows", [({"nvtx", "kernel", "memcpy", "memset", "runtime", "mpi"}, None),
+                                        ({"kernel"}, {"kernel": ["elementwise_kernel"]})])
+def test_tables_read_side_by_side_are_those_read_one_after_another(monkeypatch, needs, rows):
+    """Whole tables read by several threads at once (each with its own SQLite connection, all closed with the
+    source) give the frames and rank identity of one read after another."""
+    path = SAMPLES / "h100_gloo_8rank" / "rank3.sqlite"  # real, beside its report (its README)
+    got = {}
+    for threads in (1, 4):
+        monkeypatch.setattr(rank_data, "READ_THREADS", threads)
+        src = inputs.ExportSource(path, "sqlite")
+        got[threads] = rank_data._read_frames(src, needs, path, rows=rows)
+        assert len(src._readers) == 1 if threads == 1 else 1 < len(src._readers) <= 1 + threads
+        src.close()
+        assert not src._readers
+    (one, one_meta), (four, four_meta) = got[1], got[4]
+    assert one.keys() == four.keys() and len(one) == len(needs)
+    for attr, frame in one.items():
+        assert four[attr].table.equals(frame.table) and four[attr].dtypes == frame.dtypes, attr
+    assert four_meta == one_meta and len(one["kernels"]) > 0

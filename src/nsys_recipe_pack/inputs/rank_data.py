@@ -4,6 +4,7 @@ warm runs."""
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -11,6 +12,8 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import numpy as np
@@ -209,35 +212,28 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
             results = stream.finish(state, found.get("names", []))
         except NotSorted:  # an export not in time order: its tables whole
             return _read_frames(src, needs, path, rows, bytes_per_row, selection)
+    # the tables read whole, side by side: frame -> (table, its read)
+    reads: dict[str, tuple[str | None, Callable[[], Frame]]] = {}
     # NVTX always: its "rank N" ranges are one of the sources of the rank (only those, when no recipe needs more)
-    if "nvtx" in kept:
-        nvtx = kept["nvtx"]
-    elif "nvtx" in found:
-        nvtx = found["nvtx"]
-    else:
-        nvtx = read_nvtx(src, strings, only_rank_names="nvtx" not in needs)
-        done("NVTX_EVENTS")
-    if "nvtx" in needs:
-        frames["nvtx"] = nvtx
+    nvtx = kept.get("nvtx", found.get("nvtx"))
+    if nvtx is None:
+        reads["nvtx"] = ("NVTX_EVENTS", functools.partial(read_nvtx, src, strings, "nvtx" not in needs))
     for need, attr in [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")]:
         if need in kept:
             frames[attr] = kept[need]
         elif need in needs and need not in spans:
             (table, cols), = TABLES[need].items()
-            names = (rows or {}).get(need)
-            where = [("shortName", strings.ids_of(names))] if names and "shortName" in cols else None
-            frame = read_gpu(src, table, cols, strings, where)
-            if where is not None and not len(frame):  # none of those: all of them, for an error naming the closest
-                frame = read_gpu(src, table, cols, strings)
-            frames[attr] = frame
-            done(table)
+            reads[attr] = (table, functools.partial(_read_gpu_named, src, table, cols, strings, (rows or {}).get(need)))
     if "runtime" in kept:
         frames["runtime"] = kept["runtime"]
     elif "runtime" in needs and "runtime" not in spans:
-        frames["runtime"] = read_runtime(src, strings)
-        done("CUPTI_ACTIVITY_KIND_RUNTIME")
+        reads["runtime"] = ("CUPTI_ACTIVITY_KIND_RUNTIME", functools.partial(read_runtime, src, strings))
     if "mpi" in needs:
-        frames["mpi"] = read_mpi(src, strings)
+        reads["mpi"] = (None, functools.partial(read_mpi, src, strings))
+    frames.update(_side_by_side(reads, done))
+    nvtx = frames.pop("nvtx") if nvtx is None else nvtx
+    if "nvtx" in needs:
+        frames["nvtx"] = nvtx
     has_cuda = any(src.has(t) for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
                                         "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_RUNTIME"))
     gpu_pids: set[int] = set()
@@ -267,6 +263,38 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
             "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": _nvtx_ranks(nvtx, pids or [None]),
             "extents": extents.tables, **({"streamed": results} if results is not None else {})}
     return frames, meta
+
+
+def _read_gpu_named(src: ExportSource, table: str, cols: list[str], strings, names: list | None) -> Frame:
+    """A GPU table, only the kernels of these names when some are given (all of them when it has none of those,
+    for an error naming the closest)."""
+    where = [("shortName", strings.ids_of(names))] if names and "shortName" in cols else None
+    frame = read_gpu(src, table, cols, strings, where)
+    return read_gpu(src, table, cols, strings) if where is not None and not len(frame) else frame
+
+
+def _side_by_side(reads: dict, done: Callable[[str], None]) -> dict[str, Frame]:
+    """Whole tables read at once, a thread each: the readers let go of Python while they read (on the 5.4 GB export
+    of bench/RESULTS.md, kernel_pace --kernel reads its kernels while SQLite looks for the ranges naming the rank)."""
+    if len(reads) <= 1 or READ_THREADS <= 1:
+        out = {}
+        for name, (table, read) in reads.items():
+            out[name] = read()
+            if table:
+                done(table)
+        return out
+    out = {}
+    with ThreadPoolExecutor(min(len(reads), READ_THREADS)) as pool:
+        futures = {pool.submit(read): (name, table) for name, (table, read) in reads.items()}
+        for future in as_completed(futures):
+            name, table = futures[future]
+            out[name] = future.result()
+            if table:
+                done(table)
+    return out
+
+
+READ_THREADS = min(4, os.cpu_count() or 1)
 
 
 # Peak memory of a recipe over one rank per event row it reads, where the recipe does not say its own (each

@@ -4,6 +4,7 @@ text as strings; and the export's string table."""
 from __future__ import annotations
 
 import contextlib
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -57,11 +58,21 @@ class ExportSource:
         self._tables: set[str] | None = None  # a Parquet folder's are listed on first use
         self._cols: dict[str, list[str]] = {}
         self._counts: dict[str, int] = {}
+        self._readers: dict[int, _SqliteReader] = {}  # SQLite: a connection per thread that reads
+        self._lock = threading.Lock()
         if kind == "sqlite":
             self._check_sqlite()
-            self._db = _SqliteReader(path)
             self._tables = set(self._db.query("SELECT name FROM sqlite_master WHERE type='table'").column(0)
                                .to_pylist())
+
+    @property
+    def _db(self) -> _SqliteReader:
+        """This thread's connection: tables may be read by several threads at once (rank_data reads them so)."""
+        me = threading.get_ident()
+        with self._lock:
+            if me not in self._readers:
+                self._readers[me] = _SqliteReader(self.path)
+            return self._readers[me]
 
     def _check_sqlite(self) -> None:
         with open(self.path, "rb") as fh:
@@ -72,8 +83,10 @@ class ExportSource:
             raise BadInputError(f"{self.path}: not an SQLite file; make it with `nsys export --type sqlite REPORT`")
 
     def close(self) -> None:
-        if self.kind == "sqlite":
-            self._db.close()
+        with self._lock:
+            readers, self._readers = list(self._readers.values()), {}
+        for reader in readers:
+            reader.close()
 
     @property
     def tables(self) -> set[str]:
