@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 HERE = Path(__file__).resolve().parent
@@ -184,18 +185,52 @@ def floor(path: Path, recipe: str) -> None:
             rows_read += pa.RecordBatchReader._import_from_c(handle.address).read_all().num_rows
             stmt.close()
     else:
-        import pyarrow.compute as pc
-
+        ids = pq.read_table(path / "StringIds.parquet")
         for table, cols in [*small.items(), *wanted.items()]:
             f = path / f"{table}.parquet"
             if not f.exists():
                 continue
-            t = pq.ParquetFile(f).read(columns=[c for c in cols if c in pq.read_schema(f).names])
+            present = pq.read_schema(f).names
+            cols = [c for c in cols if c in present]
             if table == "CUPTI_ACTIVITY_KIND_KERNEL" and rows.get("kernel"):
-                ids = pq.read_table(path / "StringIds.parquet")
-                t = t.filter(pc.is_in(t["shortName"], ids.filter(pc.equal(ids["value"], KERNEL))["id"]))
-            rows_read += t.num_rows
+                rows_read += _parquet_rows(f, cols, ["shortName"], _is_kernel(ids))
+            elif table == "NVTX_EVENTS" and "nvtx" not in needs:  # the events whose names hold "rank"
+                rows_read += _parquet_rows(f, cols, ["text", "textId"], _names_rank(ids))
+            else:
+                rows_read += pq.ParquetFile(f).read(columns=cols).num_rows
     print(f"read {rows_read} rows")
+
+
+def _parquet_rows(f: Path, cols: list[str], tested: list[str], test) -> int:
+    """Rows of a Parquet file that pass `test`, read a row group at a time: the tested columns first (text as the
+    file's dictionary), the others only for the row groups with a row that passes."""
+    names = pq.read_schema(f).names
+    file = pq.ParquetFile(f, read_dictionary=[c for c in ("text",) if c in names])
+    found = 0
+    for i in range(file.num_row_groups):
+        hit = test(file.read_row_group(i, columns=[c for c in tested if c in names]))
+        if hit is not None and pc.any(hit).as_py():
+            found += file.read_row_group(i, columns=cols).filter(hit).num_rows
+    return found
+
+
+def _is_kernel(ids: pa.Table):
+    kernel_ids = ids.filter(pc.equal(ids["value"], KERNEL))["id"]
+    return lambda group: pc.is_in(group["shortName"], kernel_ids)
+
+
+def _names_rank(ids: pa.Table):
+    named = ids.filter(pc.match_substring(ids["value"], "rank", ignore_case=True))["id"]
+
+    def test(group: pa.Table):
+        hit = pc.is_in(group["textId"], named) if "textId" in group.column_names else None
+        if "text" in group.column_names:  # read as the file's dictionary: each word tested once
+            text = group["text"].combine_chunks()
+            in_text = pc.is_in(text.indices, pc.indices_nonzero(pc.match_substring(text.dictionary, "rank",
+                                                                                    ignore_case=True)))
+            hit = in_text if hit is None else pc.or_kleene(hit, in_text)
+        return hit
+    return test
 
 
 def truth(base: Path, copies: int) -> dict:
