@@ -443,7 +443,8 @@ def main() -> None:
     if earlier:  # the other recipes' rows as the earlier run measured them
         rows = [r for r in earlier["rows"] if not (r["recipe"] in only and r["copies"] in copies)] + rows
         meta, update = earlier["meta"], {"command": command, "date": meta["date"], "recipes": sorted(only)}
-        meta["updates"] = [u for u in meta.get("updates", []) if set(u["recipes"]) - only] + [update]
+        meta["updates"] = [{**u, "recipes": sorted(set(u["recipes"]) - only)} for u in meta.get("updates", [])
+                           if set(u["recipes"]) - only] + [update]
     else:
         meta["command"] = command
     (raw / "huge.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
