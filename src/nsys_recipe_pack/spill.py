@@ -86,11 +86,6 @@ class SpillWriter:
         late = (self.schema.empty_table() if late is None else _in_key_order(late.cast(self.schema), self.key))
         return SpilledRows(self.path, self.key, late, self.rows + late.num_rows)
 
-    def discard(self) -> None:
-        self._writer.close()
-        self._sink.close()
-        self._unclosed()
-
 
 def _remove(path: str) -> None:
     if os.path.exists(path):

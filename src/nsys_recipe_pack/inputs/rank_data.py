@@ -276,21 +276,21 @@ def _read_gpu_named(src: ExportSource, table: str, cols: list[str], strings, nam
 def _side_by_side(reads: dict, done: Callable[[str], None]) -> dict[str, Frame]:
     """Whole tables read at once, a thread each: the readers let go of Python while they read (on the 5.4 GB export
     of bench/RESULTS.md, kernel_pace --kernel reads its kernels while SQLite looks for the ranges naming the rank)."""
-    if len(reads) <= 1 or READ_THREADS <= 1:
-        out = {}
-        for name, (table, read) in reads.items():
-            out[name] = read()
-            if table:
-                done(table)
-        return out
     out = {}
+
+    def finished(name: str, frame: Frame) -> None:
+        out[name] = frame
+        if reads[name][0]:
+            done(reads[name][0])
+
+    if len(reads) <= 1 or READ_THREADS <= 1:
+        for name, (_, read) in reads.items():
+            finished(name, read())
+        return out
     with ThreadPoolExecutor(min(len(reads), READ_THREADS)) as pool:
-        futures = {pool.submit(read): (name, table) for name, (table, read) in reads.items()}
+        futures = {pool.submit(read): name for name, (_, read) in reads.items()}
         for future in as_completed(futures):
-            name, table = futures[future]
-            out[name] = future.result()
-            if table:
-                done(table)
+            finished(futures[future], future.result())
     return out
 
 

@@ -218,8 +218,9 @@ class FirstRows:
             if c not in raw.column_names:
                 continue
             col = raw.column(c).combine_chunks()
+            text = pa.types.is_string(col.type)
             # the rows whose value is not seen yet (none, after the first batches), then the first of each
-            if pa.types.is_string(col.type):
+            if text:
                 enc = col.dictionary_encode()
                 codes = numpy_of(enc.indices, -1)
                 words = [*enc.dictionary.to_pylist(), None]  # code -1: null
@@ -235,7 +236,7 @@ class FirstRows:
                 continue
             distinct, first = np.unique(codes[fresh], return_index=True)
             out[fresh[first]] = True
-            if pa.types.is_string(col.type):
+            if text:
                 self.seen_words[c].update(words[i] for i in distinct.tolist())
             else:
                 if distinct[0] == NULL_ID:

@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from ..gpu import call_key, launched_ops, pair_launches
 from ..groups import SortedGroups, distinct
-from ..inputs import TABLES, arrow_of, dictionary_column, numpy_of
+from ..inputs import TABLES, arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.chunks import NotSorted, Stream
 from ..inputs.events import gpu_frame, timed_rows
 from ..inputs.selection import RANGE_EVENTS
@@ -145,9 +145,8 @@ def _output_schema(dtypes: dict) -> pa.Schema:
 def reduce(per_rank: list[dict], options: dict) -> dict:
     ranges = RankedRows(_output_schema({"rank": "int64", **RANGE_DTYPES}), [(r["rank"], r["ranges"]) for r in per_rank])
     sums_schema = _output_schema({"name": "str", "domain": "str", **dict.fromkeys(SUM_COLUMNS, "int64")})
-    sums = pa.concat_tables([
-        r["sums"].cast(sums_schema).add_column(0, "rank", arrow_of(np.full(r["sums"].num_rows, r["rank"], np.int64)))
-        for r in per_rank]).to_pandas()
+    sums = ranked_tables([{"rank": r["rank"], "sums": r["sums"].cast(sums_schema)} for r in per_rank], "sums")
+    sums = sums.to_pandas()
     summary = sums.groupby(["rank", "name", "domain"], as_index=False)[SUM_COLUMNS].sum()
     summary = summary.astype({"gpu_proj_total_ns": "Int64", "gpu_busy_total_ns": "Int64"})
     busy = summary["gpu_busy_total_ns"].astype("float64")
