@@ -43,13 +43,18 @@ SOURCE = ROOT / "sample_reports" / "ai_profiler_a100" / "baseline_nvtx.nsys-rep"
 REPLICATED = ["NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
               "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "OSRT_API"]
 KERNEL = "nchwToNhwcKernel"
-# pack recipe, its options, what it reads (loader needs), the built-in counterparts (each a command's arguments)
+DELIMITER = "Epoch 2"  # the range kernel_pace finds delimiting iterations in the replicated report (once per copy)
+# case (rows and --recipes name it), pack recipe, its command-line options and the same as the recipe's options,
+# the built-in counterparts (each a command's arguments; none for iterations found from NVTX ranges)
 CASES = [
-    ("kernel_pace", ["--kernel", KERNEL], {"kernel": [KERNEL]}, [["recipe", "cuda_gpu_kern_pace", "--name", KERNEL]]),
-    ("sync_summary", [], None, [["recipe", "cuda_api_sync"], ["recipe", "cuda_memcpy_sync"],
-                                ["recipe", "cuda_memset_sync"]]),
-    ("compute_memory_share", [], None, [["stats", "-r", "cuda_gpu_kern_sum"], ["recipe", "cuda_gpu_mem_time_sum"]]),
-    ("nvtx_gpu_proj", [], None, [["recipe", "nvtx_gpu_proj_trace"]]),
+    ("kernel_pace", "kernel_pace", ["--kernel", KERNEL], {"kernel": KERNEL},
+     [["recipe", "cuda_gpu_kern_pace", "--name", KERNEL]]),
+    ("kernel_pace_iterations", "kernel_pace", [], {}, []),
+    ("sync_summary", "sync_summary", [], {}, [["recipe", "cuda_api_sync"], ["recipe", "cuda_memcpy_sync"],
+                                              ["recipe", "cuda_memset_sync"]]),
+    ("compute_memory_share", "compute_memory_share", [], {},
+     [["stats", "-r", "cuda_gpu_kern_sum"], ["recipe", "cuda_gpu_mem_time_sum"]]),
+    ("nvtx_gpu_proj", "nvtx_gpu_proj", [], {}, [["recipe", "nvtx_gpu_proj_trace"]]),
 ]
 BEGIN, END = "<!-- huge-reports:begin -->", "<!-- huge-reports:end -->"
 
@@ -144,13 +149,13 @@ def make_case(work: Path, copies: int, nsys) -> Path:
     return report
 
 
-def floor(path: Path, recipe: str) -> None:
-    """Read just the tables, columns and rows `recipe` needs from one export with the fastest reader for its
+def floor(path: Path, case: str) -> None:
+    """Read just the tables, columns and rows a case's recipe needs from one export with the fastest reader for its
     format (ADBC's SQLite driver, pyarrow's Parquet reader), into Arrow, and nothing else."""
     from nsys_recipe_pack import recipes
 
+    _, recipe, _, options, _ = next(c for c in CASES if c[0] == case)
     spec = recipes.get(recipe)
-    options = {"kernel": KERNEL} if recipe == "kernel_pace" else {}
     needs, rows = set(spec.needs_given(options)), spec.rows_given(options) or {}
     wanted = {t: c for need in needs for t, c in inputs.TABLES.get(need, {}).items()}
     if "nvtx" not in needs:  # the rank's identity: the NVTX events whose names hold "rank"
@@ -242,6 +247,8 @@ def truth(base: Path, copies: int) -> dict:
     out = {
         "kernel_pace": {"launches": q(f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName IN "
                                       f"(SELECT id FROM StringIds WHERE value = '{KERNEL}')")[0][0] * copies},
+        "kernel_pace_iterations": {"iterations": q(f"SELECT count(*) FROM NVTX_EVENTS WHERE {name} = '{DELIMITER}' "
+                                                   "AND end IS NOT NULL")[0][0] * copies, "delimiter": DELIMITER},
         "compute_memory_share": {"kernel_ns": q("SELECT sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0][0]
                                  * copies,
                                  "kernels": q("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0][0] * copies},
@@ -258,17 +265,20 @@ def truth(base: Path, copies: int) -> dict:
     return out
 
 
-def found(recipe: str, out: Path) -> dict:
+def found(case: str, out: Path) -> dict:
     """The same figures from the pack's output tables."""
     import pandas as pd
 
-    if recipe == "kernel_pace":
+    if case == "kernel_pace":
         return {"launches": len(pd.read_parquet(out / "pace.parquet"))}
-    if recipe == "compute_memory_share":
+    if case == "kernel_pace_iterations":
+        pace = pd.read_parquet(out / "pace.parquet")
+        return {"iterations": len(pace), "delimiter": pace["kernel"].iloc[0]}
+    if case == "compute_memory_share":
         s = pd.read_parquet(out / "share.parquet")
         k = s[s["category"].isin(["compute", "communication"])]
         return {"kernel_ns": int(k["sum_ns"].sum()), "kernels": int(k["ops"].sum())}
-    if recipe == "nvtx_gpu_proj":
+    if case == "nvtx_gpu_proj":
         s = pd.read_parquet(out / "summary.parquet")
         return {"ranges": {n: int(c) for n, c in s.groupby("name")["count"].sum().items()}}
     c = pd.read_parquet(out / "sync_calls.parquet")
@@ -285,19 +295,19 @@ def run(work: Path, copies_list: list[int], raw: Path, env: dict, nsys, repeat: 
         only: set[str] | None = None) -> list[dict]:
     log = raw / "commands.log"
     rows = []
-    cases = [c for c in CASES if not only or c[0] in only]
+    cases = [c for c in CASES if not only or c[0] in only]  # rows name the case as "recipe"
     for copies in copies_list:
         report = make_case(work, copies, nsys)
         sqlite_path, pqt = report.with_suffix(".sqlite"), report.with_name(report.stem + "_pqtdir")
         counts = _counts(sqlite_path)
         want = truth(work / "baseline_nvtx.sqlite", copies)
         size_mb = sqlite_path.stat().st_size / 1e6
-        for recipe, args, _, builtins in cases:
+        for recipe, pack_recipe, args, _, builtins in cases:
             for form, path in (("sqlite", sqlite_path), ("parquet", pqt)):
                 for _ in range(repeat):
                     fl = measure([sys.executable, __file__, "floor", "--recipe", recipe, str(path)], env, log)
                     out = work / "out" / recipe
-                    pk = measure(pack_case(recipe, args, path, out), env, log)
+                    pk = measure(pack_case(pack_recipe, args, path, out), env, log)
                     right = pk["ok"] and found(recipe, out) == want[recipe]
                     rows.append({"copies": copies, "size_mb": round(size_mb), "recipe": recipe, "form": form,
                                  "floor_s": fl["wall_s"], "floor_mb": fl["peak_mb"], "pack_s": pk["wall_s"],
@@ -307,6 +317,8 @@ def run(work: Path, copies_list: list[int], raw: Path, env: dict, nsys, repeat: 
                     print(f"{copies:>5} {recipe:<22} {form:<8} floor {fl['wall_s']:6.2f} s  pack {pk['wall_s']:6.2f} s "
                           f"{pk['peak_mb']:6} MB  {verdict}", flush=True)
             label = " + ".join("nsys " + " ".join(b[:3]) if b[0] == "stats" else b[1] for b in builtins)
+            if not builtins:
+                continue
             grown = _too_big(rows, recipe, size_mb)
             if grown:  # it would be killed for memory (or swap for hours): recorded, not run
                 rows.append({"copies": copies, "size_mb": round(size_mb), "recipe": recipe, "form": "built-in",
@@ -354,6 +366,7 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
 
     df = pd.DataFrame(rows)
     place = {c[0]: i for i, c in enumerate(CASES)}
+    label = {case: " ".join([recipe, *args]) for case, recipe, args, _, _ in CASES}  # the command's recipe and options
     df = df.assign(place=df["recipe"].map(place)).sort_values(["copies", "place"], kind="stable")
     lines = [BEGIN, "## Huge reports: one long capture per rank", "",
              f"Written by `{meta['command']}` on {meta['date']} ({meta['cpu']}, {meta['cores']} cores, "
@@ -371,7 +384,7 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
              "|---:|---:|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
     for (copies, recipe), g in df.groupby(["copies", "recipe"], sort=False):
         b = g[g["form"] == "built-in"]
-        bs, bmb = float(b["builtin_s"].median()), float(b["builtin_mb"].median())
+        bs, bmb = (float(b["builtin_s"].median()), float(b["builtin_mb"].median())) if len(b) else (0.0, 0.0)
         skipped = "skipped" in b and b["skipped"].fillna(False).astype(bool).any()
         for form in ("sqlite", "parquet"):
             p = g[g["form"] == form]
@@ -382,14 +395,14 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
             rows_text = (f"{counts['CUPTI_ACTIVITY_KIND_KERNEL'] / 1e6:.2f} M / {counts['NVTX_EVENTS'] / 1e6:.2f} M / "
                          f"{counts['CUPTI_ACTIVITY_KIND_RUNTIME'] / 1e6:.2f} M")
             failed = not p["ok"].all()
-            builtin = (f"not run: would need about {bmb / 1024:.0f} GB | — | —" if skipped else
-                       f"{bs:.2f}{'' if b['ok'].all() else ' (failed)'} | {bmb:.0f} | {bs / max(ps, 1e-9):.2f}x")
+            builtin = ("— | — | —" if b.empty else f"not run: would need about {bmb / 1024:.0f} GB | — | —" if skipped
+                       else f"{bs:.2f}{'' if b['ok'].all() else ' (failed)'} | {bmb:.0f} | {bs / max(ps, 1e-9):.2f}x")
             pack = ("refused or failed (see the log) | — " if failed else f"{ps:.2f} | {pmb:.0f} ")
             ratio = "—" if failed else f"{ps / max(fs, 1e-9):.2f}x"
             if failed or skipped:
                 builtin = builtin.rsplit("|", 1)[0] + "| —"
-            lines.append(f"| {copies} | {int(p['size_mb'].iloc[0])} | {rows_text} | {recipe} | {form} | {pack}| "
-                         f"{fs:.2f} | {ratio} | {b['builtin'].iloc[0]} | {builtin} | "
+            lines.append(f"| {copies} | {int(p['size_mb'].iloc[0])} | {rows_text} | {label[recipe]} | {form} | {pack}| "
+                         f"{fs:.2f} | {ratio} | {b['builtin'].iloc[0] if len(b) else 'none'} | {builtin} | "
                          f"{'—' if failed else 'found' if p['truth'].all() else 'not found'} |")
     updates = meta.get("updates", [])
     again = {r for u in updates for r in u["recipes"]}
@@ -405,7 +418,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "floor":
         p = argparse.ArgumentParser()
         p.add_argument("floor")
-        p.add_argument("--recipe", required=True)
+        p.add_argument("--recipe", required=True, help="a case of CASES")
         p.add_argument("path")
         a = p.parse_args()
         floor(Path(a.path), a.recipe)

@@ -169,8 +169,7 @@ def find_iterations(rank_data, iteration: str | None = None, iteration_kernel: s
         if domain is not None:
             sel &= r.domain_is(domain)
         if not sel.any():
-            raise BadInputError(f"{rank_data.file}: no NVTX range named {iteration!r}; closest names: "
-                                f"{closest_names(name, r.names[r.name])}")
+            raise BadInputError(f"{rank_data.file}: {no_range_text(iteration, r.names[r.name])}")
         delim = Delimiter("nvtx", name, domain, "--iteration")
     else:
         found = _auto_nvtx(r)
@@ -180,11 +179,8 @@ def find_iterations(rank_data, iteration: str | None = None, iteration_kernel: s
                 named = codes[codes >= 0]
                 if len(named) and (named == most_common(named)).sum() >= MIN_REPEATS:
                     return _kernel_iterations(kernels, str(words[most_common(named)]), "auto", rank_data.file)
-            what = "has no NVTX ranges or CUDA kernels (profile with `nsys profile -t cuda,nvtx`)" if (
-                not len(r) and (kernels is None or not len(kernels))) else \
-                "has no NVTX range or kernel that repeats at least 5 times"
-            raise BadInputError(f"{rank_data.file}: cannot find iterations: the report {what}; or pass --iteration "
-                                "NAME (an NVTX range) or --iteration-kernel NAME")
+            has_kernels = kernels is not None and bool(len(kernels))
+            raise BadInputError(f"{rank_data.file}: {no_iterations_text(bool(len(r)), has_kernels)}")
         n, d = found
         sel = (r.name == n) & (r.domain == d)
         delim = Delimiter("nvtx", str(r.names[n]), r.domains[d] or None, "auto")
@@ -198,23 +194,49 @@ def find_iterations(rank_data, iteration: str | None = None, iteration_kernel: s
 
 def _kernel_iterations(kernels, name: str, source: str, file: str) -> Iterations:
     if kernels is None or not len(kernels):
-        raise BadInputError(f"{file}: --iteration-kernel needs CUDA kernels and this report has none; profile "
-                            "with `nsys profile -t cuda` (add cuda to the -t list) or use --iteration")
+        raise BadInputError(f"{file}: {no_kernel_text(name, [])}")
     codes, words = kernels.codes("name")
     full_codes, full_words = kernels.codes("full_name")
     full_hit = np.array([w is not None and (w == name or str(w).startswith(name + "(")) for w in full_words])
     match = _is(codes, words, name) | full_hit[full_codes]
     sel = np.flatnonzero(match)
     if not len(sel):
-        raise BadInputError(f"{file}: no kernel named {name!r}; closest names: "
-                            f"{closest_names(name, words[codes])}")
-    sel = sel[np.argsort(kernels.values("start_ns")[sel], kind="stable")]
-    starts = kernels.values("start_ns")[sel].astype(np.int64)
+        raise BadInputError(f"{file}: {no_kernel_text(name, words[codes])}")
+    starts, ends = kernel_windows(kernels.values("start_ns")[sel], kernels.values("end_ns")[sel])
+    return Iterations(Delimiter("kernel", name, None, source), starts, ends, None)
+
+
+def kernel_windows(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Iterations from one kernel's launches (in table order): each from a launch to the next, the last as long as
+    the median period, or to its kernel's end if that is later."""
+    order = np.argsort(start, kind="stable")
+    starts = start[order].astype(np.int64)
     ends = np.empty_like(starts)
     ends[:-1] = starts[1:]
     period = int(np.median(np.diff(starts))) if len(starts) > 1 else 0
-    ends[-1] = max(int(kernels.values("end_ns")[sel][-1]), starts[-1] + period)
-    return Iterations(Delimiter("kernel", name, None, source), starts, ends, None)
+    ends[-1] = max(int(end[order][-1]), starts[-1] + period)
+    return starts, ends
+
+
+def no_range_text(iteration: str, names) -> str:
+    """The error for --iteration naming no closed range of the rank (names: those of its closed ranges)."""
+    return f"no NVTX range named {iteration!r}; closest names: {closest_names(parse_name_domain(iteration)[0], names)}"
+
+
+def no_kernel_text(name: str, names) -> str:
+    """The error for a delimiting kernel that no kernel of the rank is (names: its kernels' names; none: no kernel)."""
+    if not len(names):
+        return ("--iteration-kernel needs CUDA kernels and this report has none; profile with `nsys profile -t cuda` "
+                "(add cuda to the -t list) or use --iteration")
+    return f"no kernel named {name!r}; closest names: {closest_names(name, names)}"
+
+
+def no_iterations_text(has_ranges: bool, has_kernels: bool) -> str:
+    """The error for a rank where no NVTX range or kernel repeats enough to delimit iterations."""
+    what = ("has no NVTX ranges or CUDA kernels (profile with `nsys profile -t cuda,nvtx`)"
+            if not has_ranges and not has_kernels else "has no NVTX range or kernel that repeats at least 5 times")
+    return (f"cannot find iterations: the report {what}; or pass --iteration NAME (an NVTX range) or "
+            "--iteration-kernel NAME")
 
 
 def matching(words: np.ndarray, pattern) -> np.ndarray:

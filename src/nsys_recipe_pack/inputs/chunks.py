@@ -33,8 +33,8 @@ class Stream:
     view(need, batch Frame) -> the plain Arrow columns (start_ns and pid among them) a span's rows carry;
     fold(state, span start, span end, need -> rows) adds one span into `state`;
     finish(state, NVTX names) -> pid -> the map's result for that process;
-    prepare(export source, options, progress) -> the state before the first span (what a fold must know ahead of
-    the spans, read first from the tables of the needs in `ahead`, each batch told to progress(table, rows)), an
+    prepare(Ahead, options) -> the state before the first span: what a fold must know ahead of the spans, read
+    first (`Ahead`) from the tables of the needs in `ahead` (once each, as the progress expects) or of others; an
     empty dict without it. `options` are the recipe's (Recipe.stream_given)."""
 
     needs: tuple[str, ...]
@@ -46,8 +46,62 @@ class Stream:
     options: dict = field(default_factory=dict)
 
 
-class NotSorted(Exception):
+class ReadWhole(Exception):
+    """Spans cannot give the answer a whole read gives: the tables are read whole instead."""
+
+
+class NotSorted(ReadWhole):
     """A table's rows are not in the order of their start."""
+
+
+@dataclass
+class Ahead:
+    """The tables a stream's `prepare` reads before the spans, a batch at a time, as often as it needs them.
+
+    The first read of a table the spans do not read adds up its extents, and NVTX's keeps the rank's identity
+    (`found`, as `time_chunks` does); the first read of a need in the stream's `ahead` is in the progress's total
+    already, any other read is added to it as it starts (expect(label, rows))."""
+
+    src: ExportSource
+    strings: StringTable
+    extents: Extents
+    found: dict
+    progress: Callable[[str, int], None]
+    expect: Callable[[str, int], None]
+    stream: Stream
+    reads: dict = field(default_factory=dict)  # need -> reads started
+
+    def spans(self, need: str, view: Callable) -> Iterator[pa.Table]:
+        """The rows of each span of a new read of one need's table (`time_chunks`, view(need, Frame) -> columns)."""
+        label, first = self._start(need)
+        record = first and need not in self.stream.needs
+        for _, _, chunk in time_chunks(self.src, [need], self.strings, view, self.extents if record else Extents(),
+                                       lambda _table, rows: self.progress(label, rows), self.found if record else {}):
+            if chunk[need] is not None and chunk[need].num_rows:
+                yield chunk[need]
+
+    def batches(self, need: str, cols: list[str]) -> Iterator[pa.Table]:
+        """Some columns of a new read of one need's table, a batch at a time as the export holds them."""
+        label, _ = self._start(need)
+        (table, _), = TABLES[need].items()
+        if self.src.has(table):
+            for raw in self.src.read_batches(table, cols):
+                yield raw
+                self.progress(label, raw.num_rows)
+
+    def _start(self, need: str) -> tuple[str, bool]:
+        (table, _), = TABLES[need].items()
+        first = not self.reads.get(need)
+        self.reads[need] = self.reads.get(need, 0) + 1
+        if first and need in self.stream.ahead:
+            return first_read_label(table), first
+        label = f"{table} (read {self.reads[need]} ahead)"
+        self.expect(label, self.src.count(table))
+        return label, first
+
+
+def first_read_label(table: str) -> str:
+    return f"{table} (first read)"
 
 
 def time_chunks(src: ExportSource, needs: list[str], strings: StringTable, view: Callable, extents: Extents,

@@ -23,7 +23,7 @@ from .. import nsys_tool
 from ..errors import BadInputError, MissingTraceError, PackError
 from ..lazy import pd
 from ..spill import remove_spilled
-from .chunks import STREAM_MIN_ROWS, NotSorted, Stream, time_chunks
+from .chunks import STREAM_MIN_ROWS, Ahead, ReadWhole, Stream, first_read_label, time_chunks
 from .discovery import report_stem
 from .events import read_gpu, read_mpi, read_nvtx, read_runtime, recorded_env, session_start
 from .export import export_entry, open_source
@@ -184,16 +184,17 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     # the event tables read whole (those read for a few rows only hold little); those a selection reads a batch
     # at a time hold what it keeps
     streamed = [need for need in selection.order if need in needs] if selection else []
-    spans = list(stream.needs) if stream and set(stream.needs) <= needs else []
-    if sum(src.count(t) for need in spans for t in TABLES[need]) < STREAM_MIN_ROWS:
-        spans = []
-    whole = [t for need in sorted(needs) if not (rows or {}).get(need) and need not in streamed + spans
+    spans = list(stream.needs) if stream and set(stream.needs) | set(stream.ahead) <= needs else []
+    ahead = [need for need in stream.ahead if need not in spans] if spans else []  # read ahead only
+    if sum(src.count(t) for need in spans + ahead for t in TABLES[need]) < STREAM_MIN_ROWS:
+        spans, ahead = [], []
+    whole = [t for need in sorted(needs) if not (rows or {}).get(need) and need not in streamed + spans + ahead
              for t in TABLES.get(need, {})]
     counts = {t: src.count(t) for t in whole}
     check_memory(path, counts, bytes_per_row=bytes_per_row)
-    ahead = {f"{t} (first read)": src.count(t) for need in (stream.ahead if spans else ()) for t in TABLES[need]}
+    ahead_rows = {first_read_label(t): src.count(t) for need in (stream.ahead if spans else ()) for t in TABLES[need]}
     done = _ReadProgress(path, {**counts, **{t: src.count(t) for need in streamed + spans for t in TABLES[need]},
-                                **ahead})
+                                **ahead_rows})
     strings = string_table(src)
     env, hostname = recorded_env(src)
     synthetic = "SYNTHETIC" in small_table(src, "META_DATA_EXPORT", ["name"]).get("name", [])
@@ -205,12 +206,12 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     results, found = None, {}
     if spans:
         try:
-            state = (stream.prepare(src, stream.options, lambda table, rows: done.add(f"{table} (first read)", rows))
+            state = (stream.prepare(Ahead(src, strings, extents, found, done.add, done.expect, stream), stream.options)
                      if stream.prepare else {})
             for span_start, span_end, chunk in time_chunks(src, spans, strings, stream.view, extents, done.add, found):
                 stream.fold(state, span_start, span_end, chunk)
             results = stream.finish(state, found.get("names", []))
-        except NotSorted:  # an export not in time order: its tables whole
+        except ReadWhole:  # an export not in time order, or one the spans cannot answer for: its tables whole
             return _read_frames(src, needs, path, rows, bytes_per_row, selection)
     # the tables read whole, side by side: frame -> (table, its read)
     reads: dict[str, tuple[str | None, Callable[[], Frame]]] = {}
@@ -343,6 +344,11 @@ class _ReadProgress:
     def __call__(self, table: str) -> None:
         self.read += self.counts.get(table, 0)
         self._say()
+
+    def expect(self, table: str, rows: int) -> None:
+        """A read not counted when the progress began (a table read again)."""
+        self.counts[table] = self.counts.get(table, 0) + rows
+        self.total += rows
 
     def add(self, table: str, rows: int) -> None:
         """Rows of a table read a batch at a time: a line every PROGRESS_EVERY_S seconds and at its end."""

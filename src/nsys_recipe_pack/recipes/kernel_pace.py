@@ -9,17 +9,21 @@ Statistics are exact: quantiles over all rows, not approximations.
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import BadInputError
 from ..gpu import gpu_intervals
 from ..groups import SortedGroups
-from ..inputs import dictionary_column
+from ..inputs import arrow_of, dictionary_column, numpy_of
+from ..inputs.chunks import ReadWhole, Stream
 from ..intervals import split_into_windows
-from ..iterations import closest_names, find_iterations
+from ..iteration_scan import TooManyNames, kernel_iterations, kernel_view, nvtx_iterations, range_view
+from ..iterations import closest_names, find_iterations, no_iterations_text, no_kernel_text, no_range_text
 from ..lazy import pd
 from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
+GPU_NEEDS = ("kernel", "memcpy", "memset")
 
 
 def needs_for(options: dict) -> set:
@@ -33,6 +37,10 @@ def rows_for(options: dict) -> dict | None:
 
 
 def map_rank(rank_data, options: dict) -> dict:
+    if rank_data.streamed is not None:  # a long capture: iterations found ahead, its GPU work read span by span
+        if "error" in rank_data.streamed:
+            raise BadInputError(f"{rank_data.file}: {rank_data.streamed['error']}")
+        return rank_data.streamed
     kernel = options.get("kernel")
     if kernel:
         rank_data.require("kernel", "kernel_pace --kernel")
@@ -59,6 +67,85 @@ def map_rank(rank_data, options: dict) -> dict:
                 idx = per_iteration.keys
                 start[idx], end[idx] = per_iteration.min(cs), per_iteration.max(ce)
     return {"start_ns": start, "end_ns": end, "delimiter": delimiter, "stats": _stats(end - start, -1)}
+
+
+def _prepare(ahead, options: dict) -> dict:
+    """Each process's iterations, found from its NVTX ranges (or its kernels) read ahead of the GPU work."""
+    windows: dict = {}
+    try:
+        if options.get("iteration_kernel"):
+            for _ in ahead.spans("nvtx", range_view):  # read once all the same: the rank's identity is in it
+                pass
+        else:
+            windows = nvtx_iterations(lambda: ahead.spans("nvtx", range_view), options.get("iteration"))
+    except TooManyNames:
+        raise ReadWhole("more NVTX threads, names or domains than a scan holds") from None
+    ranged = set(windows)
+    kernels_read = bool(options.get("iteration_kernel")) or not options.get("iteration") and (
+        not windows or any(w is None for w in windows.values()))
+    if kernels_read:
+        settled = {p for p, w in windows.items() if w is not None}
+        windows.update(kernel_iterations(lambda: ahead.spans("kernel", kernel_view), options.get("iteration_kernel"),
+                                         ranged, settled))
+    state = {"windows": windows, "kernels_read": kernels_read, "options": options}
+    state["low"] = {p: np.full(len(w.start_ns), np.iinfo(np.int64).max) for p, w in windows.items()
+                    if not isinstance(w, str)}
+    state["high"] = {p: np.full(len(w.start_ns), np.iinfo(np.int64).min) for p, w in windows.items()
+                     if not isinstance(w, str)}
+    return state
+
+
+def _view(need: str, frame) -> pa.Table:
+    return pa.table({c: arrow_of(frame.values(c)) for c in ("start_ns", "end_ns", "pid")})
+
+
+def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
+    """A span's GPU work into each process's iterations: the earliest start and latest end of the work in each."""
+    ops = [t for t in chunk.values() if t is not None and t.num_rows]
+    if not ops:
+        return
+    ops = pa.concat_tables(ops)
+    pid, start, end = (numpy_of(ops.column(c)) for c in ("pid", "start_ns", "end_ns"))
+    for p in np.unique(pid).tolist():
+        if p not in state["windows"]:
+            state["windows"][p] = _no_windows(state)
+        it = state["windows"][p]
+        if isinstance(it, str):
+            continue
+        on = pid == p
+        _, win, clipped_start, clipped_end = split_into_windows(start[on], end[on], it.start_ns, it.end_ns)
+        np.minimum.at(state["low"][p], win, clipped_start)
+        np.maximum.at(state["high"][p], win, clipped_end)
+
+
+def _no_windows(state: dict) -> str:
+    """The error of a process with GPU work and no iterations: no closed NVTX range and, where kernels were read
+    ahead, no kernel (a whole read tells the rest)."""
+    options = state["options"]
+    if options.get("iteration_kernel"):
+        return no_kernel_text(options["iteration_kernel"], [])
+    if options.get("iteration"):
+        return no_range_text(options["iteration"], [])
+    if not state["kernels_read"]:
+        raise ReadWhole("GPU work of a process whose kernels were not read ahead")
+    return no_iterations_text(False, False)
+
+
+def _finish(state: dict, names: list) -> dict:
+    out = {}
+    for p, it in state["windows"].items():
+        if isinstance(it, str):
+            out[p] = {"error": it}
+            continue
+        start, end = it.start_ns.copy(), it.end_ns.copy()
+        worked = state["low"][p] <= state["high"][p]
+        start[worked], end[worked] = state["low"][p][worked], state["high"][p][worked]
+        out[p] = {"start_ns": start, "end_ns": end, "delimiter": it.delimiter.as_dict(),
+                  "stats": _stats(end - start, -1)}
+    return out
+
+
+STREAM = Stream(needs=GPU_NEEDS, view=_view, fold=_fold, finish=_finish, prepare=_prepare, ahead=("nvtx",))
 
 
 def _stats(d: np.ndarray, rank: int) -> dict:
@@ -161,6 +248,7 @@ RECIPE = Recipe(
     summary=summary,
     headline=headline,
     figures="nsys_recipe_pack.plots.kernel_pace",
+    stream=STREAM,
     diff_metrics=diff_metrics,
     diff_needs=frozenset(NEEDS),
     metrics=(Metric("median_iteration_ns", "median iteration", always_tracked=True),),

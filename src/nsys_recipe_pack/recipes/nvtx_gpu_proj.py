@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from ..gpu import call_key, launched_ops, pair_launches
 from ..groups import SortedGroups, distinct
-from ..inputs import TABLES, arrow_of, dictionary_column, numpy_of, ranked_tables
+from ..inputs import arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.chunks import NotSorted, Stream
 from ..inputs.events import gpu_frame, timed_rows
 from ..inputs.selection import RANGE_EVENTS
@@ -226,16 +226,13 @@ class _Projection:
         self.sums: list[pa.Table] = []
 
 
-def _prepare(src, options: dict, progress) -> _Projection:
+def _prepare(ahead, options: dict) -> _Projection:
     """Every GPU op's launch key (process, correlation id) and how many ops hold it, read ahead: a call that launches
     nothing is then dropped as it is read, and one whose ops have all come is let go."""
     keys = []
     for need in GPU_NEEDS:
-        (table, _), = TABLES[need].items()
-        if src.has(table):
-            for raw in src.read_batches(table, KEY_COLUMNS):
-                keys.append(call_key(gpu_frame(timed_rows(raw, KEY_COLUMNS, ("start", "end")), KEY_COLUMNS, None)))
-                progress(table, raw.num_rows)
+        for raw in ahead.batches(need, KEY_COLUMNS):
+            keys.append(call_key(gpu_frame(timed_rows(raw, KEY_COLUMNS, ("start", "end")), KEY_COLUMNS, None)))
     keys = np.concatenate(keys) if keys else np.zeros(0, np.int64)
     keys.sort(kind="stable")  # in place; nearly sorted already, which the stable sort is quick on
     first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, np.int64)

@@ -1,0 +1,446 @@
+"""Iterations of a long capture, found as `iterations.find_iterations` finds them in whole tables, from closed NVTX
+ranges (and kernels) read a span of time at a time: a few numbers per thread and range name are held, not every range.
+
+A first read of the ranges counts, per process, thread, name and domain, the ranges, the time they cover, where
+they first appear and whether two of them overlap. That gives each process's busiest thread and its candidate
+delimiters in the order find_iterations tries them. Whether a candidate lies mostly inside another needs their ranges
+side by side: a further read answers it for the first few candidates of that order (`INNER_QUERIES`), counting, for
+each of their ranges, the other candidates' last range started by then that holds it, and collects those candidates'
+ranges, whose outermost are the iterations. A delimiter named by --iteration is collected in the first read. A
+process without a delimiting range takes its kernels: one read counts their names, another collects the launches.
+
+Every function reads spans through a `read()` that starts a new read of the table each call, each span holding
+every row of one instant (inputs.chunks.time_chunks), so that ties between starts are settled as in a whole table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from .groups import SortedGroups
+from .inputs.frames import arrow_of, dictionary_column, numpy_of
+from .intervals import outermost
+from .iterations import (
+    MIN_REPEATS,
+    NCCL_API_RE,
+    Delimiter,
+    Iterations,
+    closed_range_mask,
+    kernel_windows,
+    most_common,
+    no_iterations_text,
+    no_kernel_text,
+    no_range_text,
+    parse_name_domain,
+)
+
+INT64_MIN, INT64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
+TID_BITS, NAME_BITS, DOMAIN_BITS = 26, 25, 12  # a (thread, name, domain) key in one int64
+INNER_QUERIES = 20_000_000  # (range, candidate) pairs a further read tests, beyond those of the first candidate
+INNER_CANDIDATES = 8  # candidates a further read tests at most
+QUERIES = 1_000_000  # (range, candidate) pairs tested at once
+
+
+class TooManyNames(Exception):
+    """More distinct threads, names or domains than a key holds: the caller reads the table whole."""
+
+
+class _Words:
+    """Ids for the distinct values (strings, None, or ints) met so far, given in order of first sight."""
+
+    def __init__(self):
+        self.id_of: dict = {}
+        self.words: list = []
+
+    def ids(self, words: Iterable) -> np.ndarray:
+        out = []
+        for w in words:
+            i = self.id_of.get(w)
+            if i is None:
+                i = self.id_of[w] = len(self.words)
+                self.words.append(w)
+            out.append(i)
+        return np.array(out, np.int64)
+
+
+@dataclass
+class _Span:
+    """One span's closed ranges as ids: thread, name and domain, and their (thread, name, domain) key."""
+    pid: np.ndarray
+    tid: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    name: np.ndarray
+    domain: np.ndarray
+    key: np.ndarray
+
+
+class _Tally:
+    """Per (process, thread, name, domain): ranges, time covered, first position, overlap, last end."""
+
+    COLUMNS = {"pid": 0, "tid": 0, "name": 0, "domain": 0, "count": 0, "covered": 0, "first": INT64_MAX,
+               "overlaps": 0, "last_end": INT64_MIN}
+
+    def __init__(self):
+        self.index: dict[int, int] = {}
+        self.size = 0
+        self.cols = {c: np.full(1024, v, np.int64) for c, v in self.COLUMNS.items()}
+
+    def of(self, keys: np.ndarray) -> np.ndarray:
+        """The entries of keys (-1: never seen), looked up once per distinct key."""
+        groups = SortedGroups(keys)
+        found = self._of_distinct(groups.keys)
+        out = np.empty(len(keys), np.int64)
+        out[groups.order] = np.repeat(found, groups.size)
+        return out
+
+    def _of_distinct(self, keys: np.ndarray) -> np.ndarray:
+        return np.array([self.index.get(k, -1) for k in keys.tolist()], np.int64)
+
+    def add_keys(self, keys: np.ndarray, parts: dict[str, np.ndarray]) -> np.ndarray:
+        """The entries of distinct keys, new ones made with their `parts` (pid, tid, name, domain)."""
+        at = self._of_distinct(keys)
+        new = np.flatnonzero(at < 0)
+        if len(new):
+            need = self.size + len(new)
+            if need > len(self.cols["count"]):
+                grown = max(need, 2 * len(self.cols["count"]))
+                for c, v in self.COLUMNS.items():
+                    self.cols[c] = np.r_[self.cols[c], np.full(grown - len(self.cols[c]), v, np.int64)]
+            at[new] = np.arange(self.size, need)
+            for k, i in zip(keys[new].tolist(), at[new].tolist(), strict=True):
+                self.index[k] = i
+            for c, v in parts.items():
+                self.cols[c][at[new]] = v[new]
+            self.size = need
+        return at
+
+    def __getitem__(self, column: str) -> np.ndarray:
+        return self.cols[column][:self.size]
+
+
+class RangeScan:
+    """The first read: `add` every span, then `named` (for --iteration) or `plans` (found automatically)."""
+
+    def __init__(self, iteration: str | None = None):
+        self.iteration = parse_name_domain(iteration) if iteration else None
+        self.tids, self.names, self.domains = _Words(), _Words(), _Words()
+        self.tally = _Tally()
+        self.rows = 0
+        self.collected: list[tuple] = []  # --iteration: (pid, tid, start, end) of the ranges with its name
+
+    def span(self, rows: pa.Table) -> _Span:
+        """A span's rows (start_ns, end_ns, tid, pid, name, domain: closed ranges) as ids."""
+        tid = numpy_of(rows.column("tid"))
+        tid_code, tid_words = _factorize(tid)
+        tid_id = self.tids.ids(tid_words)[tid_code]
+        ids = []
+        for column, words in (("name", self.names), ("domain", self.domains)):
+            codes, distinct = _codes(rows.column(column))
+            used = np.flatnonzero(np.bincount(codes + 1, minlength=len(distinct) + 1))  # a dictionary may hold more
+            at = np.full(len(distinct), -1, np.int64)
+            at[used - 1] = words.ids([distinct[u - 1] for u in used.tolist()])
+            ids.append(at[codes])
+        name, domain = ids
+        if any(len(w.words) >> bits for w, bits in ((self.tids, TID_BITS), (self.names, NAME_BITS),
+                                                     (self.domains, DOMAIN_BITS))):
+            raise TooManyNames()
+        key = (tid_id << (NAME_BITS + DOMAIN_BITS)) | (name << DOMAIN_BITS) | domain
+        return _Span(numpy_of(rows.column("pid")), tid, numpy_of(rows.column("start_ns")),
+                     numpy_of(rows.column("end_ns")), name, domain, key)
+
+    def add(self, rows: pa.Table) -> None:
+        s = self.span(rows)
+        n = len(s.start)
+        if not n:
+            return
+        groups = SortedGroups(s.key)
+        lead = groups.lead
+        at = self.tally.add_keys(groups.keys, {"pid": s.pid[lead], "tid": s.tid[lead], "name": s.name[lead],
+                                                "domain": s.domain[lead]})
+        t = self.tally.cols
+        t["count"][at] += groups.size
+        t["covered"][at] += groups.sum(s.end - s.start)
+        t["first"][at] = np.minimum(t["first"][at], self.rows + lead)
+        # ranges of one key in table order (the table is in order of start): each against the one before it
+        start, end = s.start[groups.order], s.end[groups.order]
+        before = np.r_[INT64_MIN, end[:-1]]
+        before[groups.first] = t["last_end"][at]
+        t["overlaps"][at] |= np.logical_or.reduceat(start < before, groups.first)
+        t["last_end"][at] = end[np.r_[groups.first[1:], n] - 1]
+        self.rows += n
+        if self.iteration is not None:
+            name, domain = self.iteration
+            hit = s.name == self.names.id_of.get(name, -1)
+            if domain is not None:
+                hit &= s.domain == self.domains.id_of.get(domain, -1)
+            if hit.any():
+                self.collected.append((s.pid[hit], s.tid[hit], s.start[hit], s.end[hit]))
+
+    def pids(self) -> list[int]:
+        return sorted(set(self.tally["pid"].tolist()))
+
+    def named(self) -> dict:
+        """--iteration: pid -> Iterations, or the text of the error."""
+        name, domain = self.iteration
+        pid, tid, start, end = ([np.concatenate(c) for c in zip(*self.collected, strict=True)] if self.collected
+                                else [np.zeros(0, np.int64)] * 4)
+        out: dict = {}
+        for p in self.pids():
+            on = pid == p
+            if not on.any():
+                names = np.array(self.names.words, object)[self.tally["name"][self.tally["pid"] == p]]
+                out[p] = no_range_text(self.iteration_text, names)
+                continue
+            out[p] = _outermost_of(Delimiter("nvtx", name, domain, "--iteration"), tid[on], start[on], end[on])
+        return out
+
+    @property
+    def iteration_text(self) -> str:
+        name, domain = self.iteration
+        return name if domain is None else f"{name}@{domain}"
+
+    def plans(self) -> dict[int, _Plan]:
+        """Per process with ranges, what finding its delimiter takes (found automatically)."""
+        t = {c: self.tally[c] for c in _Tally.COLUMNS}
+        named = np.array([w not in ("", None) and not NCCL_API_RE.match(str(w)) for w in self.names.words], bool)
+        domain_words = np.array(self.domains.words, object)
+        out = {}
+        for p in self.pids():
+            mine = np.flatnonzero(t["pid"] == p)
+            busiest = _most_common(t["tid"][mine], t["count"][mine], t["first"][mine])
+            cand = mine[(t["tid"][mine] == busiest) & (t["count"][mine] >= MIN_REPEATS) & named[t["name"][mine]]
+                        & np.not_equal(domain_words[t["domain"][mine]], None) & (t["overlaps"][mine] == 0)]
+            cand = cand[np.lexsort((t["first"][cand], -t["count"][cand], -t["covered"][cand]))]
+            # the thread each candidate's iterations are taken on: where its name and domain are most common
+            home = []
+            for c in cand.tolist():
+                same = mine[(t["name"][mine] == t["name"][c]) & (t["domain"][mine] == t["domain"][c])]
+                home.append(same[np.flatnonzero(t["tid"][same] == _most_common(t["tid"][same], t["count"][same],
+                                                                                  t["first"][same]))[0]])
+            out[p] = _Plan(self, cand, np.array(home, np.int64))
+        return out
+
+
+def _most_common(values: np.ndarray, counts: np.ndarray, first: np.ndarray):
+    """iterations.most_common over rows given as distinct values with their counts and first positions."""
+    by_value = SortedGroups(values)
+    total, seen = by_value.sum(counts), by_value.min(first)
+    top = np.flatnonzero(total == total.max())
+    return by_value.keys[top[np.argmin(seen[top])]]
+
+
+class _Plan:
+    """One process's candidate delimiters (tally entries, in the order they are tried) and what is known of them."""
+
+    def __init__(self, scan: RangeScan, cand: np.ndarray, home: np.ndarray):
+        self.scan, self.cand, self.home = scan, cand, home
+        self.next = 0  # the first candidate not yet tested
+        self.result: Iterations | None = None
+        self.done = not len(cand)
+        self.inner = np.zeros(0, np.int64)
+        self.start_inner()
+
+    def start_inner(self) -> None:
+        """The candidates the next read tests, and collects the ranges of."""
+        if self.done:
+            return
+        # each tested range is looked up among every candidate's
+        queries = np.cumsum(self.scan.tally["count"][self.cand[self.next:]]) * len(self.cand)
+        take = max(1, min(INNER_CANDIDATES, int(np.searchsorted(queries, INNER_QUERIES, side="right"))))
+        self.inner = np.arange(self.next, min(self.next + take, len(self.cand)))
+        self.inside = np.zeros((len(self.inner), len(self.cand)), np.int64)
+        self.carry_end = np.full(len(self.cand), INT64_MIN)
+        self.carry_seen = np.zeros(len(self.cand), bool)
+        self.ranges: list[list[tuple]] = [[] for _ in self.inner]
+        # tally entry -> place among the candidates, and among the tested ones' home entries (-1: none; the last
+        # entry stands for a key the first read never saw)
+        self.cand_pos = np.full(self.scan.tally.size + 1, -1, np.int64)
+        self.cand_pos[self.cand] = np.arange(len(self.cand))
+        self.home_of = np.full(self.scan.tally.size + 1, -1, np.int64)
+        self.home_of[self.home[self.inner]] = np.arange(len(self.inner))
+
+    def add(self, s: _Span, at: np.ndarray) -> None:
+        """A span of the further read: at = each row's tally entry (-1: none)."""
+        home = self.home_of[at]
+        for i in np.unique(home[home >= 0]).tolist():
+            hit = home == i
+            self.ranges[i].append((s.start[hit], s.end[hit]))
+        g = self.cand_pos[at]
+        rows = np.flatnonzero(g >= 0)
+        if not len(rows) or len(self.cand) < 2:
+            return
+        g, start, end = g[rows], s.start[rows], s.end[rows]
+        instant = np.cumsum(np.r_[0, start[1:] != start[:-1]])  # rows are in order of start
+        width = int(instant[-1]) + 1
+        by_cand = SortedGroups(g)
+        key = (g * width + instant)[by_cand.order]  # candidate, then time: sorted
+        last = np.r_[by_cand.first[1:], len(g)] - 1
+        inner_of = np.full(len(self.cand), -1, np.int64)
+        inner_of[self.inner] = np.arange(len(self.inner))
+        queries = np.flatnonzero(inner_of[g] >= 0)
+        for part in np.array_split(queries, max(1, len(queries) * len(self.cand) // QUERIES)):
+            i, j = np.repeat(inner_of[g[part]], len(self.cand)), np.tile(np.arange(len(self.cand)), len(part))
+            r = np.repeat(part, len(self.cand))
+            # the last range of candidate j started by range r's start: in this span, or carried from before it
+            pos = np.searchsorted(key, j * width + instant[r], side="right") - 1
+            here = (pos >= 0) & (g[by_cand.order[np.maximum(pos, 0)]] == j)
+            holder_end = np.where(here, end[by_cand.order[np.maximum(pos, 0)]], self.carry_end[j])
+            held = (here | self.carry_seen[j]) & (end[r] <= holder_end) & (j != self.inner[i])
+            self.inside += np.bincount(i * len(self.cand) + j, weights=held,
+                                       minlength=self.inside.size).astype(np.int64).reshape(self.inside.shape)
+        self.carry_end[by_cand.keys] = end[by_cand.order[last]]
+        self.carry_seen[by_cand.keys] = True
+
+    def decide(self) -> None:
+        """After a further read: the first tested candidate that lies mostly inside no other is the delimiter."""
+        count = self.scan.tally["count"][self.cand[self.inner]]
+        for n, i in enumerate(self.inner.tolist()):
+            if not (2 * self.inside[n] > count[n]).any():
+                k = self.home[i]
+                t = self.scan.tally
+                name, domain = self.scan.names.words[t["name"][k]], self.scan.domains.words[t["domain"][k]]
+                start, end = (np.concatenate(c) for c in zip(*self.ranges[n], strict=True))
+                self.result = _outermost_of(Delimiter("nvtx", str(name), domain or None, "auto"),
+                                            np.full(len(start), t["tid"][k]), start, end)
+                self.done = True
+                return
+        self.next += len(self.inner)
+        self.done = self.next >= len(self.cand)
+        self.start_inner()
+
+
+def _outermost_of(delimiter: Delimiter, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> Iterations:
+    """find_iterations' last step: the delimiter's ranges on their most common thread, outermost of nested repeats."""
+    thread = int(most_common(tid))
+    on = tid == thread
+    start, end = start[on], end[on]
+    keep = outermost(np.zeros(len(start), np.int64), start, end)
+    return Iterations(delimiter, start[keep].astype(np.int64), end[keep].astype(np.int64), thread)
+
+
+def _factorize(values: np.ndarray) -> tuple[np.ndarray, list]:
+    """(codes, distinct values) of a column of a few distinct integers (usually one)."""
+    if not len(values) or values[0] == values[-1] and (values == values[0]).all():
+        return np.zeros(len(values), np.int64), values[:1].tolist()
+    distinct, codes = np.unique(values, return_inverse=True)
+    return codes.reshape(-1), distinct.tolist()
+
+
+def nvtx_iterations(read: Callable[[], Iterable[pa.Table]], iteration: str | None = None) -> dict:
+    """pid -> Iterations, the text of an error (--iteration names no range of it), or None (no range delimits its
+    iterations: its kernels may), for each process with closed ranges. read() -> the spans of a new read."""
+    scan = RangeScan(iteration)
+    for rows in read():
+        scan.add(rows)
+    if iteration:
+        return scan.named()
+    plans = scan.plans()
+    while not all(p.done for p in plans.values()):
+        for rows in read():
+            s = scan.span(rows)
+            at = scan.tally.of(s.key)
+            for pid, plan in plans.items():
+                if not plan.done:
+                    on = np.flatnonzero(s.pid == pid)
+                    plan.add(_Span(*(getattr(s, f)[on] for f in ("pid", "tid", "start", "end", "name", "domain",
+                                                                  "key"))), at[on])
+        for plan in plans.values():
+            if not plan.done:
+                plan.decide()
+    return {pid: plan.result for pid, plan in plans.items()}
+
+
+def kernel_iterations(read: Callable[[], Iterable[pa.Table]], name: str | None, ranged: set[int],
+                      settled: set[int]) -> dict:
+    """pid -> Iterations or the text of an error, for the processes with kernels or closed NVTX ranges (`ranged`) whose
+    iterations are not `settled`: launches of `name` (--iteration-kernel), or else of each process's most common
+    kernel. read() -> spans of kernels (start_ns, end_ns, pid, name, full_name: kernel_view)."""
+    pids = set(ranged) - settled
+    launches: dict[int, dict] = {}  # pid -> short name -> (launches, first position)
+    launching: set[int] = set()  # the processes with kernels
+    position = 0
+    for rows in read() if name is None else ():
+        pid = numpy_of(rows.column("pid"))
+        codes, words = _codes(rows.column("name"))
+        for p in set(np.unique(pid).tolist()) - settled:
+            launching.add(p)
+            on = np.flatnonzero((pid == p) & (codes >= 0))
+            groups = SortedGroups(codes[on])
+            for code, n, first in zip(groups.keys.tolist(), groups.size.tolist(),
+                                      (position + on[groups.lead]).tolist(), strict=True):
+                count, seen = launches.setdefault(p, {}).get(words[code], (0, first))
+                launches[p][words[code]] = (count + n, min(seen, first))
+        position += len(pid)
+    out: dict = {}
+    wanted = {}
+    for p in pids | launching if name is None else ():
+        words = list(launches.get(p, {}))
+        count = np.array([launches[p][w][0] for w in words], np.int64)
+        first = np.array([launches[p][w][1] for w in words], np.int64)
+        top = np.flatnonzero(count == count.max()) if len(count) else count
+        best = top[np.argmin(first[top])] if len(top) else None
+        if best is not None and count[best] >= MIN_REPEATS:
+            wanted[p] = words[best]
+        else:
+            out[p] = no_iterations_text(p in ranged, p in launching)
+    hits: dict[int, list] = {}
+    named: dict[int, set] = {}  # --iteration-kernel: each process's kernel names, for the error's closest ones
+    for rows in read() if wanted or name is not None else ():
+        pid = numpy_of(rows.column("pid"))
+        short, short_words = _codes(rows.column("name"))
+        full, full_words = _codes(rows.column("full_name"))
+        for p in set(np.unique(pid).tolist()) - settled:
+            on = pid == p
+            if name is not None:
+                named.setdefault(p, set()).update(short_words[c] for c in np.unique(short[on]).tolist())
+            w = name if name is not None else wanted.get(p)
+            if w is None:
+                continue
+            hit = on & (np.array([x == w for x in short_words], bool)[short]
+                        | np.array([x is not None and (x == w or x.startswith(w + "(")) for x in full_words],
+                                   bool)[full])
+            if hit.any():
+                hits.setdefault(p, []).append((numpy_of(rows.column("start_ns"))[hit],
+                                               numpy_of(rows.column("end_ns"))[hit]))
+    if name is not None:
+        wanted = dict.fromkeys(pids | set(named), name)
+    for p, w in wanted.items():
+        if not hits.get(p):
+            out[p] = no_kernel_text(w, list(named.get(p, ())))
+            continue
+        start, end = (np.concatenate(c) for c in zip(*hits[p], strict=True))
+        start, end = kernel_windows(start, end)
+        out[p] = Iterations(Delimiter("kernel", w, None, "--iteration-kernel" if name else "auto"), start, end, None)
+    return out
+
+
+def range_view(need: str, frame) -> pa.Table:
+    """The columns a span of NVTX events carries for the scans: its closed ranges' times, thread, name and domain."""
+    closed = closed_range_mask(frame)
+    columns = {c: arrow_of(frame.values(c)[closed]) for c in ("start_ns", "end_ns", "tid", "pid")}
+    for c in ("name", "domain"):
+        codes, words = frame.codes(c)
+        columns[c] = dictionary_column(codes[closed], words[:-1])
+    return pa.table(columns)
+
+
+def kernel_view(need: str, frame) -> pa.Table:
+    """The columns a span of kernels carries for the scans: times, process and names."""
+    columns = {c: arrow_of(frame.values(c)) for c in ("start_ns", "end_ns", "pid")}
+    for c in ("name", "full_name"):
+        codes, words = frame.codes(c)
+        columns[c] = dictionary_column(codes, words[:-1])
+    return pa.table(columns)
+
+
+def _codes(column) -> tuple[np.ndarray, list]:
+    """A string column as (codes, words): words[codes] is the column, code -1 (the last word) null."""
+    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if not pa.types.is_dictionary(col.type):
+        col = col.dictionary_encode()
+    return numpy_of(col.indices, -1).astype(np.int64, copy=False), [*col.dictionary.to_pylist(), None]

@@ -1,0 +1,172 @@
+"""Iterations of a long capture found from its tables read span by span (iteration_scan), and kernel_pace's map on
+such a capture (iterations read ahead, GPU work folded in span by span): the same as find_iterations and the map over
+whole tables, on small ranks built by hand and on every sample input, however the tables are cut."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_iterations import kernels, nvtx
+from test_selection import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
+
+from nsys_recipe_pack import iteration_scan, iterations
+from nsys_recipe_pack.errors import BadInputError
+from nsys_recipe_pack.inputs import RankData, load_file, rank_data, readers
+from nsys_recipe_pack.recipes import kernel_pace
+
+
+def _rank(rows, ks=None) -> RankData:
+    """A rank of NVTX ranges (test_iterations.nvtx rows) in order of start, as an export holds them."""
+    df = nvtx(rows).sort_values("start_ns", kind="stable").reset_index(drop=True)
+    return RankData(file="x", pid=1, session_start_ns=0, nvtx=df, kernels=ks)
+
+
+def _reader(rank: RankData, instants: int, table: str = "nvtx"):
+    """read() -> spans of `instants` distinct starts each of the rank's closed ranges (or kernels), and the reads."""
+    frame = rank.frame(table)
+    view = iteration_scan.range_view if table == "nvtx" else iteration_scan.kernel_view
+    rows = view(table, frame)
+    start = rows.column("start_ns").to_numpy()
+    instant = np.cumsum(np.r_[0, start[1:] != start[:-1]]) if len(start) else start
+    cuts = np.searchsorted(instant, np.arange(0, int(instant[-1]) + 1 if len(start) else 0, instants))
+    cuts = np.r_[cuts, len(start)]
+    reads = []
+
+    def read():
+        reads.append(1)
+        return (rows.slice(a, b - a) for a, b in zip(cuts[:-1], cuts[1:], strict=True) if b > a)
+
+    return read, reads
+
+
+def _same(it, want: iterations.Iterations):
+    assert it.delimiter == want.delimiter
+    assert it.start_ns.tolist() == want.start_ns.tolist() and it.end_ns.tolist() == want.end_ns.tolist()
+    assert it.tid == want.tid
+
+
+NESTED = ([(n, 100 * i + a, 100 * i + b, 1) for i in range(6) for n, a, b in [("step", 0, 90), ("op", 10, 20),
+                                                                             ("op", 30, 40)]]
+          + [("lonely", 0, 5, 1)] + [("poll", 10 * i, 10 * i + 5, 2) for i in range(5)])
+# "load" covers the most time, but four of its six ranges lie inside "step" ranges: "step" is the delimiter
+INSIDE = ([("step", 100 * i, 100 * i + 50, 1) for i in range(5)] + [("load", 100 * i + 10, 100 * i + 20, 1)
+                                                                       for i in range(4)]
+          + [("load", 1000, 2000, 1), ("load", 3000, 4000, 1)] + [("tick", 5000 + 20 * i, 5005 + 20 * i, 1)
+                                                                    for i in range(5)])
+# as INSIDE, the "load" ranges that "step" ranges hold starting at the same instant, before them in the table
+TIES = ([("load", 100 * i, 100 * i + 10, 1) for i in range(4)] + [("step", 100 * i, 100 * i + 50, 1) for i in range(5)]
+        + [("load", 1000, 2000, 1), ("load", 3000, 4000, 1)])
+# two threads: the delimiter found on the busiest (1) is taken on the thread where its name is most common (2)
+THREADS = ([("step", 100 * i, 100 * i + 90, 1) for i in range(5)] + [("op", 100 * i + k, 100 * i + k + 1, 1)
+                                                                       for i in range(5) for k in (10, 20)]
+           + [("step", 1000 + 100 * i, 1000 + 100 * i + 50, 2) for i in range(7)])
+FLAT = [(f"op{k}", 1000 * (5 * k + i), 1000 * (5 * k + i) + 10 + k, 1) for k in range(40) for i in range(5)]
+
+
+@pytest.mark.parametrize("rows", [NESTED, INSIDE, TIES, THREADS, FLAT], ids=["nested", "inside", "ties", "threads",
+                                                                            "flat"])
+@pytest.mark.parametrize("instants", [1, 3, 1000])
+@pytest.mark.parametrize("tested", [1, 8])
+def test_found_delimiter_is_find_iterations_one(monkeypatch, rows, instants, tested):
+    monkeypatch.setattr(iteration_scan, "INNER_CANDIDATES", tested)  # candidates tested by one read, at most
+    monkeypatch.setattr(iteration_scan, "INNER_QUERIES", 0 if tested == 1 else 10**9)
+    rank = _rank(rows)
+    want = iterations.find_iterations(rank)
+    read, reads = _reader(rank, instants)
+    found = iteration_scan.nvtx_iterations(read)
+    assert list(found) == [1]
+    _same(found[1], want)
+    if rows is INSIDE or rows is TIES:  # "load" is tried first; testing one candidate a read, "step" needs a third
+        assert want.delimiter.name == "step" and len(reads) == (3 if tested == 1 else 2)
+
+
+def test_named_delimiter_and_its_error_read_once():
+    rows = [("step", 100 * i, 100 * i + 50, 1, "train") for i in range(3)] + [("step", 20, 30, 1, "eval")]
+    rank = _rank(rows)
+    for name in ("step@train", "step"):
+        read, reads = _reader(rank, 2)
+        _same(iteration_scan.nvtx_iterations(read, name)[1], iterations.find_iterations(rank, iteration=name))
+        assert len(reads) == 1
+    read, _ = _reader(rank, 2)
+    with pytest.raises(BadInputError) as whole:
+        iterations.find_iterations(rank, iteration="stpe")
+    assert f"x: {iteration_scan.nvtx_iterations(read, 'stpe')[1]}" == str(whole.value)
+
+
+def test_without_a_delimiting_range_kernels_delimit():
+    ks = kernels([("gemm", 0, 5), ("relu", 6, 8), ("gemm", 10, 15), ("gemm", 20, 26), ("gemm", 30, 34),
+                  ("gemm", 42, 47)])
+    rank = _rank([("once", 0, 50, 1)], ks)
+    read, _ = _reader(rank, 1)
+    assert iteration_scan.nvtx_iterations(read) == {1: None}
+    for name in (None, "gemm", "relu"):
+        read, reads = _reader(rank, 2, "kernels")
+        found = iteration_scan.kernel_iterations(read, name, {1}, set())
+        want = iterations.find_iterations(rank, iteration_kernel=name)
+        _same(found[1], iterations.Iterations(want.delimiter, want.start_ns, want.end_ns, None))
+        assert len(reads) == (2 if name is None else 1)  # names counted, then launches collected
+    read, _ = _reader(rank, 2, "kernels")
+    with pytest.raises(BadInputError) as whole:
+        iterations.find_iterations(rank, iteration_kernel="gem")
+    assert f"x: {iteration_scan.kernel_iterations(read, 'gem', {1}, set())[1]}" == str(whole.value)
+    # a process with ranges and no kernel at all, and one whose kernels repeat too little
+    found = iteration_scan.kernel_iterations(lambda: iter(()), None, {1}, set())
+    assert found == {1: iterations.no_iterations_text(True, False)}
+    few = _rank([("once", 0, 50, 1)], kernels([("gemm", 0, 5), ("relu", 6, 8)]))
+    with pytest.raises(BadInputError) as whole:
+        iterations.find_iterations(few)
+    read, _ = _reader(few, 1, "kernels")
+    assert f"x: {iteration_scan.kernel_iterations(read, None, {1}, set())[1]}" == str(whole.value)
+
+
+def _maps(path, options):
+    """kernel_pace's map of each rank read whole and read as a long capture (its result or error, each)."""
+    out = []
+    for how in ({}, {"stream": kernel_pace.RECIPE.stream_given(options)}):
+        ranks = load_file(path, kernel_pace.needs_for(options), **how)
+        assert all((r.streamed is not None) == bool(how) for r in ranks), path
+        maps = []
+        for r in ranks:
+            try:
+                maps.append(kernel_pace.map_rank(r, options))
+            except BadInputError as e:
+                maps.append(str(e))
+        out.append(maps)
+    return out
+
+
+@pytest.mark.parametrize("batch_rows", [40, 100_000])
+def test_kernel_pace_of_a_long_capture_is_the_whole_reads(synthetic, monkeypatch, batch_rows):  # noqa: F811
+    monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", batch_rows)
+    for path in [REAL_NCCL, REAL_GLOO, synthetic["sqlite"][2], synthetic["parquetdir"][2]]:
+        kernel = load_file(path, {"kernel"})[0].frame("kernels").codes("name")[1][0]
+        for options in ({}, {"iteration": "step"}, {"iteration_kernel": kernel}, {"iteration": "nope"},
+                        {"iteration_kernel": "nope"}):
+            whole, spanned = _maps(path, options)
+            assert options or isinstance(whole[0], dict), path  # iterations were found
+            for want, got in zip(whole, spanned, strict=True):
+                if isinstance(want, str):
+                    assert got == want, (path, options)
+                    continue
+                assert got["delimiter"] == want["delimiter"] and got["stats"] == want["stats"], (path, options)
+                for key in ("start_ns", "end_ns"):
+                    assert np.array_equal(got[key], want[key]), (path, options, key)
+
+
+def test_a_table_out_of_order_is_read_whole(tmp_path, monkeypatch):
+    import shutil
+    import sqlite3
+
+    monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+    path = tmp_path / "shuffled.sqlite"
+    shutil.copy(REAL_GLOO, path)
+    with sqlite3.connect(path) as db:  # the kernels' rows in reverse order of start
+        db.execute("CREATE TABLE k AS SELECT * FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start DESC")
+        db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL")
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT * FROM k")
+        db.execute("DROP TABLE k")
+    whole, spanned = (load_file(path, kernel_pace.NEEDS, **how)
+                      for how in ({}, {"stream": kernel_pace.RECIPE.stream_given({})}))
+    assert spanned[0].streamed is None
+    assert pd.Series(kernel_pace.map_rank(spanned[0], {})["end_ns"]).equals(
+        pd.Series(kernel_pace.map_rank(whole[0], {})["end_ns"]))
