@@ -599,3 +599,28 @@ def test_tables_read_side_by_side_are_those_read_one_after_another(monkeypatch, 
     for attr, frame in one.items():
         assert four[attr].table.equals(frame.table) and four[attr].dtypes == frame.dtypes, attr
     assert four_meta == one_meta and len(one["kernels"]) > 0
+
+
+def test_a_batched_read_reads_ahead_in_order_raises_its_errors_and_stops_with_its_caller():
+    import threading
+
+    closed = []
+
+    def parts(n, fail_at=None):
+        try:
+            for i in range(n):
+                if i == fail_at:
+                    raise ValueError("part 4 is damaged")
+                yield i
+        finally:
+            closed.append(threading.get_ident())  # where the read is closed
+
+    threads = threading.active_count()
+    assert list(readers._read_ahead(parts(50), lambda i: i * 10)) == [i * 10 for i in range(50)]
+    with pytest.raises(ValueError, match="part 4 is damaged"):
+        list(readers._read_ahead(parts(10, fail_at=4)))
+    early = readers._read_ahead(parts(10**9))
+    assert [next(early), next(early)] == [0, 1]
+    early.close()  # a caller that stops: the read is closed, in its own thread, and the thread ends
+    assert len(closed) == 3 and threading.get_ident() not in closed
+    assert threading.active_count() == threads

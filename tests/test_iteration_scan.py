@@ -66,16 +66,21 @@ FLAT = [(f"op{k}", 1000 * (5 * k + i), 1000 * (5 * k + i) + 10 + k, 1) for k in 
                                                                             "flat"])
 @pytest.mark.parametrize("instants", [1, 3, 1000])
 @pytest.mark.parametrize("tested", [1, 8])
-def test_found_delimiter_is_find_iterations_one(monkeypatch, rows, instants, tested):
+@pytest.mark.parametrize("replayed", [False, True])
+def test_found_delimiter_is_find_iterations_one(monkeypatch, rows, instants, tested, replayed):
     monkeypatch.setattr(iteration_scan, "INNER_CANDIDATES", tested)  # candidates tested by one read, at most
     monkeypatch.setattr(iteration_scan, "INNER_QUERIES", 0 if tested == 1 else 10**9)
+    # the first read's rows kept for the further reads, or the table read again
+    monkeypatch.setattr(iteration_scan, "REPLAY_ROWS", 10**9 if replayed else 0)
     rank = _rank(rows)
     want = iterations.find_iterations(rank)
     read, reads = _reader(rank, instants)
     found = iteration_scan.nvtx_iterations(read)
     assert list(found) == [1]
     _same(found[1], want)
-    if rows is INSIDE or rows is TIES:  # "load" is tried first; testing one candidate a read, "step" needs a third
+    if replayed:
+        assert len(reads) == 1
+    elif rows is INSIDE or rows is TIES:  # "load" is tried first; testing one candidate a read, "step" needs a third
         assert want.delimiter.name == "step" and len(reads) == (3 if tested == 1 else 2)
 
 
@@ -134,10 +139,11 @@ def _maps(path, options):
     return out
 
 
-@pytest.mark.parametrize("batch_rows", [40, 100_000])
-def test_kernel_pace_of_a_long_capture_is_the_whole_reads(synthetic, monkeypatch, batch_rows):  # noqa: F811
+@pytest.mark.parametrize(("batch_rows", "replay_rows"), [(40, 0), (100_000, 10**9)])
+def test_kernel_pace_of_a_long_capture_is_the_whole_reads(synthetic, monkeypatch, batch_rows, replay_rows):  # noqa: F811
     monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", batch_rows)
+    monkeypatch.setattr(iteration_scan, "REPLAY_ROWS", replay_rows)  # NVTX read again, or its first read kept
     for path in [REAL_NCCL, REAL_GLOO, synthetic["sqlite"][2], synthetic["parquetdir"][2]]:
         kernel = load_file(path, {"kernel"})[0].frame("kernels").codes("name")[1][0]
         for options in ({}, {"iteration": "step"}, {"iteration_kernel": kernel}, {"iteration": "nope"},

@@ -42,6 +42,7 @@ INT64_MIN, INT64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 TID_BITS, NAME_BITS, DOMAIN_BITS = 26, 25, 12  # a (thread, name, domain) key in one int64
 INNER_QUERIES = 20_000_000  # (range, candidate) pairs a further read tests, beyond those of the first candidate
 INNER_CANDIDATES = 8  # candidates a further read tests at most
+REPLAY_ROWS = 8_000_000  # closed ranges of the first read kept (32 bytes each) so as not to read the table again
 QUERIES = 1_000_000  # (range, candidate) pairs tested at once
 
 
@@ -153,11 +154,12 @@ class RangeScan:
         return _Span(numpy_of(rows.column("pid")), tid, numpy_of(rows.column("start_ns")),
                      numpy_of(rows.column("end_ns")), name, domain, key)
 
-    def add(self, rows: pa.Table) -> None:
+    def add(self, rows: pa.Table) -> tuple[np.ndarray, ...]:
+        """Count one span of the first read; its rows' process, start, end and tally entry (`placed`)."""
         s = self.span(rows)
         n = len(s.start)
         if not n:
-            return
+            return s.pid, s.start, s.end, s.key
         groups = SortedGroups(s.key)
         lead = groups.lead
         at = self.tally.add_keys(groups.keys, {"pid": s.pid[lead], "tid": s.tid[lead], "name": s.name[lead],
@@ -180,6 +182,15 @@ class RangeScan:
                 hit &= s.domain == self.domains.id_of.get(domain, -1)
             if hit.any():
                 self.collected.append((s.pid[hit], s.tid[hit], s.start[hit], s.end[hit]))
+        entry = np.empty(n, np.int64)
+        entry[groups.order] = np.repeat(at, groups.size)
+        return s.pid, s.start, s.end, entry
+
+    def placed(self, rows: pa.Table) -> tuple[np.ndarray, ...]:
+        """A span of a further read: its rows' process, start, end and tally entry (-1: a key the first read never
+        saw)."""
+        s = self.span(rows)
+        return s.pid, s.start, s.end, self.tally.of(s.key)
 
     def pids(self) -> list[int]:
         return sorted(set(self.tally["pid"].tolist()))
@@ -264,17 +275,17 @@ class _Plan:
         self.home_of = np.full(self.scan.tally.size + 1, -1, np.int64)
         self.home_of[self.home[self.inner]] = np.arange(len(self.inner))
 
-    def add(self, s: _Span, at: np.ndarray) -> None:
-        """A span of the further read: at = each row's tally entry (-1: none)."""
+    def add(self, start: np.ndarray, end: np.ndarray, at: np.ndarray) -> None:
+        """A span of a further read, the process's rows: their start, end and tally entry (-1: none)."""
         home = self.home_of[at]
         for i in np.unique(home[home >= 0]).tolist():
             hit = home == i
-            self.ranges[i].append((s.start[hit], s.end[hit]))
+            self.ranges[i].append((start[hit], end[hit]))
         g = self.cand_pos[at]
         rows = np.flatnonzero(g >= 0)
         if not len(rows) or len(self.cand) < 2:
             return
-        g, start, end = g[rows], s.start[rows], s.end[rows]
+        g, start, end = g[rows], start[rows], end[rows]
         instant = np.cumsum(np.r_[0, start[1:] != start[:-1]])  # rows are in order of start
         width = int(instant[-1]) + 1
         by_cand = SortedGroups(g)
@@ -335,20 +346,22 @@ def nvtx_iterations(read: Callable[[], Iterable[pa.Table]], iteration: str | Non
     """pid -> Iterations, the text of an error (--iteration names no range of it), or None (no range delimits its
     iterations: its kernels may), for each process with closed ranges. read() -> the spans of a new read."""
     scan = RangeScan(iteration)
+    kept: list | None = []  # the first read's rows as further reads need them, while they fit in REPLAY_ROWS
     for rows in read():
-        scan.add(rows)
+        placed = scan.add(rows)
+        if kept is not None and not iteration:
+            kept.append(placed)
+            kept = kept if scan.rows <= REPLAY_ROWS else None
     if iteration:
         return scan.named()
     plans = scan.plans()
     while not all(p.done for p in plans.values()):
-        for rows in read():
-            s = scan.span(rows)
-            at = scan.tally.of(s.key)
-            for pid, plan in plans.items():
+        for pid, start, end, at in kept if kept is not None else map(scan.placed, read()):
+            for p, plan in plans.items():
                 if not plan.done:
-                    on = np.flatnonzero(s.pid == pid)
-                    plan.add(_Span(*(getattr(s, f)[on] for f in ("pid", "tid", "start", "end", "name", "domain",
-                                                                  "key"))), at[on])
+                    on = slice(None) if len(pid) and pid[0] == p and pid[-1] == p and (pid == p).all() \
+                        else np.flatnonzero(pid == p)
+                    plan.add(start[on], end[on], at[on])
         for plan in plans.values():
             if not plan.done:
                 plan.decide()

@@ -44,6 +44,7 @@ class Stream:
     prepare: Callable | None = None
     ahead: tuple[str, ...] = ()
     options: dict = field(default_factory=dict)
+    columns: dict = field(default_factory=dict)  # need -> the export columns its spans read (default: all)
 
 
 class ReadWhole(Exception):
@@ -71,12 +72,14 @@ class Ahead:
     stream: Stream
     reads: dict = field(default_factory=dict)  # need -> reads started
 
-    def spans(self, need: str, view: Callable) -> Iterator[pa.Table]:
-        """The rows of each span of a new read of one need's table (`time_chunks`, view(need, Frame) -> columns)."""
+    def spans(self, need: str, view: Callable, cols: list[str] | None = None) -> Iterator[pa.Table]:
+        """The rows of each span of a new read of one need's table (`time_chunks`, view(need, Frame) -> columns;
+        cols: the export columns read, default all)."""
         label, first = self._start(need)
         record = first and need not in self.stream.needs
         for _, _, chunk in time_chunks(self.src, [need], self.strings, view, self.extents if record else Extents(),
-                                       lambda _table, rows: self.progress(label, rows), self.found if record else {}):
+                                       lambda _table, rows: self.progress(label, rows), self.found if record else None,
+                                       {need: cols} if cols else None):
             if chunk[need] is not None and chunk[need].num_rows:
                 yield chunk[need]
 
@@ -105,12 +108,16 @@ def first_read_label(table: str) -> str:
 
 
 def time_chunks(src: ExportSource, needs: list[str], strings: StringTable, view: Callable, extents: Extents,
-                progress: Callable[[str, int], None], found: dict) -> Iterator[tuple[int, int, dict[str, pa.Table]]]:
+                progress: Callable[[str, int], None], found: dict | None,
+                columns: dict | None = None) -> Iterator[tuple[int, int, dict[str, pa.Table]]]:
     """(span start, span end, need -> rows starting in the span) in time order; the last span ends at
     END_OF_TIME. view(need, batch Frame) -> the plain Arrow columns a chunk's rows carry (`start_ns` among them).
     Once NVTX is read, `found` holds its "names" (the name dictionary a whole read gives; a view refers to names
-    by their strings) and "nvtx", the events every read keeps (inputs.selection.identity_rows)."""
-    streams = {need: _batches(src, need, strings, view, extents, progress, found) for need in needs}
+    by their strings) and "nvtx", the events every read keeps (inputs.selection.identity_rows); found None: a read
+    again of a table, which keeps none of that. columns: need -> the export columns read (default: all of
+    `readers.TABLES`)."""
+    streams = {need: _batches(src, need, (columns or {}).get(need), strings, view, extents, progress, found)
+               for need in needs}
     pending: dict[str, pa.Table | None] = dict.fromkeys(needs)
     live = set(needs)
     frontier = np.iinfo(np.int64).min
@@ -154,10 +161,11 @@ def _last_start(rows: pa.Table) -> int:
     return int(numpy_of(rows.column("start_ns"))[-1])
 
 
-def _batches(src: ExportSource, need: str, strings: StringTable, view: Callable, extents: Extents,
-             progress: Callable, found: dict) -> Iterator[pa.Table]:
-    (_, cols), = TABLES[need].items()
-    identity = KeptRows(need, cols, strings) if need == "nvtx" else None
+def _batches(src: ExportSource, need: str, cols: list[str] | None, strings: StringTable, view: Callable,
+             extents: Extents, progress: Callable, found: dict | None) -> Iterator[pa.Table]:
+    (_, every), = TABLES[need].items()
+    cols = every if cols is None or need == "nvtx" else [c for c in every if c in cols]  # NVTX: its frame's
+    identity = KeptRows(need, cols, strings) if need == "nvtx" and found is not None else None
     named, unnamed = set(), set()  # NVTX domains: named so far; used by ranges before any event named them
     for raw, frame in batch_frames(src, need, cols, strings, extents, progress):
         if identity is not None:  # the events every read keeps, and the rows that make the names' dictionary

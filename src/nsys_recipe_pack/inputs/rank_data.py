@@ -208,7 +208,8 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
         try:
             state = (stream.prepare(Ahead(src, strings, extents, found, done.add, done.expect, stream), stream.options)
                      if stream.prepare else {})
-            for span_start, span_end, chunk in time_chunks(src, spans, strings, stream.view, extents, done.add, found):
+            for span_start, span_end, chunk in time_chunks(src, spans, strings, stream.view, extents, done.add, found,
+                                                           stream.columns):
                 stream.fold(state, span_start, span_end, chunk)
             results = stream.finish(state, found.get("names", []))
         except ReadWhole:  # an export not in time order, or one the spans cannot answer for: its tables whole

@@ -4,7 +4,9 @@ text as strings; and the export's string table."""
 from __future__ import annotations
 
 import contextlib
+import queue
 import threading
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -151,8 +153,8 @@ class ExportSource:
             # table's, at its end), and reads slower
             parts = pq.ParquetFile(self.path / f"{table}.parquet", pre_buffer=False).iter_batches(batch_size=rows,
                                                                                                    columns=cols)
-        for part in parts:
-            yield _normalised_table(pa.table(part), cols, TEXT_COLUMNS.get(table, set()))
+        yield from _read_ahead(parts, lambda part: _normalised_table(pa.table(part), cols,
+                                                                     TEXT_COLUMNS.get(table, set())))
 
     def _sqlite_batches(self, table: str, cols: list[str], rows: int):
         """SQLite's rows gathered into batches of about `rows`, as `_read_sqlite` gives them; a damaged export
@@ -372,6 +374,51 @@ class _SqliteReader:
     def close(self) -> None:
         self._conn.close()
         self._db.close()
+
+
+READ_AHEAD = 2  # batches a batched read holds ready beyond the one its caller works on
+
+
+def _read_ahead(parts: Generator, made: Callable = lambda part: part, depth: int = READ_AHEAD) -> Iterator:
+    """made(part) of each part of a read, the next ones read and made in a thread of their own while the caller
+    works on the last: the readers let go of Python while they read, so a batch is read as the one before it is
+    handled. What the read raises is raised here; a caller that stops early stops the thread, and the read is
+    closed in it."""
+    ready: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+
+    def read() -> None:
+        try:
+            for part in parts:
+                part = made(part)
+                while not stop.is_set():
+                    with contextlib.suppress(queue.Full):
+                        ready.put((part, None), timeout=0.05)
+                        break
+                if stop.is_set():
+                    return
+            ready.put((None, None))
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            ready.put((None, exc))
+        finally:
+            parts.close()
+
+    worker = threading.Thread(target=read, name="nsys-recipe-read-ahead", daemon=True)
+    worker.start()
+    try:
+        while True:
+            part, exc = ready.get()
+            if exc is not None:
+                raise exc
+            if part is None:
+                return
+            yield part
+    finally:
+        stop.set()
+        while worker.is_alive():  # the thread may wait to hand over a part
+            with contextlib.suppress(queue.Empty):
+                ready.get(timeout=0.05)
+        worker.join()
 
 
 def _first_line(exc: BaseException) -> str:

@@ -24,6 +24,7 @@ from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
 GPU_NEEDS = ("kernel", "memcpy", "memset")
+KERNEL_COLUMNS = ["start", "end", "globalPid", "shortName", "demangledName"]  # for iterations that kernels delimit
 
 
 def needs_for(options: dict) -> set:
@@ -85,8 +86,8 @@ def _prepare(ahead, options: dict) -> dict:
         not windows or any(w is None for w in windows.values()))
     if kernels_read:
         settled = {p for p, w in windows.items() if w is not None}
-        windows.update(kernel_iterations(lambda: ahead.spans("kernel", kernel_view), options.get("iteration_kernel"),
-                                         ranged, settled))
+        read = lambda: ahead.spans("kernel", kernel_view, KERNEL_COLUMNS)  # noqa: E731
+        windows.update(kernel_iterations(read, options.get("iteration_kernel"), ranged, settled))
     state = {"windows": windows, "kernels_read": kernels_read, "options": options}
     state["low"] = {p: np.full(len(w.start_ns), np.iinfo(np.int64).max) for p, w in windows.items()
                     if not isinstance(w, str)}
@@ -145,7 +146,9 @@ def _finish(state: dict, names: list) -> dict:
     return out
 
 
-STREAM = Stream(needs=GPU_NEEDS, view=_view, fold=_fold, finish=_finish, prepare=_prepare, ahead=("nvtx",))
+# its spans read times and processes (and the kernels' devices, which give the rank's GPU)
+STREAM = Stream(needs=GPU_NEEDS, view=_view, fold=_fold, finish=_finish, prepare=_prepare, ahead=("nvtx",),
+                columns=dict.fromkeys(GPU_NEEDS, ["start", "end", "globalPid", "deviceId"]))
 
 
 def _stats(d: np.ndarray, rank: int) -> dict:
