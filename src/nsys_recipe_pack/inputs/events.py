@@ -114,9 +114,10 @@ def nvtx_frame(raw: pa.Table, strings: StringTable) -> Frame:
         pos = np.minimum(np.searchsorted(ids, domain_id), len(ids) - 1)
         known = ids[pos] == domain_id
         domain_at[known] = at[create[first[pos[known]]]]
-    keep = event_type != DOMAIN_CREATE
+    keep = slice(None) if not len(create) else event_type != DOMAIN_CREATE  # usually no create event: no copies
     tid = _tids(raw)
-    arrays = {"start_ns": arrow_of(_ints(raw, "start")[keep]), "end_ns": _nullable(raw, "end").filter(arrow_of(keep)),
+    end = _nullable(raw, "end") if not len(create) else _nullable(raw, "end").filter(arrow_of(keep))
+    arrays = {"start_ns": arrow_of(_ints(raw, "start")[keep]), "end_ns": end,
               "event_type": arrow_of(event_type[keep]), "name": _dictionary_of(words, at[keep]),
               "domain": _dictionary_of(np.r_[words, [""]].astype(object), domain_at[keep]),
               "tid": arrow_of(tid[keep]), "pid": arrow_of(pid_of(tid[keep]))}

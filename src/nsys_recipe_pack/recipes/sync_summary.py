@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from ..gpu import PAGEABLE, gpu_intervals, pair_launches
 from ..gpu import call_key as _call_key
-from ..groups import SortedGroups
+from ..groups import SortedGroups, distinct
 from ..inputs import arrow_of, dictionary_column, ranked_tables, sorted_place
 from ..inputs.selection import Selection
 from ..intervals import covered_length, touching, union_segments
@@ -199,13 +199,13 @@ def _select(need: str, kept: dict):
     start, end = calls.values("start_ns"), calls.values("end_ns")
     during = union_segments(start, end)
     if need in ("memcpy", "memset"):
-        keys = np.unique(_call_key(calls))
+        keys = distinct(_call_key(calls))
         return lambda batch: (_among(_call_key(batch), keys)
                               | touching(*during, batch.values("start_ns"), batch.values("end_ns")))
     if need == "kernel":
         return lambda batch: touching(*during, batch.values("start_ns"), batch.values("end_ns"))
     tid = calls.values("tid")
-    on_thread = {t: union_segments(start[tid == t], end[tid == t]) for t in np.unique(tid)}  # a few threads
+    on_thread = {t: union_segments(start[tid == t], end[tid == t]) for t in distinct(tid).tolist()}  # a few threads
 
     def around_calls(batch):
         out = np.zeros(len(batch), bool)
