@@ -7,6 +7,7 @@ the pack's writer (NCCL and MPI jobs with injected stragglers, both formats).
 
     python scripts/same_outputs.py --save /tmp/before      # on the old code
     python scripts/same_outputs.py --against /tmp/before   # on the new code: exit 1 on any difference
+    python scripts/same_outputs.py --against /tmp/before --spans   # every input read as a long capture would be
 """
 
 from __future__ import annotations
@@ -141,7 +142,13 @@ def main() -> None:
     p.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "nsys-recipe-same-outputs"),
                    help="where the exports of the sample sets are made once and kept")
     p.add_argument("--recipes", help="only these recipes (comma-separated; with --against)")
+    p.add_argument("--spans", action="store_true", help="read every input as a long capture is read (the recipes "
+                   "that can, span by span of time), to compare with tables saved from whole reads")
     args = p.parse_args()
+    if args.spans:
+        from nsys_recipe_pack.inputs import rank_data
+
+        rank_data.STREAM_MIN_ROWS = 0
     recipes = set(args.recipes.split(",")) if args.recipes else None
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
