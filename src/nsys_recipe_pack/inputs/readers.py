@@ -379,12 +379,12 @@ class _SqliteReader:
 READ_AHEAD = 2  # batches a batched read holds ready beyond the one its caller works on
 
 
-def _read_ahead(parts: Generator, made: Callable = lambda part: part, depth: int = READ_AHEAD) -> Iterator:
+def _read_ahead(parts: Generator, made: Callable = lambda part: part) -> Iterator:
     """made(part) of each part of a read, the next ones read and made in a thread of their own while the caller
     works on the last: the readers let go of Python while they read, so a batch is read as the one before it is
     handled. What the read raises is raised here; a caller that stops early stops the thread, and the read is
     closed in it."""
-    ready: queue.Queue = queue.Queue(depth)
+    ready: queue.Queue = queue.Queue(READ_AHEAD)
     stop = threading.Event()
 
     def read() -> None:
