@@ -624,3 +624,11 @@ def test_a_batched_read_reads_ahead_in_order_raises_its_errors_and_stops_with_it
     early.close()  # a caller that stops: the read is closed, in its own thread, and the thread ends
     assert len(closed) == 3 and threading.get_ident() not in closed
     assert threading.active_count() == threads
+
+
+def test_pid_of_takes_bits_24_to_47_of_signed_ids_as_of_unsigned():
+    ids = np.array([0, 1 << 24, (7 << 24) + 5, (0xFFFFFF << 24) | 0xABC, 294065908970382, -1, -(1 << 63),
+                    (1 << 63) - 1], np.int64)
+    unsigned = ((ids.astype(np.uint64) >> np.uint64(24)) & np.uint64(0xFFFFFF)).astype(np.int64)
+    assert readers.pid_of(ids).tolist() == unsigned.tolist() == [0, 1, 7, 0xFFFFFF, 17527694 & 0xFFFFFF,
+                                                                  0xFFFFFF, 0, 0xFFFFFF]

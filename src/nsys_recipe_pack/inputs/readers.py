@@ -426,8 +426,9 @@ def _first_line(exc: BaseException) -> str:
 
 
 def pid_of(global_id) -> np.ndarray:
-    ids = np.asarray(global_id).astype(np.uint64)
-    return ((ids >> np.uint64(PID_SHIFT)) & np.uint64(PID_MASK)).astype(np.int64)
+    """Bits 24 to 47 of a globalTid or globalPid, taken from int64 as from uint64 (the mask drops the bits an
+    arithmetic shift carries in)."""
+    return (np.asarray(global_id).astype(np.int64, copy=False) >> PID_SHIFT) & PID_MASK
 
 
 class StringTable:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .events import DOMAIN_CREATE, NVTX_TIMES, gpu_frame, nvtx_frame, runtime_frame, timed_rows
 from .frames import Frame, arrow_of, numpy_of
@@ -221,6 +222,8 @@ class FirstRows:
             text = pa.types.is_string(col.type)
             # the rows whose value is not seen yet (none, after the first batches), then the first of each
             if text:
+                if all(w in self.seen_words[c] for w in pc.unique(col).to_pylist()):
+                    continue  # the usual batch after the first ones: no word not seen (a set is quicker to make)
                 enc = col.dictionary_encode()
                 codes = numpy_of(enc.indices, -1)
                 words = [*enc.dictionary.to_pylist(), None]  # code -1: null
