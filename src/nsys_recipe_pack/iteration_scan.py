@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from .groups import SortedGroups
-from .inputs.frames import arrow_of, dictionary_column, numpy_of
+from .inputs.frames import arrow_of, column_codes, dictionary_column, numpy_of
 from .intervals import outermost
 from .iterations import (
     MIN_REPEATS,
@@ -141,7 +141,7 @@ class RangeScan:
         tid_id = self.tids.ids(tid_words)[tid_code]
         ids = []
         for column, words in (("name", self.names), ("domain", self.domains)):
-            codes, distinct = _codes(rows.column(column))
+            codes, distinct = column_codes(rows.column(column))
             used = np.flatnonzero(np.bincount(codes + 1, minlength=len(distinct) + 1))  # a dictionary may hold more
             at = np.full(len(distinct), -1, np.int64)
             at[used - 1] = words.ids([distinct[u - 1] for u in used.tolist()])
@@ -274,6 +274,8 @@ class _Plan:
         self.cand_pos[self.cand] = np.arange(len(self.cand))
         self.home_of = np.full(self.scan.tally.size + 1, -1, np.int64)
         self.home_of[self.home[self.inner]] = np.arange(len(self.inner))
+        self.inner_of = np.full(len(self.cand), -1, np.int64)  # candidate -> place among the tested ones
+        self.inner_of[self.inner] = np.arange(len(self.inner))
 
     def add(self, start: np.ndarray, end: np.ndarray, at: np.ndarray) -> None:
         """A span of a further read, the process's rows: their start, end and tally entry (-1: none)."""
@@ -291,11 +293,9 @@ class _Plan:
         by_cand = SortedGroups(g)
         key = (g * width + instant)[by_cand.order]  # candidate, then time: sorted
         last = np.r_[by_cand.first[1:], len(g)] - 1
-        inner_of = np.full(len(self.cand), -1, np.int64)
-        inner_of[self.inner] = np.arange(len(self.inner))
-        queries = np.flatnonzero(inner_of[g] >= 0)
+        queries = np.flatnonzero(self.inner_of[g] >= 0)
         for part in np.array_split(queries, max(1, len(queries) * len(self.cand) // QUERIES)):
-            i, j = np.repeat(inner_of[g[part]], len(self.cand)), np.tile(np.arange(len(self.cand)), len(part))
+            i, j = np.repeat(self.inner_of[g[part]], len(self.cand)), np.tile(np.arange(len(self.cand)), len(part))
             r = np.repeat(part, len(self.cand))
             # the last range of candidate j started by range r's start: in this span, or carried from before it
             pos = np.searchsorted(key, j * width + instant[r], side="right") - 1
@@ -379,7 +379,7 @@ def kernel_iterations(read: Callable[[], Iterable[pa.Table]], name: str | None, 
     position = 0
     for rows in read() if name is None else ():
         pid = numpy_of(rows.column("pid"))
-        codes, words = _codes(rows.column("name"))
+        codes, words = column_codes(rows.column("name"))
         for p in set(np.unique(pid).tolist()) - settled:
             launching.add(p)
             on = np.flatnonzero((pid == p) & (codes >= 0))
@@ -405,8 +405,8 @@ def kernel_iterations(read: Callable[[], Iterable[pa.Table]], name: str | None, 
     named: dict[int, set] = {}  # --iteration-kernel: each process's kernel names, for the error's closest ones
     for rows in read() if wanted or name is not None else ():
         pid = numpy_of(rows.column("pid"))
-        short, short_words = _codes(rows.column("name"))
-        full, full_words = _codes(rows.column("full_name"))
+        short, short_words = column_codes(rows.column("name"))
+        full, full_words = column_codes(rows.column("full_name"))
         for p in set(np.unique(pid).tolist()) - settled:
             on = pid == p
             if name is not None:
@@ -449,11 +449,3 @@ def kernel_view(need: str, frame) -> pa.Table:
         codes, words = frame.codes(c)
         columns[c] = dictionary_column(codes, words[:-1])
     return pa.table(columns)
-
-
-def _codes(column) -> tuple[np.ndarray, list]:
-    """A string column as (codes, words): words[codes] is the column, code -1 (the last word) null."""
-    col = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if not pa.types.is_dictionary(col.type):
-        col = col.dictionary_encode()
-    return numpy_of(col.indices, -1).astype(np.int64, copy=False), [*col.dictionary.to_pylist(), None]

@@ -51,12 +51,7 @@ class Frame:
         (code -1)."""
         key = ("codes", column)
         if key not in self._memo:
-            col = self.table.column(column)
-            if not pa.types.is_dictionary(col.type):  # a damaged export's names that are not strings
-                col = col.cast(pa.string()).dictionary_encode()
-            col = col.combine_chunks()
-            words = np.array([*col.dictionary.to_pylist(), None], object)
-            codes = numpy_of(col.indices, -1).astype(np.int64, copy=False)
+            codes, words = column_codes(self.table.column(column))
             codes.flags.writeable = words.flags.writeable = False
             self._memo[key] = codes, words
         return self._memo[key]
@@ -81,6 +76,15 @@ class Frame:
         """Raises TypeError for a column whose dtype has no Arrow layout here."""
         cols = {c: _column_to_arrow(df[c]) for c in df.columns}
         return cls(pa.table({c: arr for c, (arr, _) in cols.items()}), {c: t for c, (_, t) in cols.items()})
+
+
+def column_codes(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """A string column (a table's, dictionary-encoded or not) as (codes, words): words[codes] is the column; the
+    last word is None (code -1)."""
+    if not pa.types.is_dictionary(col.type):  # a damaged export's names that are not strings
+        col = col.cast(pa.string()).dictionary_encode()
+    col = col.combine_chunks()
+    return numpy_of(col.indices, -1).astype(np.int64, copy=False), np.array([*col.dictionary.to_pylist(), None], object)
 
 
 def dictionary_column(codes: np.ndarray, words) -> pa.DictionaryArray:

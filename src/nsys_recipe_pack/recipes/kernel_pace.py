@@ -88,12 +88,11 @@ def _prepare(ahead, options: dict) -> dict:
         settled = {p for p, w in windows.items() if w is not None}
         read = lambda: ahead.spans("kernel", kernel_view, KERNEL_COLUMNS)  # noqa: E731
         windows.update(kernel_iterations(read, options.get("iteration_kernel"), ranged, settled))
-    state = {"windows": windows, "kernels_read": kernels_read, "options": options}
-    state["low"] = {p: np.full(len(w.start_ns), np.iinfo(np.int64).max) for p, w in windows.items()
-                    if not isinstance(w, str)}
-    state["high"] = {p: np.full(len(w.start_ns), np.iinfo(np.int64).min) for p, w in windows.items()
-                     if not isinstance(w, str)}
-    return state
+    # per process and iteration, the earliest start and latest end of its GPU work (none yet)
+    found = {p: len(w.start_ns) for p, w in windows.items() if not isinstance(w, str)}
+    return {"windows": windows, "kernels_read": kernels_read, "options": options,
+            "low": {p: np.full(n, np.iinfo(np.int64).max) for p, n in found.items()},
+            "high": {p: np.full(n, np.iinfo(np.int64).min) for p, n in found.items()}}
 
 
 def _view(need: str, frame) -> pa.Table:
