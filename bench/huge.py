@@ -55,6 +55,7 @@ CASES = [
     ("compute_memory_share", "compute_memory_share", [], {},
      [["stats", "-r", "cuda_gpu_kern_sum"], ["recipe", "cuda_gpu_mem_time_sum"]]),
     ("nvtx_gpu_proj", "nvtx_gpu_proj", [], {}, [["recipe", "nvtx_gpu_proj_trace"]]),
+    ("straggler_heatmap", "straggler_heatmap", [], {}, []),
 ]
 BEGIN, END = "<!-- huge-reports:begin -->", "<!-- huge-reports:end -->"
 
@@ -249,6 +250,8 @@ def truth(base: Path, copies: int) -> dict:
                                       f"(SELECT id FROM StringIds WHERE value = '{KERNEL}')")[0][0] * copies},
         "kernel_pace_iterations": {"iterations": q(f"SELECT count(*) FROM NVTX_EVENTS WHERE {name} = '{DELIMITER}' "
                                                    "AND end IS NOT NULL")[0][0] * copies, "delimiter": DELIMITER},
+        "straggler_heatmap": {"iterations": q(f"SELECT count(*) FROM NVTX_EVENTS WHERE {name} = '{DELIMITER}' "
+                                              "AND end IS NOT NULL")[0][0] * copies},
         "compute_memory_share": {"kernel_ns": q("SELECT sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0][0]
                                  * copies,
                                  "kernels": q("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0][0] * copies},
@@ -274,6 +277,8 @@ def found(case: str, out: Path) -> dict:
     if case == "kernel_pace_iterations":
         pace = pd.read_parquet(out / "pace.parquet")
         return {"iterations": len(pace), "delimiter": pace["kernel"].iloc[0]}
+    if case == "straggler_heatmap":
+        return {"iterations": len(pd.read_parquet(out / "iterations.parquet"))}
     if case == "compute_memory_share":
         s = pd.read_parquet(out / "share.parquet")
         k = s[s["category"].isin(["compute", "communication"])]

@@ -9,6 +9,7 @@ import numpy as np
 
 from .groups import distinct
 from .inputs import Frame
+from .inputs.events import gpu_frame, timed_rows
 from .iterations import NCCL_KERNEL_RE, matching
 from .lazy import pd
 
@@ -91,6 +92,23 @@ def collective_ops(rank_data) -> np.ndarray:
         codes, words = kernels.codes("name")
         collective[:len(kernels)] = matching(words, NCCL_KERNEL_RE)[codes]
     return collective
+
+
+GPU_NEEDS = ("kernel", "memcpy", "memset")
+KEY_COLUMNS = ["start", "end", "globalPid", "correlationId"]
+
+
+def launch_keys(ahead, needs=GPU_NEEDS) -> tuple[np.ndarray, np.ndarray]:
+    """Every GPU op's launch key (`call_key`), read ahead of the spans (inputs.chunks.Ahead): the distinct keys in
+    order, and how many ops hold each. A span-by-span map then knows which calls launch work still to come."""
+    keys = []
+    for need in needs:
+        for raw in ahead.batches(need, KEY_COLUMNS):
+            keys.append(call_key(gpu_frame(timed_rows(raw, KEY_COLUMNS, ("start", "end")), KEY_COLUMNS, None)))
+    keys = np.concatenate(keys) if keys else np.zeros(0, np.int64)
+    keys.sort(kind="stable")  # in place; nearly sorted already, which the stable sort is quick on
+    first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, np.int64)
+    return keys[first], np.diff(np.r_[first, len(keys)]).astype(np.int32)
 
 
 def pair_launches(op_key: np.ndarray, call_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from .groups import SortedGroups
+from .inputs.chunks import ReadWhole
 from .inputs.frames import arrow_of, column_codes, dictionary_column, numpy_of
 from .intervals import outermost
 from .iterations import (
@@ -430,6 +431,44 @@ def kernel_iterations(read: Callable[[], Iterable[pa.Table]], name: str | None, 
         start, end = kernel_windows(start, end)
         out[p] = Iterations(Delimiter("kernel", w, None, "--iteration-kernel" if name else "auto"), start, end, None)
     return out
+
+
+KERNEL_COLUMNS = ["start", "end", "globalPid", "shortName", "demangledName"]  # for iterations that kernels delimit
+
+
+def iterations_ahead(ahead, options: dict) -> tuple[dict, bool]:
+    """pid -> Iterations or the text of an error, for each process, found from its NVTX ranges (or its kernels) read
+    ahead of the spans (inputs.chunks.Ahead) as find_iterations finds them with the recipe's --iteration and
+    --iteration-kernel; and whether kernels were read for them (a process missing then has no GPU work)."""
+    windows: dict = {}
+    try:
+        if options.get("iteration_kernel"):
+            for _ in ahead.spans("nvtx", range_view):  # read once all the same: the rank's identity is in it
+                pass
+        else:
+            windows = nvtx_iterations(lambda: ahead.spans("nvtx", range_view), options.get("iteration"))
+    except TooManyNames:
+        raise ReadWhole("more NVTX threads, names or domains than a scan holds") from None
+    ranged = set(windows)
+    kernels_read = bool(options.get("iteration_kernel")) or not options.get("iteration") and (
+        not windows or any(w is None for w in windows.values()))
+    if kernels_read:
+        settled = {p for p, w in windows.items() if w is not None}
+        read = lambda: ahead.spans("kernel", kernel_view, KERNEL_COLUMNS)  # noqa: E731
+        windows.update(kernel_iterations(read, options.get("iteration_kernel"), ranged, settled))
+    return windows, kernels_read
+
+
+def no_windows_text(options: dict, kernels_read: bool) -> str:
+    """The error of a process with GPU work and no iterations from `iterations_ahead`: no closed NVTX range and, where
+    kernels were read, no kernel (a whole read tells the rest)."""
+    if options.get("iteration_kernel"):
+        return no_kernel_text(options["iteration_kernel"], [])
+    if options.get("iteration"):
+        return no_range_text(options["iteration"], [])
+    if not kernels_read:
+        raise ReadWhole("GPU work of a process whose kernels were not read ahead")
+    return no_iterations_text(False, False)
 
 
 def range_view(need: str, frame) -> pa.Table:

@@ -230,7 +230,7 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
         frames["runtime"] = kept["runtime"]
     elif "runtime" in needs and "runtime" not in spans:
         reads["runtime"] = ("CUPTI_ACTIVITY_KIND_RUNTIME", functools.partial(read_runtime, src, strings))
-    if "mpi" in needs:
+    if "mpi" in needs and not spans:  # a stream that needs them reads them itself
         reads["mpi"] = (None, functools.partial(read_mpi, src, strings))
     frames.update(_side_by_side(reads, done))
     nvtx = frames.pop("nvtx") if nvtx is None else nvtx

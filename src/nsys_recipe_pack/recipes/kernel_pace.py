@@ -12,19 +12,17 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import BadInputError
-from ..gpu import gpu_intervals
+from ..gpu import GPU_NEEDS, gpu_intervals
 from ..groups import SortedGroups
 from ..inputs import arrow_of, dictionary_column, numpy_of
-from ..inputs.chunks import ReadWhole, Stream
+from ..inputs.chunks import Stream
 from ..intervals import split_into_windows
-from ..iteration_scan import TooManyNames, kernel_iterations, kernel_view, nvtx_iterations, range_view
-from ..iterations import closest_names, find_iterations, no_iterations_text, no_kernel_text, no_range_text
+from ..iteration_scan import iterations_ahead, no_windows_text
+from ..iterations import closest_names, find_iterations
 from ..lazy import pd
 from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
-GPU_NEEDS = ("kernel", "memcpy", "memset")
-KERNEL_COLUMNS = ["start", "end", "globalPid", "shortName", "demangledName"]  # for iterations that kernels delimit
 
 
 def needs_for(options: dict) -> set:
@@ -72,22 +70,7 @@ def map_rank(rank_data, options: dict) -> dict:
 
 def _prepare(ahead, options: dict) -> dict:
     """Each process's iterations, found from its NVTX ranges (or its kernels) read ahead of the GPU work."""
-    windows: dict = {}
-    try:
-        if options.get("iteration_kernel"):
-            for _ in ahead.spans("nvtx", range_view):  # read once all the same: the rank's identity is in it
-                pass
-        else:
-            windows = nvtx_iterations(lambda: ahead.spans("nvtx", range_view), options.get("iteration"))
-    except TooManyNames:
-        raise ReadWhole("more NVTX threads, names or domains than a scan holds") from None
-    ranged = set(windows)
-    kernels_read = bool(options.get("iteration_kernel")) or not options.get("iteration") and (
-        not windows or any(w is None for w in windows.values()))
-    if kernels_read:
-        settled = {p for p, w in windows.items() if w is not None}
-        read = lambda: ahead.spans("kernel", kernel_view, KERNEL_COLUMNS)  # noqa: E731
-        windows.update(kernel_iterations(read, options.get("iteration_kernel"), ranged, settled))
+    windows, kernels_read = iterations_ahead(ahead, options)
     # per process and iteration, the earliest start and latest end of its GPU work (none yet)
     found = {p: len(w.start_ns) for p, w in windows.items() if not isinstance(w, str)}
     return {"windows": windows, "kernels_read": kernels_read, "options": options,
@@ -108,7 +91,7 @@ def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
     pid, start, end = (numpy_of(ops.column(c)) for c in ("pid", "start_ns", "end_ns"))
     for p in np.unique(pid).tolist():
         if p not in state["windows"]:
-            state["windows"][p] = _no_windows(state)
+            state["windows"][p] = no_windows_text(state["options"], state["kernels_read"])
         it = state["windows"][p]
         if isinstance(it, str):
             continue
@@ -116,19 +99,6 @@ def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
         _, win, clipped_start, clipped_end = split_into_windows(start[on], end[on], it.start_ns, it.end_ns)
         np.minimum.at(state["low"][p], win, clipped_start)
         np.maximum.at(state["high"][p], win, clipped_end)
-
-
-def _no_windows(state: dict) -> str:
-    """The error of a process with GPU work and no iterations: no closed NVTX range and, where kernels were read
-    ahead, no kernel (a whole read tells the rest)."""
-    options = state["options"]
-    if options.get("iteration_kernel"):
-        return no_kernel_text(options["iteration_kernel"], [])
-    if options.get("iteration"):
-        return no_range_text(options["iteration"], [])
-    if not state["kernels_read"]:
-        raise ReadWhole("GPU work of a process whose kernels were not read ahead")
-    return no_iterations_text(False, False)
 
 
 def _finish(state: dict, names: list) -> dict:

@@ -17,11 +17,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import call_key, launched_ops, pair_launches
+from ..gpu import GPU_NEEDS, call_key, launch_keys, launched_ops, pair_launches
 from ..groups import SortedGroups, distinct
 from ..inputs import arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.chunks import NotSorted, Stream
-from ..inputs.events import gpu_frame, timed_rows
 from ..inputs.selection import RANGE_EVENTS
 from ..intervals import union_lengths
 from ..iterations import closed_range_mask, closed_ranges
@@ -201,8 +200,6 @@ LIVE = {"id": np.int64, "tid": np.int64, "pid": np.int64, "start": np.int64, "en
         "reach": np.int64, "ops": np.int64, "pending": np.int64, "late": bool}
 HOLD_ROWS = 1 << 20  # finished ranges held back behind unfinished ones (to be written in order) before those go late
 SUMS_ROWS = 1 << 20  # rows of sums by name and domain, piece by piece, before they are added up
-KEY_COLUMNS = ["start", "end", "globalPid", "correlationId"]
-GPU_NEEDS = ("kernel", "memcpy", "memset")
 
 
 class _Projection:
@@ -227,17 +224,9 @@ class _Projection:
 
 
 def _prepare(ahead, options: dict) -> _Projection:
-    """Every GPU op's launch key (process, correlation id) and how many ops hold it, read ahead: a call that launches
-    nothing is then dropped as it is read, and one whose ops have all come is let go."""
-    keys = []
-    for need in GPU_NEEDS:
-        for raw in ahead.batches(need, KEY_COLUMNS):
-            keys.append(call_key(gpu_frame(timed_rows(raw, KEY_COLUMNS, ("start", "end")), KEY_COLUMNS, None)))
-    keys = np.concatenate(keys) if keys else np.zeros(0, np.int64)
-    keys.sort(kind="stable")  # in place; nearly sorted already, which the stable sort is quick on
-    first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, np.int64)
-    remaining = np.diff(np.r_[first, len(keys)]).astype(np.int32)
-    return _Projection(keys[first], remaining, options)
+    """Every GPU op's launch key read ahead: a call that launches nothing is then dropped as it is read, and one
+    whose ops have all come is let go."""
+    return _Projection(*launch_keys(ahead, GPU_NEEDS), options)
 
 
 def _view(need: str, frame) -> pa.Table:

@@ -17,14 +17,18 @@ GPU compute, memcpy, host time outside them) that accounts for at least half of 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import collective_ops, gpu_intervals, launched_ops
+from ..errors import BadInputError
+from ..gpu import call_key, collective_ops, gpu_frames, gpu_intervals, launched_ops
 from ..groups import SortedGroups
 from ..inputs import Frame, arrow_of, dictionary_column, sorted_place
+from ..inputs.chunks import END_OF_TIME
 from ..intervals import split_into_windows, union_lengths
+from ..iteration_slices import sliced_stream
 from ..iterations import (
     DEFAULT_SYNC_RE,
     SYNC_SOURCES,
@@ -73,8 +77,48 @@ def ready_times(points: SyncPoints, launch_ns: np.ndarray, done_ns: np.ndarray) 
 
 def map_rank(rank_data, options: dict) -> dict:
     """Per-iteration busy/wait/GPU time and per-component times for one rank. No cross-rank logic."""
+    if rank_data.streamed is not None:  # a long capture, its iterations a few at a time (STREAM)
+        if "error" in rank_data.streamed:
+            raise BadInputError(f"{rank_data.file}: {rank_data.streamed['error']}")
+        return rank_data.streamed
     ranges = range_arrays(rank_data.frame("nvtx"))
     it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"), ranges)
+    piece = iteration_rows(rank_data, ranges, it, options)
+    return map_result(it, [piece], ranges.names[:-1], piece.any_peer, piece.present)
+
+
+@dataclass
+class Piece:
+    """What `iteration_rows` gives for some of a rank's iterations (`first` the index of the first): per iteration
+    (arrival_peer / arrival_any: when the rank was ready at the last sync point where ranks meet / of any kind,
+    -1 for none), per (iteration, child range name) host time and GPU time of the work it launched, per fixed
+    component, and the facts about the rank that decide which of those a whole map keeps."""
+    first: int
+    start_ns: np.ndarray
+    end_ns: np.ndarray
+    wait_ns: np.ndarray
+    gpu_busy_ns: np.ndarray | None  # None: the report has no CUDA trace
+    arrival_peer: np.ndarray
+    arrival_any: np.ndarray
+    used: np.ndarray  # sync points that begin inside the iterations, per SYNC_SOURCES
+    child: tuple  # (iteration, name, host ns) in the order of the iteration, then of the name
+    launched_in: tuple  # (iteration, name, GPU ns) in the order of the iteration, then of the name's code
+    names: np.ndarray  # the words child and launched_in name codes refer to
+    fixed: dict  # FIXED component -> ns per iteration
+    present: set  # the FIXED components the rank has: GPU work of theirs, or child ranges at all
+    any_peer: bool  # a sync point where ranks meet
+    covered_keys: np.ndarray  # launch keys of the ops launched inside child ranges
+
+
+FIXED = (*GPU_COMPONENTS, "host_gap")
+
+
+def iteration_rows(rank_data, ranges, it, options: dict, before: int = END_OF_TIME, first: int = 0,
+                   covered_keys: np.ndarray | None = None) -> Piece:
+    """The per-iteration measures of the iterations `it` (the rank's, or some of them: index `first` onward),
+    from the events of the rank that bear on them. GPU work whose launching call starts at `before` or later is
+    left out of `present` (iterations still to come may own it); `covered_keys`: launch keys of ops launched
+    inside child ranges of earlier iterations."""
     window_start, window_end = it.start_ns, it.end_ns
     n = len(window_start)
     points = sync_points(rank_data, ranges, options.get("sync"))
@@ -84,33 +128,39 @@ def map_rank(rank_data, options: dict) -> dict:
     wait = _windowed_union(window_start, window_end, ready, points.end_ns, n)
 
     # arrival: when the rank was ready at the last sync point where ranks meet that begins inside the
-    # iteration (a CUDA sync only when the report shows no collective at all)
-    meet = np.flatnonzero(points.peer) if points.peer.any() else np.arange(len(ready))
-    arrival = np.full(n, -1, np.int64)
-    if len(meet):
-        idx = np.searchsorted(points.start_ns[meet], window_end, side="left") - 1
-        ok = idx >= 0
-        ok[ok] = points.start_ns[meet][idx[ok]] >= window_start[ok]
-        arrival[ok] = ready[meet][idx[ok]]
+    # iteration (a CUDA sync only when the report shows no collective at all: map_result chooses)
+    arrival = {}
+    for kind, meet in (("peer", np.flatnonzero(points.peer)), ("any", np.arange(len(ready)))):
+        arrival[kind] = np.full(n, -1, np.int64)
+        if len(meet):
+            idx = np.searchsorted(points.start_ns[meet], window_end, side="left") - 1
+            ok = idx >= 0
+            ok[ok] = points.start_ns[meet][idx[ok]] >= window_start[ok]
+            arrival[kind][ok] = ready[meet][idx[ok]]
     inside = np.searchsorted(window_start, points.start_ns, side="right") - 1
     inside = (inside >= 0) & (points.start_ns < window_end[np.maximum(inside, 0)]) if n else np.zeros(len(ready), bool)
     used = np.bincount(points.source[inside], minlength=len(SYNC_SOURCES))
 
     child_start, child_end, child_name, child_it = child_ranges(ranges, it)
 
-    components = []  # (component, ns per iteration, on the GPU)
+    fixed, present = {}, set()
     gpu_busy = None
     launched_in = (np.zeros(0, np.int64),) * 3  # iteration, name code, GPU ns of the work each child launched
+    covered_out = np.zeros(0, np.int64)
     if rank_data.has_cuda:
         op_start, op_end = gpu_intervals(rank_data)
-        gpu_busy = (_windowed_union(window_start, window_end, op_start, op_end, n) if len(op_start)
-                    else np.zeros(n, np.int64))
-        covered = np.zeros(len(op_start), bool)
+        gpu_busy = _windowed_union(window_start, window_end, op_start, op_end, n)
+        op_key = np.concatenate([call_key(f) for f in gpu_frames(rank_data)]) if len(op_start) else \
+            np.zeros(0, np.int64)
+        covered = np.isin(op_key, covered_keys) if covered_keys is not None else np.zeros(len(op_start), bool)
+        later = np.zeros(len(op_start), bool)  # launched at `before` or later
+        later[ops.op[ops.call_start_ns >= before]] = True
         if len(child_start) and len(own):
             child, op = launching_child(rank_data, ranges, it.tid, ops, own, child_start, child_end)
             covered[ops.op[op]] = True
             launched_in = _union_sums(child_it[child], child_name[child], ops.start_ns[op], ops.end_ns[op],
                                       ranges.names)
+        covered_out = op_key[covered]
         kernels = rank_data.frame("kernels")
         n_kernels = 0 if kernels is None else len(kernels)
         memcpy = rank_data.frame("memcpy")
@@ -120,37 +170,86 @@ def map_rank(rank_data, options: dict) -> dict:
                                                    (position >= n_kernels) & (position < n_kernels + n_memcpy)],
                                   strict=True):
             sel &= ~covered
-            if sel.any():
-                union = _windowed_union(window_start, window_end, op_start[sel], op_end[sel], n)
-                components.append((component, union, 1))
+            if (sel & ~later).any():
+                present.add(component)
+            fixed[component] = _windowed_union(window_start, window_end, op_start[sel], op_end[sel], n)
 
     child = (np.zeros(0, np.int64),) * 3  # iteration, name code, host ns of each child range name
     if len(child_start):
+        present.add("host_gap")
         child = _child_sums(child_it, child_name, child_end - child_start, ranges.names)
-        cov = _windowed_union(window_start, window_end, np.concatenate([child_start, points.start_ns]),
-                              np.concatenate([child_end, points.end_ns]), n)
-        components.append(("host_gap", (window_end - window_start) - cov, 0))
+    cov = _windowed_union(window_start, window_end, np.concatenate([child_start, points.start_ns]),
+                          np.concatenate([child_end, points.end_ns]), n)
+    fixed["host_gap"] = (window_end - window_start) - cov
+    return Piece(first, window_start, window_end, wait, gpu_busy, arrival["peer"], arrival["any"], used, child,
+                 launched_in, ranges.names, fixed, present, bool(points.peer.any()), covered_out)
 
-    # components as codes into the range names followed by the fixed component names
-    words = [*ranges.names[:-1], *(c for c, _, _ in components)]
-    first_fixed = len(ranges.names) - 1
+
+def map_result(it, pieces: list[Piece], names, any_peer: bool, present: set) -> dict:
+    """The map's result from the pieces of all a rank's iterations, in order: the iteration table, and the
+    component table with its names coded into the rank's NVTX names (`names`, as its whole table gives them)
+    followed by the FIXED components it has."""
+    names = list(names)
+    components = [c for c in FIXED if c in present]
+    words = [*names, *components]
+    place = {w: i for i, w in enumerate(names)}
+
+    def coded(piece: Piece, codes: np.ndarray) -> np.ndarray:  # a piece's name codes as codes into `names`
+        if piece.names is not None and list(piece.names[:-1]) == names:
+            return codes
+        return np.array([place[w] for w in piece.names[:-1]] or [0], np.int64)[codes]
+
+    def part(what: str) -> tuple:
+        rows = [(p.first + getattr(p, what)[0], coded(p, getattr(p, what)[1]), getattr(p, what)[2]) for p in pieces]
+        return tuple(np.concatenate([r[i] for r in rows]).astype(np.int64) for i in range(3))
+
+    child, launched = part("child"), part("launched_in")
+    order = np.lexsort((launched[1], launched[0]))  # by iteration, then name code, as a whole map has them
+    launched = tuple(v[order] for v in launched)
+    n = sum(len(p.start_ns) for p in pieces)
+    fixed = [np.concatenate([p.fixed.get(c, np.zeros(len(p.start_ns), np.int64)) for p in pieces]) for c in components]
+    on_gpu = [int(c in GPU_COMPONENTS) for c in components]
     comps = pa.Table.from_arrays([
-        arrow_of(np.concatenate([child[0], launched_in[0], *[np.arange(n, dtype=np.int64) for _ in components]])),
-        dictionary_column(np.concatenate([child[1], launched_in[1],
-                                          *[np.full(n, first_fixed + i) for i in range(len(components))]]), words),
-        arrow_of(np.concatenate([child[2], launched_in[2], *[v for _, v, _ in components]]).astype(np.int64)),
-        arrow_of(np.concatenate([np.zeros(len(child[0]), np.int64), np.ones(len(launched_in[0]), np.int64),
-                                 *[np.full(n, g, np.int64) for _, _, g in components]])),
+        arrow_of(np.concatenate([child[0], launched[0], *[np.arange(n, dtype=np.int64) for _ in components]])),
+        dictionary_column(np.concatenate([child[1], launched[1],
+                                          *[np.full(n, len(names) + i) for i in range(len(components))]]), words),
+        arrow_of(np.concatenate([child[2], launched[2], *fixed]).astype(np.int64)),
+        arrow_of(np.concatenate([np.zeros(len(child[0]), np.int64), np.ones(len(launched[0]), np.int64),
+                                 *[np.full(n, g, np.int64) for g in on_gpu]])),
     ], names=list(COMPONENT_DTYPES))
-    no_gpu = np.zeros(n, bool) if gpu_busy is None else None
+    start, end = (np.concatenate([getattr(p, c) for p in pieces]) for c in ("start_ns", "end_ns"))
+    wait = np.concatenate([p.wait_ns for p in pieces])
+    no_gpu = pieces[0].gpu_busy_ns is None if pieces else True
+    gpu_busy = np.zeros(n, np.int64) if no_gpu else np.concatenate([p.gpu_busy_ns for p in pieces])
+    arrival = np.concatenate([p.arrival_peer if any_peer else p.arrival_any for p in pieces])
+    used = np.sum([p.used for p in pieces], axis=0) if pieces else np.zeros(len(SYNC_SOURCES), np.int64)
     iters = pa.Table.from_arrays([
-        arrow_of(np.arange(n, dtype=np.int64)), arrow_of(window_start), arrow_of(window_end),
-        arrow_of(window_end - window_start), arrow_of(wait), arrow_of((window_end - window_start) - wait),
-        arrow_of(np.zeros(n, np.int64) if gpu_busy is None else gpu_busy, valid=no_gpu),
+        arrow_of(np.arange(n, dtype=np.int64)), arrow_of(start), arrow_of(end), arrow_of(end - start),
+        arrow_of(wait), arrow_of((end - start) - wait),
+        arrow_of(gpu_busy, valid=np.zeros(n, bool) if no_gpu else None),
         arrow_of(np.where(arrival >= 0, arrival, 0), valid=arrival >= 0),
     ], names=list(ITERATION_DTYPES))
     return {"iterations": iters, "components": comps, "delimiter": it.delimiter.as_dict(),
-            "sync_points": used.tolist()}
+            "sync_points": np.asarray(used).tolist()}
+
+
+def _measure(*args) -> tuple[Piece, np.ndarray]:
+    """`iteration_rows` of a few iterations of a long capture (iteration_slices), and the launch keys to carry."""
+    piece = iteration_rows(*args)
+    covered = piece.covered_keys
+    if not len(piece.start_ns):  # only what it tells of the rank is kept
+        empty = (np.zeros(0, np.int64),) * 3
+        piece = Piece(piece.first, *empty, None, *empty[:2], piece.used, empty, empty, None, {}, piece.present,
+                      piece.any_peer, empty[0])
+    return piece, covered
+
+
+def _finish(it, pieces: list[Piece], names: list) -> dict:
+    present = set().union(*(p.present for p in pieces))
+    return map_result(it, [p for p in pieces if len(p.start_ns)], names, any(p.any_peer for p in pieces), present)
+
+
+STREAM = sliced_stream(_measure, _finish, NEEDS)
 
 
 def _union_sums(iteration: np.ndarray, name: np.ndarray, start: np.ndarray, end: np.ndarray, names: np.ndarray):
@@ -592,6 +691,7 @@ RECIPE = Recipe(
     reduce=reduce,
     add_options=add_options,
     per_iteration=True,
+    stream=STREAM,
     summary=summary,
     headline=headline,
     figures="nsys_recipe_pack.plots.straggler_heatmap",

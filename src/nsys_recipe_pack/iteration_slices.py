@@ -1,0 +1,225 @@
+"""A per-iteration map over a long capture, a few iterations at a time: the events of a span of time are held until
+the iterations they bear on can be measured, then let go, so that the tables are never held whole.
+
+The iterations are found first (`iteration_scan.iterations_ahead`), and every GPU op's launch key is counted
+(`gpu.launch_keys`). Then every table is read span by span of time (inputs.chunks.time_chunks) into a buffer. An
+iteration is measured once every event that starts before its end has been read and every op launched by a call
+that starts before its end has come: the ops of a call may run long after it. The map (`measure`) then gets the
+buffer as a `RankData` and the iterations ready, with `before` the start of the next iteration not measured yet.
+Then only the events that may still bear on later iterations are kept: those that start at `before` or later or
+end after it, the calls whose ops are still to come or still kept, and the launch keys the map asks to carry
+(`Slices.carried`). A map over the whole tables gives the same measures: each depends only on the events that
+overlap its iteration, the calls that launched them, and the ops launched before its sync points, which are kept
+while they may end inside it.
+
+Each process of a file is measured apart, as a whole read splits a file into ranks. Where the slices cannot promise
+the whole read's answer the tables are read whole instead (inputs.chunks.ReadWhole): a launch key held by several
+calls, or an op read before the call that launched it. MPI calls are few next to the events: they are read whole
+ahead and handed to the buffer in time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from .gpu import GPU_NEEDS, launch_keys
+from .inputs import Frame, arrow_of, numpy_of
+from .inputs.chunks import END_OF_TIME, ReadWhole, Stream
+from .inputs.events import read_mpi
+from .inputs.rank_data import RankData
+from .iteration_scan import iterations_ahead, no_windows_text
+from .iterations import Iterations, range_arrays
+
+SLICE_NEEDS = ("nvtx", "runtime", *GPU_NEEDS)
+FRAMES = {"nvtx": "nvtx", "runtime": "runtime", "kernel": "kernels", "memcpy": "memcpy", "memset": "memset"}
+CUDA_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+               "CUPTI_ACTIVITY_KIND_RUNTIME")
+
+
+@dataclass
+class _Rank:
+    """One process's part of a sliced map: its iterations (or the text of the error a whole read gives), the events
+    held, and the map's pieces so far."""
+    pid: int
+    it: Iterations | str
+    mpi: Frame | None  # its MPI calls, by start
+    mpi_at: int = 0  # the first MPI call not handed to the buffer yet
+    rows: dict = field(default_factory=dict)  # frame -> the buffered rows (pa.Table)
+    next: int = 0  # the first iteration not measured yet
+    pieces: list = field(default_factory=list)
+    carried: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # launch keys the map carries
+
+
+@dataclass
+class Slices:
+    """What a sliced map carries from span to span: each process's part, and every GPU op's launch key."""
+    ranks: dict  # pid -> _Rank
+    kernels_read: bool  # whether iterations_ahead read kernels (a process it did not give then has none)
+    has_cuda: bool
+    keys: np.ndarray  # distinct and sorted
+    remaining: np.ndarray  # per key, its ops not read yet
+    options: dict
+    measure: Callable
+    called: np.ndarray | None = None  # per key: a call holding it was read
+
+    def __post_init__(self):
+        self.called = np.zeros(len(self.keys), bool)
+
+
+def sliced_stream(measure: Callable, finish: Callable, needs: set) -> Stream:
+    """A Stream running `measure(rank_data, ranges, iterations, options, before, first, carried) -> (piece, keys)`
+    on a few iterations of a process at a time, and `finish(iterations, pieces, names) -> result` once all are
+    measured (the NVTX names as the whole table's dictionary holds them). keys: the launch keys to hand back as
+    `carried` next time, of the ops still kept. MPI calls are read when the recipe needs them."""
+    def prepare(ahead, options: dict) -> Slices:
+        return _prepare(ahead, options, measure, "mpi" in needs)
+
+    def done(state: Slices, names: list) -> dict:
+        if not state.ranks:
+            raise ReadWhole("no process with iterations or GPU work")
+        out = {}
+        for pid, rank in state.ranks.items():
+            if isinstance(rank.it, str):
+                out[pid] = {"error": rank.it}
+                continue
+            _advance(state, rank, END_OF_TIME)
+            if rank.next < len(rank.it.start_ns):
+                raise ReadWhole("iterations whose launched ops never came")
+            out[pid] = finish(rank.it, rank.pieces, names)
+        return out
+
+    return Stream(needs=SLICE_NEEDS, view=_view, fold=_fold, finish=done, prepare=prepare)
+
+
+def _prepare(ahead, options: dict, measure: Callable, with_mpi: bool) -> Slices:
+    windows, kernels_read = iterations_ahead(ahead, options)
+    keys, remaining = launch_keys(ahead)
+    mpi = read_mpi(ahead.src, ahead.strings) if with_mpi else None
+    ranks = {}
+    for pid, it in windows.items():
+        own = None
+        if mpi is not None and len(mpi):
+            at = np.flatnonzero(mpi.values("pid") == pid)
+            by_start = at[np.argsort(mpi.values("start_ns")[at], kind="stable")]
+            own = Frame(mpi.table.take(arrow_of(by_start)), mpi.dtypes) if len(at) else None
+        ranks[pid] = _Rank(pid, it, own)
+    return Slices(ranks, kernels_read, any(ahead.src.has(t) for t in CUDA_TABLES), keys, remaining, options, measure)
+
+
+def _view(need: str, frame: Frame) -> pa.Table:
+    """A span's rows: the whole frame, its dtypes in the schema's metadata."""
+    return frame.table.replace_schema_metadata({"dtypes": json.dumps(frame.dtypes)})
+
+
+def _key(rows: pa.Table) -> np.ndarray:
+    return numpy_of(rows.column("pid")) * (1 << 33) + numpy_of(rows.column("correlation_id"), -1)  # gpu.call_key
+
+
+def _places(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each wanted key is among the sorted keys, and whether it is there."""
+    at = np.minimum(np.searchsorted(keys, wanted), max(len(keys) - 1, 0))
+    return at, (keys[at] == wanted) if len(keys) else np.zeros(len(wanted), bool)
+
+
+def _fold(state: Slices, span_start: int, span_end: int, chunk: dict) -> None:
+    for need, rows in chunk.items():
+        if rows is None or not rows.num_rows:
+            continue
+        if need == "runtime":
+            at, hit = _places(state.keys, _key(rows))
+            at = at[hit]
+            if len(np.unique(at)) < len(at) or state.called[at].any():
+                raise ReadWhole("a launch key held by several calls")
+            if (state.remaining[at] == 0).any():
+                raise ReadWhole("a GPU op read before the call that launched it")
+            state.called[at] = True
+        elif need in GPU_NEEDS:
+            at, hit = _places(state.keys, _key(rows))
+            if not hit.all():
+                raise ReadWhole("GPU ops the first read did not give")  # the export changed under the read
+            np.subtract.at(state.remaining, at, 1)
+        pid = numpy_of(rows.column("pid"))
+        one = pid.min() == pid.max()
+        for p in [int(pid[0])] if one else np.unique(pid).tolist():
+            rank = state.ranks.get(p)
+            if rank is None:
+                if need == "nvtx":
+                    continue  # NVTX events and no range: not a rank for that
+                rank = state.ranks[p] = _Rank(p, no_windows_text(state.options, state.kernels_read), None)
+            if isinstance(rank.it, str):
+                continue
+            own = rows if one else rows.filter(arrow_of(pid == p))
+            attr = FRAMES[need]
+            rank.rows[attr] = own if rank.rows.get(attr) is None else pa.concat_tables([rank.rows[attr], own])
+    for rank in state.ranks.values():
+        if not isinstance(rank.it, str):
+            _advance(state, rank, span_end)
+
+
+def _advance(state: Slices, rank: _Rank, frontier: int) -> None:
+    """Measure the iterations of a process that are ready once every event starting before `frontier` is read."""
+    if rank.mpi is not None:  # the MPI calls starting before the frontier join the buffer
+        upto = int(np.searchsorted(rank.mpi.values("start_ns"), frontier, side="left"))
+        if upto > rank.mpi_at:
+            rows = rank.mpi.table.slice(rank.mpi_at, upto - rank.mpi_at)
+            rank.rows["mpi"] = rows if rank.rows.get("mpi") is None else pa.concat_tables([rank.rows["mpi"], rows])
+            rank.mpi_at = upto
+    it = rank.it
+    n = len(it.start_ns)
+    calls = rank.rows.get("runtime")
+    waiting = END_OF_TIME  # the earliest call whose ops are still to come
+    if calls is not None and calls.num_rows and len(state.keys):
+        at, hit = _places(state.keys, _key(calls))
+        pending = hit & (state.remaining[at] > 0)
+        if pending.any():
+            waiting = int(numpy_of(calls.column("start_ns"))[pending].min())
+    ready = max(int(np.searchsorted(it.end_ns, min(frontier, waiting), side="right")), rank.next)
+    before = int(it.start_ns[ready]) if ready < n else END_OF_TIME
+    if ready == rank.next and before < frontier:
+        return  # inside an iteration not ready yet: wait for more
+    before = min(before, frontier)
+    data = _rank_data(state, rank)
+    subset = Iterations(it.delimiter, it.start_ns[rank.next:ready], it.end_ns[rank.next:ready], it.tid)
+    piece, carried = state.measure(data, range_arrays(data.frame("nvtx")), subset, state.options, before,
+                                   rank.next, rank.carried)
+    rank.pieces.append(piece)  # with no iteration too: what the map learnt of the process
+    rank.next = ready
+    _let_go(state, rank, before, carried)
+
+
+def _rank_data(state: Slices, rank: _Rank) -> RankData:
+    frames = {}
+    for attr, rows in rank.rows.items():
+        if rows is not None:
+            dtypes = rank.mpi.dtypes if attr == "mpi" else json.loads(rows.schema.metadata[b"dtypes"])
+            frames[attr] = Frame(rows, dtypes)
+    return RankData(file="", pid=rank.pid, session_start_ns=0, has_cuda=state.has_cuda, **frames)
+
+
+def _let_go(state: Slices, rank: _Rank, before: int, carried: np.ndarray) -> None:
+    """Keep only the events that may bear on iterations from `before` on."""
+    kept_ops = []
+    for attr in ("nvtx", "mpi", *(FRAMES[n] for n in GPU_NEEDS)):
+        rows = rank.rows.get(attr)
+        if rows is None:
+            continue
+        keep = (numpy_of(rows.column("start_ns")) >= before) | (numpy_of(rows.column("end_ns"), 0) > before)
+        if attr in ("kernels", "memcpy", "memset"):
+            kept_ops.append(_key(rows)[keep])
+        rank.rows[attr] = rows.filter(arrow_of(keep))
+    kept_ops = np.concatenate(kept_ops) if kept_ops else np.zeros(0, np.int64)
+    calls = rank.rows.get("runtime")
+    if calls is not None:
+        key = _key(calls)
+        keep = (numpy_of(calls.column("start_ns")) >= before) | (numpy_of(calls.column("end_ns")) > before)
+        if len(state.keys):
+            at, hit = _places(state.keys, key)
+            keep |= hit & (state.remaining[at] > 0)
+        keep |= np.isin(key, kept_ops)
+        rank.rows["runtime"] = calls.filter(arrow_of(keep))
+    rank.carried = np.intersect1d(carried, kept_ops)
