@@ -27,18 +27,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from .gpu import GPU_NEEDS, launch_keys
+from .gpu import GPU_NEEDS, call_key, launch_keys
 from .inputs import Frame, arrow_of, numpy_of
 from .inputs.chunks import END_OF_TIME, ReadWhole, Stream
 from .inputs.events import read_mpi
-from .inputs.rank_data import RankData
+from .inputs.rank_data import RankData, has_cuda_trace
+from .inputs.selection import NEED_FRAMES
 from .iteration_scan import iterations_ahead, no_windows_text
 from .iterations import Iterations, range_arrays
 
 SLICE_NEEDS = ("nvtx", "runtime", *GPU_NEEDS)
-FRAMES = {"nvtx": "nvtx", "runtime": "runtime", "kernel": "kernels", "memcpy": "memcpy", "memset": "memset"}
-CUDA_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
-               "CUPTI_ACTIVITY_KIND_RUNTIME")
+GPU_FRAMES = tuple(NEED_FRAMES[need][0] for need in GPU_NEEDS)
 
 
 @dataclass
@@ -108,7 +107,7 @@ def _prepare(ahead, options: dict, measure: Callable, with_mpi: bool) -> Slices:
             by_start = at[np.argsort(mpi.values("start_ns")[at], kind="stable")]
             own = Frame(mpi.table.take(arrow_of(by_start)), mpi.dtypes) if len(at) else None
         ranks[pid] = _Rank(pid, it, own)
-    return Slices(ranks, kernels_read, any(ahead.src.has(t) for t in CUDA_TABLES), keys, remaining, options, measure)
+    return Slices(ranks, kernels_read, has_cuda_trace(ahead.src), keys, remaining, options, measure)
 
 
 def _view(need: str, frame: Frame) -> pa.Table:
@@ -117,7 +116,7 @@ def _view(need: str, frame: Frame) -> pa.Table:
 
 
 def _key(rows: pa.Table) -> np.ndarray:
-    return numpy_of(rows.column("pid")) * (1 << 33) + numpy_of(rows.column("correlation_id"), -1)  # gpu.call_key
+    return call_key(Frame(rows, {}))
 
 
 def _places(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -154,7 +153,7 @@ def _fold(state: Slices, span_start: int, span_end: int, chunk: dict) -> None:
             if isinstance(rank.it, str):
                 continue
             own = rows if one else rows.filter(arrow_of(pid == p))
-            attr = FRAMES[need]
+            attr = NEED_FRAMES[need][0]
             rank.rows[attr] = own if rank.rows.get(attr) is None else pa.concat_tables([rank.rows[attr], own])
     for rank in state.ranks.values():
         if not isinstance(rank.it, str):
@@ -172,12 +171,11 @@ def _advance(state: Slices, rank: _Rank, frontier: int) -> None:
     it = rank.it
     n = len(it.start_ns)
     calls = rank.rows.get("runtime")
-    waiting = END_OF_TIME  # the earliest call whose ops are still to come
-    if calls is not None and calls.num_rows and len(state.keys):
+    pending = np.zeros(0 if calls is None else calls.num_rows, bool)  # the calls whose ops are still to come
+    if len(pending) and len(state.keys):
         at, hit = _places(state.keys, _key(calls))
         pending = hit & (state.remaining[at] > 0)
-        if pending.any():
-            waiting = int(numpy_of(calls.column("start_ns"))[pending].min())
+    waiting = int(numpy_of(calls.column("start_ns"))[pending].min()) if pending.any() else END_OF_TIME
     ready = max(int(np.searchsorted(it.end_ns, min(frontier, waiting), side="right")), rank.next)
     before = int(it.start_ns[ready]) if ready < n else END_OF_TIME
     if ready == rank.next and before < frontier:
@@ -189,7 +187,7 @@ def _advance(state: Slices, rank: _Rank, frontier: int) -> None:
                                    rank.next, rank.carried)
     rank.pieces.append(piece)  # with no iteration too: what the map learnt of the process
     rank.next = ready
-    _let_go(state, rank, before, carried)
+    _let_go(rank, before, pending, carried)
 
 
 def _rank_data(state: Slices, rank: _Rank) -> RankData:
@@ -201,15 +199,16 @@ def _rank_data(state: Slices, rank: _Rank) -> RankData:
     return RankData(file="", pid=rank.pid, session_start_ns=0, has_cuda=state.has_cuda, **frames)
 
 
-def _let_go(state: Slices, rank: _Rank, before: int, carried: np.ndarray) -> None:
-    """Keep only the events that may bear on iterations from `before` on."""
+def _let_go(rank: _Rank, before: int, pending: np.ndarray, carried: np.ndarray) -> None:
+    """Keep only the events that may bear on iterations from `before` on (pending: the buffered calls whose ops are
+    still to come)."""
     kept_ops = []
-    for attr in ("nvtx", "mpi", *(FRAMES[n] for n in GPU_NEEDS)):
+    for attr in ("nvtx", "mpi", *GPU_FRAMES):
         rows = rank.rows.get(attr)
         if rows is None:
             continue
         keep = (numpy_of(rows.column("start_ns")) >= before) | (numpy_of(rows.column("end_ns"), 0) > before)
-        if attr in ("kernels", "memcpy", "memset"):
+        if attr in GPU_FRAMES:
             kept_ops.append(_key(rows)[keep])
         rank.rows[attr] = rows.filter(arrow_of(keep))
     kept_ops = np.concatenate(kept_ops) if kept_ops else np.zeros(0, np.int64)
@@ -217,9 +216,6 @@ def _let_go(state: Slices, rank: _Rank, before: int, carried: np.ndarray) -> Non
     if calls is not None:
         key = _key(calls)
         keep = (numpy_of(calls.column("start_ns")) >= before) | (numpy_of(calls.column("end_ns")) > before)
-        if len(state.keys):
-            at, hit = _places(state.keys, key)
-            keep |= hit & (state.remaining[at] > 0)
-        keep |= np.isin(key, kept_ops)
+        keep |= pending | np.isin(key, kept_ops)
         rank.rows["runtime"] = calls.filter(arrow_of(keep))
     rank.carried = np.intersect1d(carried, kept_ops)

@@ -236,8 +236,7 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     nvtx = frames.pop("nvtx") if nvtx is None else nvtx
     if "nvtx" in needs:
         frames["nvtx"] = nvtx
-    has_cuda = any(src.has(t) for t in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
-                                        "CUPTI_ACTIVITY_KIND_MEMSET", "CUPTI_ACTIVITY_KIND_RUNTIME"))
+    has_cuda = has_cuda_trace(src)
     gpu_pids: set[int] = set()
     if has_cuda:
         for attr in ("kernels", "memcpy"):
@@ -265,6 +264,15 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
             "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": _nvtx_ranks(nvtx, pids or [None]),
             "extents": extents.tables, **({"streamed": results} if results is not None else {})}
     return frames, meta
+
+
+CUDA_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
+               "CUPTI_ACTIVITY_KIND_RUNTIME")
+
+
+def has_cuda_trace(src: ExportSource) -> bool:
+    """Whether the export holds a CUDA trace (a rank's `has_cuda`)."""
+    return any(src.has(t) for t in CUDA_TABLES)
 
 
 def _read_gpu_named(src: ExportSource, table: str, cols: list[str], strings, names: list | None) -> Frame:

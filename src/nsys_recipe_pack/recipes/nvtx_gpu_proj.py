@@ -226,7 +226,7 @@ class _Projection:
 def _prepare(ahead, options: dict) -> _Projection:
     """Every GPU op's launch key read ahead: a call that launches nothing is then dropped as it is read, and one
     whose ops have all come is let go."""
-    return _Projection(*launch_keys(ahead, GPU_NEEDS), options)
+    return _Projection(*launch_keys(ahead), options)
 
 
 def _view(need: str, frame) -> pa.Table:

@@ -17,7 +17,7 @@ GPU compute, memcpy, host time outside them) that accounts for at least half of 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pyarrow as pa
@@ -194,13 +194,13 @@ def map_result(it, pieces: list[Piece], names, any_peer: bool, present: set) -> 
     words = [*names, *components]
     place = {w: i for i, w in enumerate(names)}
 
-    def coded(piece: Piece, codes: np.ndarray) -> np.ndarray:  # a piece's name codes as codes into `names`
-        if piece.names is not None and list(piece.names[:-1]) == names:
-            return codes
-        return np.array([place[w] for w in piece.names[:-1]] or [0], np.int64)[codes]
+    # each piece's name codes as codes into `names` (None: the same already)
+    recode = [None if list(p.names[:-1]) == names else np.array([place[w] for w in p.names[:-1]] or [0], np.int64)
+              for p in pieces]
 
     def part(what: str) -> tuple:
-        rows = [(p.first + getattr(p, what)[0], coded(p, getattr(p, what)[1]), getattr(p, what)[2]) for p in pieces]
+        rows = [(p.first + getattr(p, what)[0], getattr(p, what)[1] if r is None else r[getattr(p, what)[1]],
+                 getattr(p, what)[2]) for p, r in zip(pieces, recode, strict=True)]
         return tuple(np.concatenate([r[i] for r in rows]).astype(np.int64) for i in range(3))
 
     child, launched = part("child"), part("launched_in")
@@ -236,12 +236,11 @@ def map_result(it, pieces: list[Piece], names, any_peer: bool, present: set) -> 
 def _measure(*args) -> tuple[Piece, np.ndarray]:
     """`iteration_rows` of a few iterations of a long capture (iteration_slices), and the launch keys to carry."""
     piece = iteration_rows(*args)
-    covered = piece.covered_keys
-    if not len(piece.start_ns):  # only what it tells of the rank is kept
-        empty = (np.zeros(0, np.int64),) * 3
-        piece = Piece(piece.first, *empty, None, *empty[:2], piece.used, empty, empty, None, {}, piece.present,
-                      piece.any_peer, empty[0])
-    return piece, covered
+    if len(piece.start_ns):
+        return piece, piece.covered_keys
+    empty = np.zeros(0, np.int64)  # no iteration: only what it tells of the rank is kept
+    return replace(piece, child=(empty,) * 3, launched_in=(empty,) * 3, names=None, fixed={},
+                   covered_keys=empty), piece.covered_keys
 
 
 def _finish(it, pieces: list[Piece], names: list) -> dict:
