@@ -56,6 +56,8 @@ CASES = [
      [["stats", "-r", "cuda_gpu_kern_sum"], ["recipe", "cuda_gpu_mem_time_sum"]]),
     ("nvtx_gpu_proj", "nvtx_gpu_proj", [], {}, [["recipe", "nvtx_gpu_proj_trace"]]),
     ("straggler_heatmap", "straggler_heatmap", [], {}, []),
+    # nccl_gpu_overlap_trace: not in Nsight Systems 2023.4, and later ones write nothing for a report without NCCL
+    ("comm_overlap", "comm_overlap", [], {}, []),
 ]
 BEGIN, END = "<!-- huge-reports:begin -->", "<!-- huge-reports:end -->"
 
@@ -252,6 +254,10 @@ def truth(base: Path, copies: int) -> dict:
                                                    "AND end IS NOT NULL")[0][0] * copies, "delimiter": DELIMITER},
         "straggler_heatmap": {"iterations": q(f"SELECT count(*) FROM NVTX_EVENTS WHERE {name} = '{DELIMITER}' "
                                               "AND end IS NOT NULL")[0][0] * copies},
+        "comm_overlap": {"iterations": q(f"SELECT count(*) FROM NVTX_EVENTS WHERE {name} = '{DELIMITER}' "
+                                         "AND end IS NOT NULL")[0][0] * copies,
+                         "collectives": q("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName IN "
+                                          "(SELECT id FROM StringIds WHERE value LIKE 'nccl%')")[0][0] * copies},
         "compute_memory_share": {"kernel_ns": q("SELECT sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0][0]
                                  * copies,
                                  "kernels": q("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0][0] * copies},
@@ -279,6 +285,9 @@ def found(case: str, out: Path) -> dict:
         return {"iterations": len(pace), "delimiter": pace["kernel"].iloc[0]}
     if case == "straggler_heatmap":
         return {"iterations": len(pd.read_parquet(out / "iterations.parquet"))}
+    if case == "comm_overlap":
+        return {"iterations": int(pd.read_parquet(out / "windows.parquet")["iteration"].nunique()),
+                "collectives": int(pd.read_parquet(out / "collectives.parquet")["kernels"].sum())}
     if case == "compute_memory_share":
         s = pd.read_parquet(out / "share.parquet")
         k = s[s["category"].isin(["compute", "communication"])]

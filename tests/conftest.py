@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from nsys_recipe_pack import nsys_tool
+from nsys_recipe_pack.errors import BadInputError
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLES = ROOT / "sample_reports"
@@ -83,3 +84,21 @@ def reaped_env():
     env = dict(os.environ, NSYS_RECIPE_TEST_RUN=uuid.uuid4().hex)
     yield env
     end_processes(env)
+
+
+def rank_maps(spec, path, options: dict, spans: bool) -> list:
+    """A recipe's map of each rank of one export, from whole tables or (spans) a few iterations at a time as its tables
+    are read (iteration_slices), however short the export; an error's text in place of a map."""
+    from nsys_recipe_pack.inputs import load_file, rank_data
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(rank_data, "STREAM_MIN_ROWS", 0 if spans else 1 << 62)
+        ranks = load_file(path, set(spec.needs), stream=spec.stream_given(options) if spans else None)
+    assert all((r.streamed is not None) == spans for r in ranks), path
+    out = []
+    for r in ranks:
+        try:
+            out.append(spec.map_rank(r, options))
+        except BadInputError as e:
+            out.append(str(e))
+    return out

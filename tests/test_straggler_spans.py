@@ -5,10 +5,10 @@ import shutil
 import sqlite3
 
 import pytest
+from conftest import rank_maps
 from test_selection import REAL_GLOO, synthetic  # noqa: F401 (a fixture)
 
 from nsys_recipe_pack import recipes, synth
-from nsys_recipe_pack.errors import BadInputError
 from nsys_recipe_pack.inputs import load_file, rank_data, readers
 from nsys_recipe_pack.recipes import straggler_heatmap as sh
 
@@ -24,22 +24,8 @@ def mpi_job(tmp_path_factory):
     return sorted(dest.glob("*.sqlite"))
 
 
-def _maps(path, options, spans: bool) -> list:
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(rank_data, "STREAM_MIN_ROWS", 0 if spans else 1 << 62)
-        ranks = load_file(path, set(SPEC.needs), stream=SPEC.stream_given(options) if spans else None)
-    assert all((r.streamed is not None) == spans for r in ranks), path
-    out = []
-    for r in ranks:
-        try:
-            out.append(sh.map_rank(r, options))
-        except BadInputError as e:
-            out.append(str(e))
-    return out
-
-
 def _same(path, options):
-    whole, sliced = _maps(path, options, False), _maps(path, options, True)
+    whole, sliced = rank_maps(SPEC, path, options, False), rank_maps(SPEC, path, options, True)
     for want, got in zip(whole, sliced, strict=True):
         if isinstance(want, str):
             assert got == want, (path, options)

@@ -98,11 +98,12 @@ GPU_NEEDS = ("kernel", "memcpy", "memset")
 KEY_COLUMNS = ["start", "end", "globalPid", "correlationId"]
 
 
-def launch_keys(ahead) -> tuple[np.ndarray, np.ndarray]:
-    """Every GPU op's launch key (`call_key`), read ahead of the spans (inputs.chunks.Ahead): the distinct keys in
-    order, and how many ops hold each. A span-by-span map then knows which calls launch work still to come."""
+def launch_keys(ahead, needs: tuple = GPU_NEEDS) -> tuple[np.ndarray, np.ndarray]:
+    """Every launch key (`call_key`) of the GPU ops of `needs`, read ahead of the spans (inputs.chunks.Ahead): the
+    distinct keys in order, and how many ops hold each. A span-by-span map then knows which calls launch work still
+    to come."""
     keys = []
-    for need in GPU_NEEDS:
+    for need in needs:
         for raw in ahead.batches(need, KEY_COLUMNS):
             keys.append(call_key(gpu_frame(timed_rows(raw, KEY_COLUMNS, ("start", "end")), KEY_COLUMNS, None)))
     keys = np.concatenate(keys) if keys else np.zeros(0, np.int64)

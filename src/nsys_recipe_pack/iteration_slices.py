@@ -14,8 +14,9 @@ while they may end inside it.
 
 Each process of a file is measured apart, as a whole read splits a file into ranks. Where the slices cannot promise
 the whole read's answer the tables are read whole instead (inputs.chunks.ReadWhole): a launch key held by several
-calls, or an op read before the call that launched it. MPI calls are few next to the events: they are read whole
-ahead and handed to the buffer in time.
+calls, an op read before the call that launched it, or a process without iterations where the map measures its
+whole capture as one window. MPI calls are few next to the events: they are read whole ahead and handed to the
+buffer in time.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from .inputs.selection import NEED_FRAMES
 from .iteration_scan import iterations_ahead, no_windows_text
 from .iterations import Iterations, range_arrays
 
-SLICE_NEEDS = ("nvtx", "runtime", *GPU_NEEDS)
 GPU_FRAMES = tuple(NEED_FRAMES[need][0] for need in GPU_NEEDS)
 
 
@@ -51,7 +51,7 @@ class _Rank:
     rows: dict = field(default_factory=dict)  # frame -> the buffered rows (pa.Table)
     next: int = 0  # the first iteration not measured yet
     pieces: list = field(default_factory=list)
-    carried: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # launch keys the map carries
+    carried: dict = field(default_factory=lambda: {"key": np.zeros(0, np.int64)})  # what the map carries, by key
 
 
 @dataclass
@@ -64,19 +64,24 @@ class Slices:
     remaining: np.ndarray  # per key, its ops not read yet
     options: dict
     measure: Callable
+    whole_capture: bool  # a process without iterations is one window: read whole
     called: np.ndarray | None = None  # per key: a call holding it was read
 
     def __post_init__(self):
         self.called = np.zeros(len(self.keys), bool)
 
 
-def sliced_stream(measure: Callable, finish: Callable, needs: set) -> Stream:
-    """A Stream running `measure(rank_data, ranges, iterations, options, before, first, carried) -> (piece, keys)`
+def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture: bool = False) -> Stream:
+    """A Stream running `measure(rank_data, ranges, iterations, options, before, first, carried) -> (piece, carry)`
     on a few iterations of a process at a time, and `finish(iterations, pieces, names) -> result` once all are
-    measured (the NVTX names as the whole table's dictionary holds them). keys: the launch keys to hand back as
-    `carried` next time, of the ops still kept. MPI calls are read when the recipe needs them."""
+    measured (the NVTX names as the whole table's dictionary holds them). carry: arrays by launch key ("key"),
+    what the map learnt of some ops, handed back as `carried` next time for the ops still kept. The GPU ops and MPI
+    calls read are those the recipe needs; whole_capture: the map measures a process without iterations (none
+    asked for) as one window over its whole capture, which only a whole read gives."""
+    gpu_needs = tuple(need for need in GPU_NEEDS if need in needs)
+
     def prepare(ahead, options: dict) -> Slices:
-        return _prepare(ahead, options, measure, "mpi" in needs)
+        return _prepare(ahead, options, measure, "mpi" in needs, gpu_needs, whole_capture)
 
     def done(state: Slices, names: list) -> dict:
         if not state.ranks:
@@ -92,12 +97,15 @@ def sliced_stream(measure: Callable, finish: Callable, needs: set) -> Stream:
             out[pid] = finish(rank.it, rank.pieces, names)
         return out
 
-    return Stream(needs=SLICE_NEEDS, view=_view, fold=_fold, finish=done, prepare=prepare)
+    return Stream(needs=("nvtx", "runtime", *gpu_needs), view=_view, fold=_fold, finish=done, prepare=prepare)
 
 
-def _prepare(ahead, options: dict, measure: Callable, with_mpi: bool) -> Slices:
+def _prepare(ahead, options: dict, measure: Callable, with_mpi: bool, gpu_needs: tuple, whole_capture: bool
+             ) -> Slices:
     windows, kernels_read = iterations_ahead(ahead, options)
-    keys, remaining = launch_keys(ahead)
+    for it in windows.values():
+        _check_whole_capture(it, options, whole_capture)
+    keys, remaining = launch_keys(ahead, gpu_needs)
     mpi = read_mpi(ahead.src, ahead.strings) if with_mpi else None
     ranks = {}
     for pid, it in windows.items():
@@ -107,7 +115,12 @@ def _prepare(ahead, options: dict, measure: Callable, with_mpi: bool) -> Slices:
             by_start = at[np.argsort(mpi.values("start_ns")[at], kind="stable")]
             own = Frame(mpi.table.take(arrow_of(by_start)), mpi.dtypes) if len(at) else None
         ranks[pid] = _Rank(pid, it, own)
-    return Slices(ranks, kernels_read, has_cuda_trace(ahead.src), keys, remaining, options, measure)
+    return Slices(ranks, kernels_read, has_cuda_trace(ahead.src), keys, remaining, options, measure, whole_capture)
+
+
+def _check_whole_capture(it, options: dict, whole_capture: bool) -> None:
+    if whole_capture and isinstance(it, str) and not (options.get("iteration") or options.get("iteration_kernel")):
+        raise ReadWhole("a process without iterations, measured as one window over its whole capture")
 
 
 def _view(need: str, frame: Frame) -> pa.Table:
@@ -149,7 +162,9 @@ def _fold(state: Slices, span_start: int, span_end: int, chunk: dict) -> None:
             if rank is None:
                 if need == "nvtx":
                     continue  # NVTX events and no range: not a rank for that
-                rank = state.ranks[p] = _Rank(p, no_windows_text(state.options, state.kernels_read), None)
+                text = no_windows_text(state.options, state.kernels_read)
+                _check_whole_capture(text, state.options, state.whole_capture)
+                rank = state.ranks[p] = _Rank(p, text, None)
             if isinstance(rank.it, str):
                 continue
             own = rows if one else rows.filter(arrow_of(pid == p))
@@ -199,9 +214,9 @@ def _rank_data(state: Slices, rank: _Rank) -> RankData:
     return RankData(file="", pid=rank.pid, session_start_ns=0, has_cuda=state.has_cuda, **frames)
 
 
-def _let_go(rank: _Rank, before: int, pending: np.ndarray, carried: np.ndarray) -> None:
+def _let_go(rank: _Rank, before: int, pending: np.ndarray, carried: dict) -> None:
     """Keep only the events that may bear on iterations from `before` on (pending: the buffered calls whose ops are
-    still to come)."""
+    still to come), and what the map carries of the ops kept."""
     kept_ops = []
     for attr in ("nvtx", "mpi", *GPU_FRAMES):
         rows = rank.rows.get(attr)
@@ -218,4 +233,5 @@ def _let_go(rank: _Rank, before: int, pending: np.ndarray, carried: np.ndarray) 
         keep = (numpy_of(calls.column("start_ns")) >= before) | (numpy_of(calls.column("end_ns")) > before)
         keep |= pending | np.isin(key, kept_ops)
         rank.rows["runtime"] = calls.filter(arrow_of(keep))
-    rank.carried = np.intersect1d(carried, kept_ops)
+    kept = np.isin(carried["key"], kept_ops)
+    rank.carried = {c: v[kept] for c, v in carried.items()}

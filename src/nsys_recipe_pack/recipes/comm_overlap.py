@@ -14,6 +14,9 @@ as neither; times are clipped to the iteration.
 Where a GPU's compute kernels never overlap one another, a communication kernel's overlapped time is what
 Nsight Systems' `nccl_gpu_overlap_trace` adds up as its compute overlap (the sum over the compute kernels it
 overlaps); where they do, that sum counts the time twice and the union here does not.
+
+A long capture is measured a few iterations at a time as it is read (iteration_slices, `STREAM`); a rank without
+iterations is one window over its whole capture, read whole.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ import re
 import numpy as np
 
 from ..errors import BadInputError
-from ..gpu import launched_ops
+from ..gpu import call_key, launched_ops
+from ..inputs.chunks import END_OF_TIME
 from ..intervals import split_into_windows, union_lengths
-from ..iterations import NCCL_KERNEL_RE, find_iterations, range_arrays
+from ..iteration_slices import sliced_stream
+from ..iterations import NCCL_KERNEL_RE, Delimiter, Iterations, find_iterations, range_arrays
 from ..lazy import pd
 from ..nvtx import innermost_of
 from ..phases import child_ranges, launching_child
@@ -63,7 +68,9 @@ def _iterations(rank_data, options: dict):
     except BadInputError:
         if options.get("iteration") or options.get("iteration_kernel"):
             raise
-        return None, ranges
+        kernels = rank_data.frame("kernels")
+        start, end = kernels.values("start_ns"), kernels.values("end_ns")
+        return Iterations(Delimiter(**WHOLE_CAPTURE), np.array([start.min()]), np.array([end.max()]), None), ranges
 
 
 def _kind_from_nccl_ranges(rank_data, ranges, n_kernels: int, ops) -> np.ndarray:
@@ -84,18 +91,18 @@ def _kind_from_nccl_ranges(rank_data, ranges, n_kernels: int, ops) -> np.ndarray
     return kind
 
 
-def _phase_of_kernels(rank_data, ranges, it, n_kernels: int, ops) -> tuple[np.ndarray, list]:
-    """The NVTX phase (a code into the names returned) that launched each kernel, -1 for none."""
+def _phase_of_kernels(rank_data, ranges, it, n_kernels: int, ops) -> np.ndarray:
+    """The NVTX phase (a code into the ranges' names) that launched each kernel, -1 for none."""
     phase = np.full(n_kernels, -1, np.int64)
-    if it is None or ops is None:
-        return phase, []
+    if ops is None:
+        return phase
     child_start, child_end, child_name, _ = child_ranges(ranges, it)
     if not len(child_start):
-        return phase, []
+        return phase
     kernels = np.flatnonzero(ops.op < n_kernels)  # gpu_intervals order: kernels first
     child, op = launching_child(rank_data, ranges, it.tid, ops, kernels, child_start, child_end)
     phase[ops.op[op]] = child_name[child]
-    return phase, list(ranges.names[:-1])
+    return phase
 
 
 def _union(group: np.ndarray, start: np.ndarray, end: np.ndarray, keep: np.ndarray, size: int) -> np.ndarray:
@@ -136,44 +143,88 @@ def overlap_by_window(group: np.ndarray, kind: np.ndarray, start: np.ndarray, en
 
 def map_rank(rank_data, options: dict) -> dict:
     rank_data.require("kernel", "comm_overlap")
-    kernels = rank_data.frame("kernels")
-    codes, words = kernels.codes("name")
-    kind = np.array([collective_kind(None if w is None else str(w)) for w in words], np.int64)[codes]
-    start, end = kernels.values("start_ns"), kernels.values("end_ns")
+    if rank_data.streamed is not None:  # a long capture, its iterations a few at a time (STREAM)
+        if "error" in rank_data.streamed:
+            raise BadInputError(f"{rank_data.file}: {rank_data.streamed['error']}")
+        return rank_data.streamed
     it, ranges = _iterations(rank_data, options)
-    ops = launched_ops(rank_data) if rank_data.has_cuda and len(ranges) else None
-    by_range = _kind_from_nccl_ranges(rank_data, ranges, len(kernels), ops)
+    piece, _ = window_rows(rank_data, ranges, it, options)
+    return map_result(it, [piece], ranges.names[:-1])
+
+
+def window_rows(rank_data, ranges, it: Iterations, options: dict, before: int = END_OF_TIME, first: int = 0,
+                carried: dict | None = None) -> tuple[dict, dict]:
+    """The windows, per-kind and per-phase rows of the iterations `it` (the rank's, or some of them: index `first`
+    onward) from the events of the rank that bear on them; and, by launch key, the collective kind (from NCCL's
+    ranges) and the phase name of the kernels launched before `before`, whose launching ranges a later call may no
+    longer have (`carried`: those of earlier calls)."""
+    kernels = rank_data.frame("kernels")
+    n_kernels = 0 if kernels is None else len(kernels)
+    codes, words = kernels.codes("name") if n_kernels else (np.zeros(0, np.int64), [])
+    kind = np.array([collective_kind(None if w is None else str(w)) for w in words], np.int64)[codes]
+    start, end = (kernels.values(c) if n_kernels else np.zeros(0, np.int64) for c in ("start_ns", "end_ns"))
+    ops = launched_ops(rank_data) if n_kernels and rank_data.has_cuda and len(ranges) else None
+    by_range = _kind_from_nccl_ranges(rank_data, ranges, n_kernels, ops)
+    phase = ranges.names[_phase_of_kernels(rank_data, ranges, it, n_kernels, ops)]  # code -1: None
+    key = call_key(kernels) if n_kernels else np.zeros(0, np.int64)
+    decided = np.zeros(n_kernels, bool)  # launched before `before`: the ranges around the call were all read
+    if ops is not None:
+        decided[ops.op[(ops.op < n_kernels) & (ops.call_start_ns < before)]] = True
+    if carried is not None and len(carried["key"]):  # learnt by an earlier piece, its ranges since let go
+        by_key = np.argsort(carried["key"])
+        at = by_key[np.minimum(np.searchsorted(carried["key"], key, sorter=by_key), len(by_key) - 1)]
+        known = np.flatnonzero(carried["key"][at] == key)
+        by_range[known], phase[known], decided[known] = carried["kind"][at[known]], carried["phase"][at[known]], True
+    carry = {"key": key[decided], "kind": by_range[decided], "phase": phase[decided]}
     kind = np.where(kind < 0, by_range, kind)
-    if it is None:
-        window_start, window_end, delimiter = np.array([start.min()]), np.array([end.max()]), dict(WHOLE_CAPTURE)
-    else:
-        window_start, window_end, delimiter = it.start_ns, it.end_ns, it.delimiter.as_dict()
+
+    window_start, window_end = it.start_ns, it.end_ns
     event, window, clipped_start, clipped_end = split_into_windows(start, end, window_start, window_end)
-    devices, device_at = np.unique(kernels.values("device", fill=-1)[event], return_inverse=True)
+    devices, device_at = np.unique(kernels.values("device", fill=-1)[event] if n_kernels else event,
+                                   return_inverse=True)
     group = window * max(len(devices), 1) + device_at.reshape(-1)
     size = len(window_start) * max(len(devices), 1)
     totals, per_kind = overlap_by_window(group, kind[event], clipped_start, clipped_end, size)
     # one row per window and device that ran kernels
     ran = np.flatnonzero(totals["busy_ns"] > 0)
     iteration, device = np.divmod(ran, max(len(devices), 1))
-    windows = {"iteration": iteration, "device": devices[device], "start_ns": window_start[iteration],
+    windows = {"iteration": first + iteration, "device": devices[device], "start_ns": window_start[iteration],
                "end_ns": window_end[iteration], **{c: v[ran] for c, v in totals.items()}}
-    by_kind = _rows(per_kind, devices, "kind", np.array(KINDS, object))
+    by_kind = _rows(per_kind, devices, "kind", np.array(KINDS, object), first)
     # the same per NVTX phase: the communication kernels each phase launched take the place of the kinds
-    phase, phase_names = _phase_of_kernels(rank_data, ranges, it, len(kernels), ops)
-    comm_phase = np.where(kind[event] >= 0, phase[event], -1)
+    phase_code = np.full(n_kernels, -1, np.int64)
+    named = np.flatnonzero(np.not_equal(phase, None))
+    phase_label, phase_code[named] = np.unique(phase[named].astype(str), return_inverse=True)
+    comm_phase = np.where(kind[event] >= 0, phase_code[event], -1)
     launched = (kind[event] < 0) | (comm_phase >= 0)  # compute, and communication some phase launched
     _, per_phase = overlap_by_window(group[launched], comm_phase[launched], clipped_start[launched],
                                      clipped_end[launched], size)
-    by_phase = _rows(per_phase, devices, "phase", np.array(phase_names + [None], object))
-    return {"windows": windows, "by_kind": by_kind, "by_phase": by_phase, "delimiter": delimiter,
-            "start_ns": window_start}
+    by_phase = _rows(per_phase, devices, "phase", phase_label.astype(object), first)
+    return {"windows": windows, "by_kind": by_kind, "by_phase": by_phase}, carry
 
 
-def _rows(per_key: dict, devices: np.ndarray, key: str, labels: np.ndarray) -> dict:
-    """overlap_by_window's rows per (group, key) as columns: iteration, device, the key's label, the times."""
+def map_result(it: Iterations, pieces: list[dict], names) -> dict:
+    """The map's result from the pieces of all a rank's iterations, in order; the phases of each window and device in
+    the order of the rank's NVTX names (`names`, as its whole table gives them), as a whole map has them."""
+    out = {table: {c: np.concatenate([p[table][c] for p in pieces]) for c in pieces[0][table]}
+           for table in ("windows", "by_kind", "by_phase")}
+    by_phase = out["by_phase"]
+    place = {w: i for i, w in enumerate(names)}
+    labels, label_at = np.unique(by_phase["phase"].astype(str), return_inverse=True)
+    name_place = np.array([place.get(w, -1) for w in labels], np.int64)[label_at.reshape(-1)]
+    order = np.lexsort((name_place, by_phase["device"], by_phase["iteration"]))
+    out["by_phase"] = {c: v[order] for c, v in by_phase.items()}
+    return {**out, "delimiter": it.delimiter.as_dict(), "start_ns": it.start_ns}
+
+
+STREAM = sliced_stream(window_rows, map_result, NEEDS, whole_capture=True)
+
+
+def _rows(per_key: dict, devices: np.ndarray, key: str, labels: np.ndarray, first: int) -> dict:
+    """overlap_by_window's rows per (group, key) as columns: iteration (from `first`), device, the key's label, the
+    times."""
     iteration, device = np.divmod(per_key["group"], max(len(devices), 1))
-    return {"iteration": iteration, "device": devices[device] if len(devices) else device,
+    return {"iteration": first + iteration, "device": devices[device] if len(devices) else device,
             key: labels[per_key["kind"]],
             **{c: per_key[c] for c in ("kernels", "comm_ns", "overlapped_ns", "exposed_ns")}}
 
@@ -260,6 +311,7 @@ RECIPE = Recipe(
     reduce=reduce,
     add_options=lambda add, framework=False: iteration_options(add),
     per_iteration=True,
+    stream=STREAM,
     summary=summary,
     headline=headline,
     figures="nsys_recipe_pack.plots.comm_overlap",

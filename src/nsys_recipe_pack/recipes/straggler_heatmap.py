@@ -233,14 +233,16 @@ def map_result(it, pieces: list[Piece], names, any_peer: bool, present: set) -> 
             "sync_points": np.asarray(used).tolist()}
 
 
-def _measure(*args) -> tuple[Piece, np.ndarray]:
-    """`iteration_rows` of a few iterations of a long capture (iteration_slices), and the launch keys to carry."""
-    piece = iteration_rows(*args)
+def _measure(*args) -> tuple[Piece, dict]:
+    """`iteration_rows` of a few iterations of a long capture (iteration_slices), and the launch keys of the ops
+    launched inside child ranges, to carry."""
+    piece = iteration_rows(*args[:-1], args[-1]["key"])
+    carry = {"key": piece.covered_keys}
     if len(piece.start_ns):
-        return piece, piece.covered_keys
+        return piece, carry
     empty = np.zeros(0, np.int64)  # no iteration: only what it tells of the rank is kept
     return replace(piece, child=(empty,) * 3, launched_in=(empty,) * 3, names=None, fixed={},
-                   covered_keys=empty), piece.covered_keys
+                   covered_keys=empty), carry
 
 
 def _finish(it, pieces: list[Piece], names: list) -> dict:
