@@ -392,7 +392,9 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
              "the export beside it (times summed, peak the largest). Times are wall seconds of the whole command, "
              "medians where repeated; memory is the peak resident memory of the process tree. Truth: the pack's "
              "counts and sums equal COPIES times those SQL gives over the original export (launches of the kernel, "
-             "kernel time and count, closed ranges per name, device/stream/event syncs).", "",
+             "kernel time and count, closed ranges per name, device/stream/event syncs, iterations, NCCL kernels). "
+             "No built-in: Nsight Systems has none for iterations, and its `nccl_gpu_overlap_trace` (not in 2023.4) "
+             "writes nothing for a report without NCCL.", "",
              "| copies | SQLite MB (10^6 B) | kernels / NVTX / runtime rows | recipe | read from | pack s | pack MB "
              "| floor s | pack / floor | built-in | built-in s | built-in MB | built-in / pack | truth |",
              "|---:|---:|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
