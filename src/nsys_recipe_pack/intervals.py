@@ -39,21 +39,21 @@ def split_into_windows(
 
 def union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(groups, lengths): each group value (sorted) and the total length of the union of its intervals."""
+    group = np.asarray(group)
     if len(starts) == 0:
-        return np.zeros(0, np.asarray(group).dtype), np.zeros(0, np.int64)
-    groups, g = np.unique(np.asarray(group), return_inverse=True)
+        return np.zeros(0, group.dtype), np.zeros(0, np.int64)
     s = np.asarray(starts, np.int64)
     e = np.asarray(ends, np.int64)
-    order = np.lexsort((s, g))
-    g, s, e = g[order], s[order], e[order]
-    reach = running_max_by_group(g, e)
-    new = np.ones(len(s), bool)
-    new[1:] = (g[1:] != g[:-1]) | (s[1:] > reach[:-1])
+    order = np.lexsort((s, group))  # one sort: by group, then start
+    group, s, e = group[order], s[order], e[order]
+    head = np.r_[True, group[1:] != group[:-1]]  # a group's first interval
+    reach = running_max_by_group(np.cumsum(head) - 1, e)
+    new = head.copy()  # a segment of the union begins
+    new[1:] |= s[1:] > reach[:-1]
     firsts = np.flatnonzero(new)
     seg_len = reach[np.r_[firsts[1:] - 1, len(s) - 1]] - s[firsts]
-    seg_group = g[firsts]
-    group_first = np.flatnonzero(np.r_[True, seg_group[1:] != seg_group[:-1]])
-    return groups[seg_group[group_first]], np.add.reduceat(seg_len, group_first)
+    group_first = np.flatnonzero(head[firsts])
+    return group[firsts[group_first]], np.add.reduceat(seg_len, group_first)
 
 
 def running_max_by_group(group: np.ndarray, values: np.ndarray) -> np.ndarray:

@@ -99,9 +99,15 @@ def _asof_backward(q_tid, q_level, q_t, c_tid, c_level, c_t) -> np.ndarray:
     _, tid_code = np.unique(np.concatenate([q_tid, c_tid]), return_inverse=True)
     levels = np.concatenate([q_level, c_level]).astype(np.int64) + 1  # queries may ask for level -1
     group = tid_code.astype(np.int64) * (int(levels.max()) + 1) + levels
-    _, t_rank = np.unique(np.concatenate([q_t, c_t]), return_inverse=True)
-    span = int(t_rank.max()) + 1
-    key = group * span + t_rank  # group-major, then time: one sortable integer
+    t = np.concatenate([q_t, c_t]).astype(np.int64)
+    low = int(t.min())
+    span = int(t.max()) - low + 1
+    if (int(group.max()) + 1) * span < 1 << 62:
+        t = t - low
+    else:  # times too far apart to lift each group above the last: their ranks instead
+        _, t = np.unique(t, return_inverse=True)
+        span = int(t.max()) + 1
+    key = group * span + t.reshape(-1)  # group-major, then time: one sortable integer
     q_key, c_key = key[:nq], key[nq:]
     order = np.argsort(c_key, kind="stable")
     at = np.searchsorted(c_key[order], q_key, side="right") - 1
