@@ -86,14 +86,14 @@ def reaped_env():
     end_processes(env)
 
 
-def rank_maps(spec, path, options: dict, spans: bool) -> list:
-    """A recipe's map of each rank of one export, from whole tables or (spans) a few iterations at a time as its tables
-    are read (iteration_slices), however short the export; an error's text in place of a map."""
+def rank_maps(spec, path, options: dict, spans: bool, needs: set | None = None) -> list:
+    """A recipe's map of each rank of one export, from whole tables or (spans) span by span of time as its tables are
+    read (its `stream`), however short the export; an error's text in place of a map."""
     from nsys_recipe_pack.inputs import load_file, rank_data
 
     with pytest.MonkeyPatch.context() as m:
         m.setattr(rank_data, "STREAM_MIN_ROWS", 0 if spans else 1 << 62)
-        ranks = load_file(path, set(spec.needs), stream=spec.stream_given(options) if spans else None)
+        ranks = load_file(path, needs or set(spec.needs), stream=spec.stream_given(options) if spans else None)
     assert all((r.streamed is not None) == spans for r in ranks), path
     out = []
     for r in ranks:

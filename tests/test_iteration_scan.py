@@ -5,6 +5,7 @@ whole tables, on small ranks built by hand and on every sample input, however th
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import rank_maps
 from test_iterations import kernels, nvtx
 from test_selection import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
 
@@ -125,18 +126,8 @@ def test_without_a_delimiting_range_kernels_delimit():
 
 def _maps(path, options):
     """kernel_pace's map of each rank read whole and read as a long capture (its result or error, each)."""
-    out = []
-    for how in ({}, {"stream": kernel_pace.RECIPE.stream_given(options)}):
-        ranks = load_file(path, kernel_pace.needs_for(options), **how)
-        assert all((r.streamed is not None) == bool(how) for r in ranks), path
-        maps = []
-        for r in ranks:
-            try:
-                maps.append(kernel_pace.map_rank(r, options))
-            except BadInputError as e:
-                maps.append(str(e))
-        out.append(maps)
-    return out
+    needs = kernel_pace.needs_for(options)
+    return [rank_maps(kernel_pace.RECIPE, path, options, spans, needs) for spans in (False, True)]
 
 
 @pytest.mark.parametrize(("batch_rows", "replay_rows"), [(40, 0), (100_000, 10**9)])

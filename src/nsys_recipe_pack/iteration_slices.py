@@ -7,10 +7,10 @@ iteration is measured once every event that starts before its end has been read 
 that starts before its end has come: the ops of a call may run long after it. The map (`measure`) then gets the
 buffer as a `RankData` and the iterations ready, with `before` the start of the next iteration not measured yet.
 Then only the events that may still bear on later iterations are kept: those that start at `before` or later or
-end after it, the calls whose ops are still to come or still kept, and the launch keys the map asks to carry
-(`Slices.carried`). A map over the whole tables gives the same measures: each depends only on the events that
-overlap its iteration, the calls that launched them, and the ops launched before its sync points, which are kept
-while they may end inside it.
+end after it, the calls whose ops are still to come or still kept, and what the map asks to carry of the ops kept,
+by launch key (`_Rank.carried`: what ranges since let go told of an op, such as the phase that launched it). A map
+over the whole tables gives the same measures: each depends only on the events that overlap its iteration, the
+calls that launched them, and the ops launched before its sync points, which are kept while they may end inside it.
 
 Each process of a file is measured apart, as a whole read splits a file into ranks. Where the slices cannot promise
 the whole read's answer the tables are read whole instead (inputs.chunks.ReadWhole): a launch key held by several
