@@ -43,8 +43,11 @@ def innermost_of(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, tid:
     range's level is the depth at its start, and the range around a query is the last start of level
     depth - 1 before it on its thread (any later start of that level would be nested deeper).
     """
-    # a range of no length encloses nothing, and its end sorting before its start would upset the depth
-    kept = np.flatnonzero(np.asarray(r_end) > np.asarray(r_start))
+    # a range of no length encloses nothing, and its end sorting before its start would upset the depth; a range on
+    # a thread no query is on, nothing asked for
+    threads = np.unique(np.asarray(tid))
+    on_threads = np.asarray(r_tid) == threads[0] if len(threads) == 1 else np.isin(r_tid, threads)
+    kept = np.flatnonzero((np.asarray(r_end) > np.asarray(r_start)) & on_threads)
     r_tid, r_start, r_end = (np.asarray(a, np.int64)[kept] for a in (r_tid, r_start, r_end))
     m, n = len(tid), len(r_tid)
     if m == 0 or n == 0:
