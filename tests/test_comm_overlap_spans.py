@@ -66,32 +66,45 @@ def test_what_slices_cannot_answer_is_read_whole(tmp_path, monkeypatch):
     assert flat["delimiter"]["kind"] == "capture" and len(flat["windows"]["iteration"]) == 1
 
 
-def test_a_collective_queued_iterations_after_its_launch_keeps_its_kind_and_phase(tmp_path, monkeypatch):
-    """A SYNTHETIC NCCL rank whose kernels are named only by NCCL's ranges (as fused kernels are), one all-reduce
-    queued two iterations after its launch: by the time it runs, the ranges around its launch are let go; what they
-    told of it (all_reduce, phase "allreduce") was carried, and the map is the whole read's."""
-    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 20)
+NCCL_CALLS = ("FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IN (SELECT correlationId FROM "
+              "CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName IN (SELECT id FROM StringIds WHERE value LIKE 'nccl%'))")
+
+
+def _fused_nccl_rank(tmp_path, move) -> tuple:
+    """A SYNTHETIC NCCL rank whose collectives are named only by NCCL's NVTX ranges (as fused kernels are): its
+    export after `move(db, iteration starts, first collective launched after the third starts)` has moved rows, NCCL's
+    ranges then drawn around the collectives' calls, and its tables in time order again, as exports are."""
     data = synth.write_synthetic(tmp_path / "syn", ranks=1, iterations=8, fmt="sqlite", job="nccl", seed=2)
     path = next(data.glob("*.sqlite"))
     it = SPEC.map_rank(load_file(path, set(SPEC.needs))[0], {})["start_ns"]
     with sqlite3.connect(path) as db:
-        nccl_calls = ("FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IN (SELECT correlationId FROM "
-                      "CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName IN "
-                      "(SELECT id FROM StringIds WHERE value LIKE 'nccl%'))")
+        late = db.execute("SELECT rowid, correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE start > ? AND shortName "
+                          "IN (SELECT id FROM StringIds WHERE value LIKE 'nccl%') ORDER BY start LIMIT 1",
+                          (int(it[2]),)).fetchone()
+        move(db, it, late)
         db.execute("INSERT INTO NVTX_EVENTS (start, eventType, text, globalTid, domainId) "
-                   f"SELECT min(start) - 10, 75, 'NCCL', globalTid, 7 {nccl_calls}")
+                   f"SELECT min(start) - 2000, 75, 'NCCL', globalTid, 7 {NCCL_CALLS}")
         db.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId) "
-                   f"SELECT start - 1000, end + 1000, 59, 'ncclAllReduce', globalTid, 7 {nccl_calls}")
+                   f"SELECT start - 1000, end + 1000, 59, 'ncclAllReduce', globalTid, 7 {NCCL_CALLS}")
         db.execute("UPDATE StringIds SET value = 'fused_' || id WHERE value LIKE 'nccl%'")
-        late = db.execute("SELECT rowid FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE start > ? AND shortName IN (SELECT id "
-                          "FROM StringIds WHERE value LIKE 'fused%') ORDER BY start LIMIT 1", (int(it[2]),)).fetchone()
-        db.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = start + ?1, end = end + ?1 WHERE rowid = ?2",
-                   (int(it[4] - it[2]), late[0]))
-        for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS"):  # in time order again, as exports are
+        for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"):
             db.execute(f"CREATE TABLE t AS SELECT * FROM {table} ORDER BY start")
             db.execute(f"DELETE FROM {table}")
             db.execute(f"INSERT INTO {table} SELECT * FROM t")
             db.execute("DROP TABLE t")
+    return path
+
+
+def _late_by_two_iterations(db, it, late) -> None:
+    db.execute("UPDATE CUPTI_ACTIVITY_KIND_KERNEL SET start = start + ?1, end = end + ?1 WHERE rowid = ?2",
+               (int(it[4] - it[2]), late[0]))
+
+
+def test_a_collective_queued_iterations_after_its_launch_keeps_its_kind_and_phase(tmp_path, monkeypatch):
+    """One all-reduce queued two iterations after its launch: by the time it runs, the ranges around its launch are
+    let go; what they told of it (all_reduce, phase "allreduce") was carried, and the map is the whole read's."""
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 20)
+    path = _fused_nccl_rank(tmp_path, _late_by_two_iterations)
     whole = _same(path, {})[0]
     kinds, phases = whole["by_kind"], whole["by_phase"]
     assert kinds["kernels"][kinds["iteration"] == 4].tolist() == [2] and set(kinds["kind"]) == {"all_reduce"}
@@ -102,3 +115,30 @@ def test_a_collective_queued_iterations_after_its_launch_keeps_its_kind_and_phas
         rank, before, pending, {c: v[:0] for c, v in carried.items()}))
     forgot = rank_maps(SPEC, path, {}, True)[0]
     assert forgot["by_kind"]["kernels"][forgot["by_kind"]["iteration"] == 4].tolist() == [1]
+
+
+@pytest.mark.parametrize("batch_rows", [1, 7])  # spans that end in the gap, past NCCL's range
+def test_a_collective_launched_between_iterations_keeps_the_range_it_was_launched_in(tmp_path, monkeypatch,
+                                                                                      batch_rows):
+    """An all-reduce launched in the gap between two iterations, outside them, and run two iterations later: NCCL's
+    range around its call is kept while the kernel is still to come, though no iteration holds the call."""
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", batch_rows)
+
+    def between(db, it, late):
+        end = db.execute("SELECT end FROM NVTX_EVENTS WHERE text = 'step' AND start = ?", (int(it[2]),)).fetchone()[0]
+        assert end + 40_000 < it[3]  # the gap between the steps holds the call and NCCL's range around it
+        db.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET start = ?1, end = ?1 + 10000 WHERE correlationId = ?2",
+                   (end + 20_000, late[1]))
+        # and a call that launches nothing after it, still in the gap: a span may end there, past NCCL's range
+        db.execute("CREATE TEMP TABLE idle AS SELECT * FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId = ?",
+                   (late[1],))
+        db.execute("UPDATE idle SET start = start + 20000, end = end + 20000, "
+                   "correlationId = (SELECT max(correlationId) + 1 FROM CUPTI_ACTIVITY_KIND_RUNTIME)")
+        db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME SELECT * FROM idle")
+        _late_by_two_iterations(db, it, late)
+
+    path = _fused_nccl_rank(tmp_path, between)
+    whole = _same(path, {})[0]
+    kinds, phases = whole["by_kind"], whole["by_phase"]
+    assert kinds["kernels"][kinds["iteration"] == 4].tolist() == [2] and set(kinds["kind"]) == {"all_reduce"}
+    assert phases["kernels"][phases["iteration"] == 4].tolist() == [1]  # the moved one launched in no phase

@@ -5,7 +5,8 @@ The iterations are found first (`iteration_scan.iterations_ahead`), and every GP
 (`gpu.launch_keys`). Then every table is read span by span of time (inputs.chunks.time_chunks) into a buffer. An
 iteration is measured once every event that starts before its end has been read and every op launched by a call
 that starts before its end has come: the ops of a call may run long after it. The map (`measure`) then gets the
-buffer as a `RankData` and the iterations ready, with `before` the start of the next iteration not measured yet.
+buffer as a `RankData` and the iterations ready, with `before` the start of the next iteration not measured yet (or
+of the earliest call whose ops are still to come, where that is earlier).
 Then only the events that may still bear on later iterations are kept: those that start at `before` or later or
 end after it, the calls whose ops are still to come or still kept, and what the map asks to carry of the ops kept,
 by launch key (`_Rank.carried`: what ranges since let go told of an op, such as the phase that launched it). A map
@@ -192,9 +193,10 @@ def _advance(state: Slices, rank: _Rank, frontier: int) -> None:
         pending = hit & (state.remaining[at] > 0)
     waiting = int(numpy_of(calls.column("start_ns"))[pending].min()) if pending.any() else END_OF_TIME
     ready = max(int(np.searchsorted(it.end_ns, min(frontier, waiting), side="right")), rank.next)
-    before = int(it.start_ns[ready]) if ready < n else END_OF_TIME
+    # a call whose ops are still to come keeps what was around it, as the map may yet ask (outside iterations too)
+    before = min(int(it.start_ns[ready]) if ready < n else END_OF_TIME, waiting)
     if ready == rank.next and before < frontier:
-        return  # inside an iteration not ready yet: wait for more
+        return  # inside an iteration not ready yet, or a call's ops still to come: wait for more
     before = min(before, frontier)
     data = _rank_data(state, rank)
     subset = Iterations(it.delimiter, it.start_ns[rank.next:ready], it.end_ns[rank.next:ready], it.tid)
