@@ -9,6 +9,7 @@ import pytest
 from conftest import rank_maps
 from test_comm_overlap import REAL
 from test_selection import REAL_GLOO, synthetic  # noqa: F401 (a fixture)
+from test_straggler_spans import mpi_job  # noqa: F401 (a fixture)
 
 from nsys_recipe_pack import iteration_slices, recipes, synth
 from nsys_recipe_pack.inputs import load_file, rank_data, readers
@@ -35,12 +36,13 @@ def _differences(want, got) -> list:
 
 
 @pytest.mark.parametrize("batch_rows", [7, 1000])
-def test_slices_give_the_whole_reads_map(synthetic, monkeypatch, batch_rows):  # noqa: F811
+def test_slices_give_the_whole_reads_map(synthetic, mpi_job, monkeypatch, batch_rows):  # noqa: F811
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", batch_rows)
-    for path in [REAL_GLOO, synthetic["sqlite"][1], synthetic["parquetdir"][2]]:
+    nccl = [synthetic["sqlite"][1], synthetic["parquetdir"][2]]
+    for path in [REAL_GLOO, *nccl, mpi_job[1]]:  # the MPI job's iterations are a kernel's launches
         for options in ({}, {"iteration": "step"}, {"iteration": "nope"}):
             whole = _same(path, options)
-            if path != REAL_GLOO and not options:  # communication, beside compute, launched inside phases
+            if path in nccl and not options:  # communication, beside compute, launched inside phases
                 m = whole[0]
                 assert len(m["windows"]["iteration"]) >= 6 and m["windows"]["comm_ns"].sum() > 0, path
                 assert len(m["by_kind"]["kind"]) >= 6 and len(m["by_phase"]["phase"]) >= 6, path
