@@ -40,7 +40,8 @@ def test_slices_give_the_whole_reads_map(synthetic, mpi_job, monkeypatch, batch_
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", batch_rows)
     nccl = [synthetic["sqlite"][1], synthetic["parquetdir"][2]]
     for path in [REAL_GLOO, *nccl, mpi_job[1]]:  # the MPI job's iterations are a kernel's launches
-        for options in ({}, {"iteration": "step"}, {"iteration": "nope"}):
+        kernel = load_file(path, {"kernel"})[0].frame("kernels").codes("name")[1][0]
+        for options in ({}, {"iteration": "step"}, {"iteration_kernel": kernel}, {"iteration": "nope"}):
             whole = _same(path, options)
             if path in nccl and not options:  # communication, beside compute, launched inside phases
                 m = whole[0]

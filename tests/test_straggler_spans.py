@@ -40,7 +40,9 @@ def _same(path, options):
 def test_slices_give_the_whole_reads_map(synthetic, mpi_job, monkeypatch, batch_rows):  # noqa: F811
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", batch_rows)
     for path in [REAL_GLOO, synthetic["sqlite"][1], synthetic["parquetdir"][2], mpi_job[1]]:
-        for options in ({}, {"iteration": "step", "sync": ["forward"]}, {"iteration": "nope"}):
+        kernel = load_file(path, {"kernel"})[0].frame("kernels").codes("name")[1][0]
+        for options in ({}, {"iteration": "step", "sync": ["forward"]}, {"iteration_kernel": kernel},
+                        {"iteration": "nope"}):
             whole = _same(path, options)
             if not options:  # iterations, child ranges or GPU work, and sync points were there to measure
                 m = whole[0]
