@@ -73,10 +73,11 @@ NCCL_CALLS = ("FROM CUPTI_ACTIVITY_KIND_RUNTIME WHERE correlationId IN (SELECT c
               "CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName IN (SELECT id FROM StringIds WHERE value LIKE 'nccl%'))")
 
 
-def _fused_nccl_rank(tmp_path, move) -> tuple:
+def _fused_nccl_rank(tmp_path, move):
     """A SYNTHETIC NCCL rank whose collectives are named only by NCCL's NVTX ranges (as fused kernels are): its
-    export after `move(db, iteration starts, first collective launched after the third starts)` has moved rows, NCCL's
-    ranges then drawn around the collectives' calls, and its tables in time order again, as exports are."""
+    export after `move(db, iteration starts, (rowid, correlation id) of the first collective to run in the third)`
+    has moved rows, NCCL's ranges then drawn around the collectives' calls, and its tables in time order again, as
+    exports are."""
     data = synth.write_synthetic(tmp_path / "syn", ranks=1, iterations=8, fmt="sqlite", job="nccl", seed=2)
     path = next(data.glob("*.sqlite"))
     it = SPEC.map_rank(load_file(path, set(SPEC.needs))[0], {})["start_ns"]
