@@ -156,8 +156,8 @@ def window_rows(rank_data, ranges, it: Iterations, options: dict, before: int = 
                 carried: dict | None = None) -> tuple[dict, dict]:
     """The windows, per-kind and per-phase rows of the iterations `it` (the rank's, or some of them: index `first`
     onward) from the events of the rank that bear on them; and, by launch key, the collective kind (from NCCL's
-    ranges) and the phase name of the kernels launched before `before`, whose launching ranges a later call may no
-    longer have (`carried`: those of earlier calls)."""
+    ranges) and the phase name of the kernels launched before `before`, whose launching ranges a later piece may no
+    longer have (`carried`: what earlier pieces learnt so)."""
     kernels = rank_data.frame("kernels")
     n_kernels = 0 if kernels is None else len(kernels)
     codes, words = kernels.codes("name") if n_kernels else (np.zeros(0, np.int64), [])
