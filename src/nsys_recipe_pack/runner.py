@@ -36,7 +36,7 @@ from .inputs import (
 )
 from .lazy import pd
 from .ranks import assign_ranks
-from .spill import SPILL_DIR, RankedRows, remove_spilled
+from .spill import SPILL_DIR, RankedRows, parquet_options, remove_spilled
 from .staging import staged_output
 
 # `file` is the input as named; `read_from` what was read for it: the report itself, or an export beside it
@@ -224,9 +224,9 @@ def write_tables(out_dir: Path, tables: dict, analysis: dict) -> dict:
         elif isinstance(df, pa.Table):
             # large tables built as Arrow, strings dictionary-encoded: without the Arrow schema in the file
             # they read back as plain strings, as pandas writes them
-            pq.write_table(df, path, store_schema=False)
+            pq.write_table(df, path, store_schema=False, **parquet_options(df.column_names))
         else:
-            df.to_parquet(path, index=False)
+            df.to_parquet(path, index=False, **parquet_options(df.columns.astype(str)))
         written[name] = path.name
     (out_dir / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
     return written

@@ -56,6 +56,13 @@ class SpilledRows:
         _remove(self.path)
 
 
+def parquet_options(names) -> dict:
+    """How an output table is written: dictionary-encoded only in the columns of few distinct values (names, kinds,
+    processes, threads, levels). A time (`_ns`) or an id (`_id`) has about as many as rows, and trying a dictionary
+    on it first cost a third of writing nvtx_gpu_proj's 4.8 M ranges (1.25 s against 0.86 s, a smaller file too)."""
+    return {"use_dictionary": [c for c in names if not c.endswith(("_ns", "_id"))]}
+
+
 def _in_key_order(rows: pa.Table, key: str) -> pa.Table:
     return rows.take(arrow_of(np.argsort(numpy_of(rows.column(key)), kind="stable")))
 
@@ -107,7 +114,7 @@ class RankedRows:
                 yield piece.select(self.schema.names).cast(self.schema)
 
     def write_parquet(self, path) -> None:
-        with pq.ParquetWriter(str(path), self.schema) as writer:
+        with pq.ParquetWriter(str(path), self.schema, **parquet_options(self.schema.names)) as writer:
             held: list[pa.Table] = []
             for piece in self.tables():
                 held.append(piece)
