@@ -112,6 +112,18 @@ def launch_keys(ahead, needs: tuple = GPU_NEEDS) -> tuple[np.ndarray, np.ndarray
     return keys[first], np.diff(np.r_[first, len(keys)]).astype(np.int32)
 
 
+def key_places(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each wanted key is (or would go, short of the end) among sorted keys, and whether it is there: a
+    search, where np.isin would sort the keys again for every batch; within the keys between the least and the
+    greatest wanted, few and close together for a span's calls or ops."""
+    if not len(keys) or not len(wanted):
+        return np.zeros(len(wanted), np.int64), np.zeros(len(wanted), bool)
+    low = int(np.searchsorted(keys, wanted.min()))
+    high = int(np.searchsorted(keys, wanted.max(), side="right"))
+    at = np.minimum(low + np.searchsorted(keys[low:high], wanted), len(keys) - 1)
+    return at, keys[at] == wanted
+
+
 def pair_launches(op_key: np.ndarray, call_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(op, call) index pairs of each GPU op and the runtime call(s) with its key, in op order (ops without
     a call dropped; a key held by several calls pairs the op with each, in call order)."""

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from .gpu import GPU_NEEDS, call_key, launch_keys
+from .gpu import GPU_NEEDS, call_key, key_places, launch_keys
 from .inputs import Frame, arrow_of, numpy_of
 from .inputs.chunks import END_OF_TIME, ReadWhole, Stream
 from .inputs.events import read_mpi
@@ -133,18 +133,12 @@ def _key(rows: pa.Table) -> np.ndarray:
     return call_key(Frame(rows, {}))
 
 
-def _places(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Where each wanted key is among the sorted keys, and whether it is there."""
-    at = np.minimum(np.searchsorted(keys, wanted), max(len(keys) - 1, 0))
-    return at, (keys[at] == wanted) if len(keys) else np.zeros(len(wanted), bool)
-
-
 def _fold(state: Slices, span_start: int, span_end: int, chunk: dict) -> None:
     for need, rows in chunk.items():
         if rows is None or not rows.num_rows:
             continue
         if need == "runtime":
-            at, hit = _places(state.keys, _key(rows))
+            at, hit = key_places(state.keys, _key(rows))
             at = at[hit]
             if len(np.unique(at)) < len(at) or state.called[at].any():
                 raise ReadWhole("a launch key held by several calls")
@@ -152,7 +146,7 @@ def _fold(state: Slices, span_start: int, span_end: int, chunk: dict) -> None:
                 raise ReadWhole("a GPU op read before the call that launched it")
             state.called[at] = True
         elif need in GPU_NEEDS:
-            at, hit = _places(state.keys, _key(rows))
+            at, hit = key_places(state.keys, _key(rows))
             if not hit.all():
                 raise ReadWhole("GPU ops the first read did not give")  # the export changed under the read
             np.subtract.at(state.remaining, at, 1)
@@ -189,7 +183,7 @@ def _advance(state: Slices, rank: _Rank, frontier: int) -> None:
     calls = rank.rows.get("runtime")
     pending = np.zeros(0 if calls is None else calls.num_rows, bool)  # the calls whose ops are still to come
     if len(pending) and len(state.keys):
-        at, hit = _places(state.keys, _key(calls))
+        at, hit = key_places(state.keys, _key(calls))
         pending = hit & (state.remaining[at] > 0)
     waiting = int(numpy_of(calls.column("start_ns"))[pending].min()) if pending.any() else END_OF_TIME
     ready = max(int(np.searchsorted(it.end_ns, min(frontier, waiting), side="right")), rank.next)

@@ -26,7 +26,7 @@ import re
 import numpy as np
 
 from ..errors import BadInputError
-from ..gpu import call_key, launched_ops
+from ..gpu import call_key, key_places, launched_ops
 from ..inputs.chunks import END_OF_TIME
 from ..intervals import split_into_windows, union_lengths
 from ..iteration_slices import sliced_stream
@@ -171,11 +171,12 @@ def window_rows(rank_data, ranges, it: Iterations, options: dict, before: int = 
     if ops is not None:
         decided[ops.op[(ops.op < n_kernels) & (ops.call_start_ns < before)]] = True
     if carried is not None and len(carried["key"]):  # learnt by an earlier piece, its ranges since let go
-        by_key = np.argsort(carried["key"])
-        at = by_key[np.minimum(np.searchsorted(carried["key"], key, sorter=by_key), len(by_key) - 1)]
-        known = np.flatnonzero(carried["key"][at] == key)
+        at, known = key_places(carried["key"], key)
+        known = np.flatnonzero(known)
         by_range[known], phase[known], decided[known] = carried["kind"][at[known]], carried["phase"][at[known]], True
-    carry = {"key": key[decided], "kind": by_range[decided], "phase": phase[decided]}
+    carry = np.flatnonzero(decided)
+    carry = carry[np.argsort(key[carry], kind="stable")]  # by key, as letting go keeps it
+    carry = {"key": key[carry], "kind": by_range[carry], "phase": phase[carry]}
     kind = np.where(kind < 0, by_range, kind)
 
     window_start, window_end = it.start_ns, it.end_ns

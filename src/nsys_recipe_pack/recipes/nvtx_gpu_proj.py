@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import GPU_NEEDS, call_key, launch_keys, launched_ops, pair_launches
+from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, launched_ops, pair_launches
 from ..groups import SortedGroups, distinct
 from ..inputs import arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.chunks import NotSorted, Stream
@@ -312,8 +312,8 @@ def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> No
     if rows is None or not rows.num_rows:
         return
     key = numpy_of(rows.column("key"))
-    at = _key_places(state.keys, key)
-    calls = np.flatnonzero(state.keys[at] == key) if len(state.keys) else np.zeros(0, np.int64)
+    at, called = key_places(state.keys, key)
+    calls = np.flatnonzero(called)
     if not len(calls):
         return
     if state.arrived[at[calls]].any():
@@ -346,21 +346,11 @@ def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> No
     state.pending_key, state.pending_at = all_key[first], all_at[first]
 
 
-def _key_places(keys: np.ndarray, wanted: np.ndarray) -> np.ndarray:
-    """Where each wanted key is (or would go, short of the end) among the sorted keys: searched within the keys
-    between the least and the greatest wanted, few and close together for a span's calls or ops."""
-    if not len(keys) or not len(wanted):
-        return np.zeros(len(wanted), np.int64)
-    low = int(np.searchsorted(keys, wanted.min()))
-    high = int(np.searchsorted(keys, wanted.max(), side="right"))
-    return np.minimum(low + np.searchsorted(keys[low:high], wanted), len(keys) - 1)
-
-
 def _add_ops(state: _Projection, rows: pa.Table) -> None:
     """A span's GPU ops into the ranges their calls count for; the pairs of keys whose ops have all come go."""
     key, start, end = (numpy_of(rows.column(c)) for c in ("key", "start_ns", "end_ns"))
-    at = _key_places(state.keys, key)
-    if not len(state.keys) or np.any(state.keys[at] != key):
+    at, known = key_places(state.keys, key)
+    if not len(state.keys) or not known.all():
         raise NotSorted("GPU ops the first read did not give")  # the export changed under the read
     state.arrived[at] = True
     state.unlinked += int(np.count_nonzero(~state.called[at]))

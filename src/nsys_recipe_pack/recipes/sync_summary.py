@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import PAGEABLE, gpu_intervals, pair_launches
+from ..gpu import PAGEABLE, gpu_intervals, key_places, pair_launches
 from ..gpu import call_key as _call_key
 from ..groups import SortedGroups, distinct
 from ..inputs import arrow_of, dictionary_column, ranked_tables, sorted_place
@@ -178,13 +178,6 @@ def _waited(rank_data, runtime, sel: np.ndarray, cols: dict) -> np.ndarray:
     return waited
 
 
-def _among(values: np.ndarray, keys: np.ndarray) -> np.ndarray:
-    """np.isin(values, keys) for sorted distinct keys, by search: the keys are not sorted again for every batch."""
-    if not len(keys):
-        return np.zeros(len(values), bool)
-    return keys[np.minimum(np.searchsorted(keys, values), len(keys) - 1)] == values
-
-
 def _select(need: str, kept: dict):
     """The rows the map uses (see `SELECTION`): the calls that may block; the copies and memsets they made;
     the GPU work during them; the NVTX ranges around them on their threads."""
@@ -200,7 +193,7 @@ def _select(need: str, kept: dict):
     during = union_segments(start, end)
     if need in ("memcpy", "memset"):
         keys = distinct(_call_key(calls))
-        return lambda batch: (_among(_call_key(batch), keys)
+        return lambda batch: (key_places(keys, _call_key(batch))[1]
                               | touching(*during, batch.values("start_ns"), batch.values("end_ns")))
     if need == "kernel":
         return lambda batch: touching(*during, batch.values("start_ns"), batch.values("end_ns"))
