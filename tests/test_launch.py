@@ -1,6 +1,8 @@
 """`nsys-recipe profile`: the commands it builds for each launcher, and a real 4-rank torchrun job."""
 
+import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +12,7 @@ import pytest
 from conftest import ROOT, end_processes, free_port
 
 from nsys_recipe_pack import launch
-from nsys_recipe_pack.errors import UsageError
+from nsys_recipe_pack.errors import PackError, UsageError
 
 NSYS = "/opt/nsys/bin/nsys"
 OUT = Path("/prof")
@@ -99,7 +101,7 @@ def test_unknown_launcher_option_with_a_value_is_a_clear_error():
 
 
 NSYS_ABORTS = ("terminate called without an active exception", "Connection to Agent lost",
-               "Local Endpoint is not available", "\nEnd of file\n")
+               "Local Endpoint is not available", "\nEnd of file\n", "left it unimported and importing it failed")
 
 
 def test_real_four_rank_torchrun_job_through_profile(nsys, tmp_path, reaped_env):
@@ -120,9 +122,10 @@ def test_real_four_rank_torchrun_job_through_profile(nsys, tmp_path, reaped_env)
 
     # On this GPU-less machine nsys 2023.4 now and then aborts in one rank when several start at once on a
     # busy machine ("terminate called without an active exception", more often with osrt traced, "Connection to
-    # Agent lost", "Local Endpoint is not available" or a bare "End of file"): only those failures of nsys itself
-    # are retried, at most twice, each try on a fresh port with any process of the failed try ended first; anything
-    # else fails at once
+    # Agent lost", "Local Endpoint is not available", a bare "End of file", or a capture left broken and unimported):
+    # only those failures of nsys itself are retried, at most twice, each try on a fresh port with any process of the
+    # failed try ended first; anything else fails at once. A capture left unimported but whole is imported by
+    # `profile` itself (test_a_capture_nsys_left_unimported_is_imported), so it needs no retry
     for _ in range(3):
         res = subprocess.run([str(exe), "profile", "--output", str(out), "--trace", "nvtx", "--", *job()],
                              capture_output=True, text=True, timeout=600, env=reaped_env)
@@ -148,3 +151,48 @@ def test_real_four_rank_torchrun_job_through_profile(nsys, tmp_path, reaped_env)
     injected = s[(s["rank"] == 1) & s["iteration"].between(4, 7)]
     assert sorted(injected["iteration"]) == [4, 5, 6, 7] and set(injected["cause"]) == {"dataloader"}
     assert not ((s["rank"] != 1) & s["iteration"].between(4, 7)).any()  # the victims are not blamed
+
+
+def _linked_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def test_a_capture_nsys_left_unimported_is_imported(nsys, tmp_path, reaped_env):
+    """An nsys whose host side it cannot find leaves a real `.qdstrm`, as a rank does when its import fails; the
+    profile finishes it with the importer and returns the report as if nsys had."""
+    if not nsys.has_host_side:
+        pytest.skip("this nsys cannot make reports")
+    alone = tmp_path / "nsys" / "target-linux-x64"  # no host-linux-x64 beside it
+    shutil.copytree(nsys.target_dir, alone, copy_function=_linked_copy, symlinks=True)
+    out = tmp_path / "prof"
+    job = launch.plan_profile(["true"], out, str(alone / "nsys"), trace="osrt")
+    job.argv = ["env", f"NSYS_RECIPE_TEST_RUN={reaped_env['NSYS_RECIPE_TEST_RUN']}", *job.argv]
+    said = []
+    reports = launch.run_profile(job, out, nsys.importer, log=said.append)
+    assert [r.name for r in reports] == ["report.nsys-rep"]
+    assert sorted(p.name for p in out.iterdir()) == ["report.nsys-rep"]
+    assert any("report.qdstrm: nsys left this capture unimported" in s for s in said)
+    exported = tmp_path / "report.sqlite"  # the report of that job: nsys exports it and finds the process
+    subprocess.run([str(nsys.path), "export", "--type", "sqlite", "--output", str(exported), str(reports[0])],
+                   check=True, capture_output=True)
+    with sqlite3.connect(exported) as db:
+        assert ("true",) in db.execute("SELECT name FROM PROCESSES").fetchall()
+
+
+def test_a_capture_that_cannot_be_imported_fails_the_profile_and_is_kept(nsys, tmp_path):
+    if not nsys.has_host_side:
+        pytest.skip("this nsys cannot make reports")
+    out = tmp_path / "prof"
+    broken = f"open({str(out / 'rank3.qdstrm')!r}, 'wb').write(b'x' * 999)"  # what a rank cut short leaves
+    job = launch.ProfilePlan("none", [sys.executable, "-c", broken], None, str(out / "rank%q{RANK}"))
+    out.mkdir()
+    (out / "rank0.nsys-rep").write_bytes(b"")
+    (out / "rank0.qdstrm").write_bytes(b"")  # already imported: dropped
+    with pytest.raises(PackError) as err:
+        launch.run_profile(job, out, nsys.importer, log=lambda m: None)
+    assert "rank3.qdstrm: nsys left it unimported and importing it failed" in str(err.value)
+    assert "1 report(s)" in str(err.value) and err.value.exit_code == 1
+    assert sorted(p.name for p in out.iterdir()) == ["rank0.nsys-rep", "rank3.qdstrm"]

@@ -347,7 +347,8 @@ def cmd_profile(args) -> int:
         raise MissingToolError(f"{nsys.path}: this nsys has no host side, so it cannot make reports; "
                                "run `nsys-recipe setup-nsys --with-host` or pass --nsys with a full install")
     launch.check_output_dir(output, args.force_overwrite)
-    reports = launch.run_profile(plan, output, log=lambda m: print(f"nsys-recipe: {m}", file=sys.stderr, flush=True))
+    reports = launch.run_profile(plan, output, nsys.importer,
+                                 log=lambda m: print(f"nsys-recipe: {m}", file=sys.stderr, flush=True))
     print(f"{len(reports)} report(s) in {output}:")
     for r in reports:
         print(f"  {r.name}")

@@ -288,25 +288,51 @@ def check_output_dir(output: Path, force: bool) -> None:
                          "or choose another --output")
 
 
-def run_profile(plan: ProfilePlan, output: Path, log=print) -> list[Path]:
-    """Run the planned job; return the reports it wrote (one per rank)."""
+def run_profile(plan: ProfilePlan, output: Path, importer: Path | None = None, log=print) -> list[Path]:
+    """Run the planned job; return the reports it wrote (one per rank).
+
+    nsys now and then exits with a rank's capture left unimported (a `.qdstrm` and no `.nsys-rep`); `importer`
+    (nsys' own QdstrmImporter) then finishes it, so that no rank goes missing without a word.
+    """
     output.mkdir(parents=True, exist_ok=True)
     log(f"running: {plan.command_line}")
     try:
         code = subprocess.call(plan.argv)
     except FileNotFoundError as exc:
         raise MissingToolError(f"{exc.filename}: not found; is the launcher on PATH?") from None
+    unimported = import_leftovers(output, importer, log)
     reports = sorted(output.glob("*.nsys-rep"))
     unexpanded = [r for r in reports if "%q{" in r.name]
-    for stray in output.glob("*.qdstrm"):
-        if stray.with_suffix(".nsys-rep").exists():
-            stray.unlink()
     if unexpanded:
         raise BadInputError(f"{unexpanded[0]}: ${plan.rank_var} was not set where nsys ran, so the ranks' reports "
                             "overwrote each other; pass --rank-var with the variable your launcher sets")
-    if code != 0:
-        raise PackError(f"the job exited with code {code}; {len(reports)} report(s) in {output}", 1)
+    if code != 0 or unimported:
+        raise PackError("; ".join([*([f"the job exited with code {code}"] if code else []),
+                                   *(f"{u} (the capture is kept)" for u in unimported),
+                                   f"{len(reports)} report(s) in {output}"]), 1)
     if not reports:
         raise BadInputError(f"{output}: the job ran but no report was written; an nsys without its host side "
                             "cannot make reports (run `nsys-recipe setup-nsys --with-host`)")
     return reports
+
+
+def import_leftovers(output: Path, importer: Path | None, log=print) -> list[str]:
+    """Turn each capture nsys left unimported in `output` into its report; return what failed, one text each."""
+    failed = []
+    for capture in sorted(output.glob("*.qdstrm")):
+        report = capture.with_suffix(".nsys-rep")
+        if report.exists():
+            capture.unlink()
+            continue
+        if importer is None or not importer.exists():
+            failed.append(f"{capture.name}: no QdstrmImporter to import it with")
+            continue
+        log(f"{capture.name}: nsys left this capture unimported; importing it")
+        res = subprocess.run([str(importer), "--input-file", str(capture)], capture_output=True, text=True)
+        if res.returncode == 0 and report.exists():
+            capture.unlink()
+            continue
+        said = (res.stderr.strip() or res.stdout.strip()).splitlines()
+        why = said[-1].strip() if said else f"exit code {res.returncode}"
+        failed.append(f"{capture.name}: nsys left it unimported and importing it failed ({why})")
+    return failed

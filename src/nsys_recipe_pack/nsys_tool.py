@@ -67,9 +67,14 @@ class Nsys:
         return self.path.resolve().parent
 
     @property
+    def importer(self) -> Path:
+        """The host side's program that turns a capture (.qdstrm) into a report (.nsys-rep)."""
+        return self.target_dir.parent / "host-linux-x64" / "QdstrmImporter"
+
+    @property
     def has_host_side(self) -> bool:
-        """Whether this install can make reports (the host side turns a capture into .nsys-rep)."""
-        return (self.target_dir.parent / "host-linux-x64" / "QdstrmImporter").exists()
+        """Whether this install can make reports."""
+        return self.importer.exists()
 
     def recipe_python_path(self) -> Path | None:
         p = self.target_dir / "python" / "packages"
