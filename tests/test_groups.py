@@ -5,7 +5,7 @@ import pandas as pd
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nsys_recipe_pack.groups import SortedGroups, distinct
+from nsys_recipe_pack.groups import SortedGroups, distinct, factorize
 
 
 def test_groups_of_a_small_case_by_hand():
@@ -31,3 +31,26 @@ def test_groups_agree_with_pandas(rows):
     assert g.min(values).tolist() == expected["min"].tolist() and g.max(values).tolist() == expected["max"].tolist()
     assert g.size.tolist() == expected["size"].tolist() and values[g.lead].tolist() == expected["first"].tolist()
     assert distinct(key).tolist() == sorted(set(key.tolist()))
+
+
+def test_factorize_of_a_small_case_by_hand():
+    words, codes = factorize(np.array([7, 3, 7, 7, 3]))
+    assert words.tolist() == [3, 7] and codes.tolist() == [1, 0, 1, 1, 0]
+    words, codes = factorize(np.zeros(0, np.int64))
+    assert words.tolist() == [] and codes.tolist() == []
+    values = np.full(5000, 9)
+    values[1] = 4  # a value the sample (every 4th row, and the last) does not see
+    words, codes = factorize(values)
+    assert words.tolist() == [4, 9] and codes[:3].tolist() == [1, 0, 1] and codes.sum() == 4999
+
+
+@given(st.lists(st.sampled_from([-(10**15), 2, 294065908970382, 294065908970657, 10**16]), max_size=3000),
+       st.integers(0, 2999), st.integers(-(10**17), 10**17), st.integers(0, 12))
+def test_factorize_agrees_with_numpy_unique(values, at, rare, more):
+    """Few distinct values (threads), a rare one that a sample of the column misses, or many (a binary search)."""
+    values = np.array(values + list(range(more)), np.int64)
+    if len(values):
+        values[at % len(values)] = rare
+    words, codes = factorize(values)
+    expected_words, expected_codes = np.unique(values, return_inverse=True)
+    assert words.tolist() == expected_words.tolist() and codes.tolist() == expected_codes.reshape(-1).tolist()

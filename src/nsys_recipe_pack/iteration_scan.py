@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .groups import SortedGroups
+from .groups import SortedGroups, factorize
 from .inputs.chunks import ReadWhole
 from .inputs.frames import arrow_of, column_codes, dictionary_column, numpy_of
 from .intervals import outermost
@@ -138,8 +138,8 @@ class RangeScan:
     def span(self, rows: pa.Table) -> _Span:
         """A span's rows (start_ns, end_ns, tid, pid, name, domain: closed ranges) as ids."""
         tid = numpy_of(rows.column("tid"))
-        tid_code, tid_words = _factorize(tid)
-        tid_id = self.tids.ids(tid_words)[tid_code]
+        tid_words, tid_code = factorize(tid)
+        tid_id = self.tids.ids(tid_words.tolist())[tid_code]
         ids = []
         for column, words in (("name", self.names), ("domain", self.domains)):
             codes, distinct = column_codes(rows.column(column))
@@ -333,14 +333,6 @@ def _outermost_of(delimiter: Delimiter, tid: np.ndarray, start: np.ndarray, end:
     start, end = start[on], end[on]
     keep = outermost(np.zeros(len(start), np.int64), start, end)
     return Iterations(delimiter, start[keep].astype(np.int64), end[keep].astype(np.int64), thread)
-
-
-def _factorize(values: np.ndarray) -> tuple[np.ndarray, list]:
-    """(codes, distinct values) of a column of a few distinct integers (usually one)."""
-    if not len(values) or values[0] == values[-1] and (values == values[0]).all():
-        return np.zeros(len(values), np.int64), values[:1].tolist()
-    distinct, codes = np.unique(values, return_inverse=True)
-    return codes.reshape(-1), distinct.tolist()
 
 
 def nvtx_iterations(read: Callable[[], Iterable[pa.Table]], iteration: str | None = None) -> dict:

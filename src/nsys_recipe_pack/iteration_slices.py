@@ -30,6 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from .gpu import GPU_NEEDS, call_key, key_places, launch_keys
+from .groups import distinct
 from .inputs import Frame, arrow_of, numpy_of
 from .inputs.chunks import END_OF_TIME, ReadWhole, Stream
 from .inputs.events import read_mpi
@@ -140,7 +141,7 @@ def _fold(state: Slices, span_start: int, span_end: int, chunk: dict) -> None:
         if need == "runtime":
             at, hit = key_places(state.keys, _key(rows))
             at = at[hit]
-            if len(np.unique(at)) < len(at) or state.called[at].any():
+            if len(distinct(at)) < len(at) or state.called[at].any():
                 raise ReadWhole("a launch key held by several calls")
             if (state.remaining[at] == 0).any():
                 raise ReadWhole("a GPU op read before the call that launched it")

@@ -11,6 +11,8 @@ import re
 
 import numpy as np
 
+from .groups import factorize
+
 
 def stack_levels_of(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Level of each range (thread, start, end) on its thread, 0 = outermost."""
@@ -99,7 +101,7 @@ def _asof_backward(q_tid, q_level, q_t, c_tid, c_level, c_t) -> np.ndarray:
     nq = len(q_t)
     if nq == 0 or len(c_t) == 0:
         return np.full(nq, -1, np.int64)
-    _, tid_code = np.unique(np.concatenate([q_tid, c_tid]), return_inverse=True)
+    _, tid_code = factorize(np.concatenate([q_tid, c_tid]))
     levels = np.concatenate([q_level, c_level]).astype(np.int64) + 1  # queries may ask for level -1
     group = tid_code.astype(np.int64) * (int(levels.max()) + 1) + levels
     t = np.concatenate([q_t, c_t]).astype(np.int64)

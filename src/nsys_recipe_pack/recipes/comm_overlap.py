@@ -27,6 +27,7 @@ import numpy as np
 
 from ..errors import BadInputError
 from ..gpu import call_key, key_places, launched_ops
+from ..groups import factorize
 from ..inputs.chunks import END_OF_TIME
 from ..intervals import split_into_windows, union_lengths
 from ..iteration_slices import sliced_stream
@@ -181,9 +182,8 @@ def window_rows(rank_data, ranges, it: Iterations, options: dict, before: int = 
 
     window_start, window_end = it.start_ns, it.end_ns
     event, window, clipped_start, clipped_end = split_into_windows(start, end, window_start, window_end)
-    devices, device_at = np.unique(kernels.values("device", fill=-1)[event] if n_kernels else event,
-                                   return_inverse=True)
-    group = window * max(len(devices), 1) + device_at.reshape(-1)
+    devices, device_at = factorize(kernels.values("device", fill=-1)[event] if n_kernels else event)
+    group = window * max(len(devices), 1) + device_at
     size = len(window_start) * max(len(devices), 1)
     totals, per_kind = overlap_by_window(group, kind[event], clipped_start, clipped_end, size)
     # one row per window and device that ran kernels

@@ -12,7 +12,7 @@ import pyarrow as pa
 
 from ..errors import BadInputError, MissingTraceError
 from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY, gpu_frames
-from ..groups import SortedGroups
+from ..groups import SortedGroups, factorize
 from ..inputs import Frame, arrow_of, dictionary_column, numpy_of, sorted_place
 from ..inputs.chunks import Stream
 from ..intervals import outermost, prefix_union_lengths, split_into_windows
@@ -169,7 +169,7 @@ def map_rank(rank_data, options: dict) -> dict:
     ops = _ops(rank_data)
     # per device: windows from each device's first op start to its last op end (ops with no device: none)
     on = ops["has_device"]
-    devices, group = np.unique(ops["device"][on], return_inverse=True)
+    devices, group = factorize(ops["device"][on])
     dev_ops = {k: v[on] for k, v in ops.items()}
     lo = np.full(len(devices), np.iinfo(np.int64).max)
     hi = np.full(len(devices), np.iinfo(np.int64).min)
@@ -355,7 +355,7 @@ def _fold_ops(proc: _Process, new: dict, span_start: int, span_end: int) -> None
     clipped = {**pieces, "end": np.minimum(pieces["end"], span_end)}
     # devices: an op's count, time and bytes where it starts, its union span by span
     on = clipped["has_device"]
-    devices, group = np.unique(clipped["device"][on], return_inverse=True)
+    devices, group = factorize(clipped["device"][on])
     duration = np.zeros(len(counted), np.int64)
     duration[:n_new] = new["end"] - new["start"]
     dev_ops = {c: v[on] for c, v in clipped.items()}
