@@ -43,6 +43,7 @@ SOURCE = ROOT / "sample_reports" / "ai_profiler_a100" / "baseline_nvtx.nsys-rep"
 REPLICATED = ["NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
               "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION", "OSRT_API"]
 KERNEL = "nchwToNhwcKernel"
+ALL_COPIES = (250, 2000)  # the 680 MB and 5.4 GB cases
 DELIMITER = "Epoch 2"  # the range kernel_pace finds delimiting iterations in the replicated report (once per copy)
 # case (rows and --recipes name it), pack recipe, its command-line options and the same as the recipe's options,
 # the built-in counterparts (each a command's arguments; none for iterations found from NVTX ranges)
@@ -422,8 +423,10 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
                          f"{'—' if failed else 'found' if p['truth'].all() else 'not found'} |")
     updates = meta.get("updates", [])
     again = {r for u in updates for r in u["recipes"]}
-    lines += [""] + [f"Rows of {', '.join(u['recipes'])} measured again by `{u['command']}` on {u['date']}."
-                     for u in updates] + (["The other rows are the first run's."]
+    lines += [""] + [f"Rows of {', '.join(u['recipes'])} ({' and '.join(map(str, u.get('copies', ALL_COPIES)))} "
+                     f"copies) measured again by `{u['command']}` on {u['date']}."
+                     for u in updates] + (["Where two of these lines name a row, the later one measured it."]
+                                          if len(updates) > 1 else []) + (["The other rows are the first run's."]
                                           if set(df["recipe"]) - again else []) if updates else []
     lines += ["", f"Every command, in order, with its output: `{meta['raw']}/commands.log`; raw numbers: "
               f"`{meta['raw']}/huge.json`.", END]
@@ -440,7 +443,7 @@ def main() -> None:
         floor(Path(a.path), a.recipe)
         return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--copies", default="250,2000", help="replication factors, comma-separated")
+    p.add_argument("--copies", default=",".join(map(str, ALL_COPIES)), help="replication factors, comma-separated")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "nsys-recipe-bench-huge"))
     p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
@@ -471,9 +474,12 @@ def main() -> None:
     command = "python bench/huge.py " + shlex.join(sys.argv[1:])
     if earlier:  # the other recipes' rows as the earlier run measured them
         rows = [r for r in earlier["rows"] if not (r["recipe"] in only and r["copies"] in copies)] + rows
-        meta, update = earlier["meta"], {"command": command, "date": meta["date"], "recipes": sorted(only)}
-        meta["updates"] = [{**u, "recipes": sorted(set(u["recipes"]) - only)} for u in meta.get("updates", [])
-                           if set(u["recipes"]) - only] + [update]
+        meta, update = earlier["meta"], {"command": command, "date": meta["date"], "recipes": sorted(only),
+                                         "copies": copies}
+        # an earlier update still names the recipes whose rows of some other size it measured
+        meta["updates"] = [{**u, "recipes": sorted(set(u["recipes"]) - only)} if set(u.get("copies", ALL_COPIES))
+                           <= set(copies) else u for u in meta.get("updates", [])]
+        meta["updates"] = [u for u in meta["updates"] if u["recipes"]] + [update]
     else:
         meta["command"] = command
     (raw / "huge.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
