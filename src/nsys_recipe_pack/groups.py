@@ -51,9 +51,9 @@ class SortedGroups:
 
 def factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(sorted distinct values, codes) as np.unique(values, return_inverse=True) gives them, for a column of few
-    distinct values (threads, processes, devices) without sorting it: the values a sample of it holds are looked up
-    with a binary search, and only a column the sample misses a value of is sorted (10 M rows of two threads:
-    0.03 s against 0.3 s on a 2-core machine with NumPy 2.4)."""
+    distinct values (threads, processes, devices) without sorting it: each row is placed among the values a sample
+    of the column holds, and only a column with a value the sample missed is sorted (10 M rows of two threads:
+    0.07 s against np.unique's 0.19 s on a 2-core machine with NumPy 2.4)."""
     values = np.asarray(values)
     if not len(values):
         return values[:0], np.zeros(0, np.intp)
