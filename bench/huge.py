@@ -248,15 +248,13 @@ def truth(base: Path, copies: int) -> dict:
     q = lambda sql: con.execute(sql).fetchall()  # noqa: E731
     name = "COALESCE(text, (SELECT value FROM StringIds WHERE id = textId))"
     api = "(SELECT value FROM StringIds WHERE id = nameId)"
+    iterations = q(f"SELECT count(*) FROM NVTX_EVENTS WHERE {name} = '{DELIMITER}' AND end IS NOT NULL")[0][0] * copies
     out = {
         "kernel_pace": {"launches": q(f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName IN "
                                       f"(SELECT id FROM StringIds WHERE value = '{KERNEL}')")[0][0] * copies},
-        "kernel_pace_iterations": {"iterations": q(f"SELECT count(*) FROM NVTX_EVENTS WHERE {name} = '{DELIMITER}' "
-                                                   "AND end IS NOT NULL")[0][0] * copies, "delimiter": DELIMITER},
-        "straggler_heatmap": {"iterations": q(f"SELECT count(*) FROM NVTX_EVENTS WHERE {name} = '{DELIMITER}' "
-                                              "AND end IS NOT NULL")[0][0] * copies},
-        "comm_overlap": {"iterations": q(f"SELECT count(*) FROM NVTX_EVENTS WHERE {name} = '{DELIMITER}' "
-                                         "AND end IS NOT NULL")[0][0] * copies,
+        "kernel_pace_iterations": {"iterations": iterations, "delimiter": DELIMITER},
+        "straggler_heatmap": {"iterations": iterations},
+        "comm_overlap": {"iterations": iterations,
                          "collectives": q("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName IN "
                                           "(SELECT id FROM StringIds WHERE value LIKE 'nccl%')")[0][0] * copies},
         "compute_memory_share": {"kernel_ns": q("SELECT sum(end - start) FROM CUPTI_ACTIVITY_KIND_KERNEL")[0][0]
