@@ -100,6 +100,46 @@ def test_innermost_range_against_brute_force():
             assert (tuple(r[got[q]]) if got[q] >= 0 else None) == want
 
 
+def _depth_walk(ranges: np.ndarray, queries: np.ndarray) -> tuple[list, list]:
+    """Levels of ranges (thread, start, end) and the range each query (thread, start, end) is in, by walking the
+    events one at a time: at one instant ends first (of a range of no length, after the starts), then starts
+    (longer first, then in input order), then queries; a query is in the last range started at depth - 1."""
+    events = []
+    for i, (t, s, e) in enumerate(ranges.tolist()):
+        events += [(t, s, 1, s - e, i, "start", i), (t, e, 2 if e == s else 0, 0, i, "end", i)]
+    events += [(t, s, 3, 0, j, "query", j) for j, (t, s, _) in enumerate(queries.tolist())]
+    depth, last, levels, inside = {}, {}, [None] * len(ranges), [None] * len(queries)
+    for t, _, _, _, _, kind, i in sorted(events):
+        d = depth.get(t, 0)
+        if kind == "start":
+            levels[i], last[t, d], depth[t] = d, i, d + 1
+        elif kind == "end":
+            depth[t] = d - 1
+        else:
+            c = last.get((t, d - 1))
+            inside[i] = c if c is not None and ranges[c, 2] >= queries[i, 2] else -1
+    return levels, inside
+
+
+def test_levels_and_innermost_range_of_overlapping_ranges_against_a_walk():
+    # start/end ranges may overlap without nesting: levels and enclosing ranges are then the depth's, as a walk
+    # over the events in time order gives them; threads, input order, shared instants and no length all mixed
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        n, m = int(rng.integers(0, 25)), int(rng.integers(0, 20))
+        r = np.c_[rng.integers(1, 4, n), rng.integers(0, 40, n), np.zeros(n, np.int64)]
+        r[:, 2] = r[:, 1] + rng.integers(0, 20, n)
+        q = np.c_[rng.integers(1, 5, m), rng.integers(0, 45, m), np.zeros(m, np.int64)]
+        q[:, 2] = q[:, 1] + rng.integers(0, 6, m)
+        levels, _ = _depth_walk(r, q)
+        assert stack_levels_of(r[:, 0], r[:, 1], r[:, 2]).tolist() == levels
+        # a range of no length encloses nothing and does not count in the depth
+        long = np.flatnonzero(r[:, 2] > r[:, 1])
+        _, inside = _depth_walk(r[long], q)
+        got = innermost_of(r[:, 0], r[:, 1], r[:, 2], q[:, 0], q[:, 1], q[:, 2])
+        assert got.tolist() == [long[c] if c >= 0 else -1 for c in inside]
+
+
 def test_gpu_idle_while_blocked_by_hand():
     # host: cudaDeviceSynchronize [10, 30) ms inside NVTX "step"; the GPU works [5, 15) and [20, 22) ms
     rt = pd.DataFrame({"start_ns": [10 * MS], "end_ns": [30 * MS], "tid": [7], "pid": [1],

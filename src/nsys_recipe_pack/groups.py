@@ -33,6 +33,10 @@ class SortedGroups:
     def __len__(self) -> int:
         return len(self.first)
 
+    def rows(self, group: int) -> np.ndarray:
+        """The rows of the group at this place (in key order), in input order."""
+        return self.order[self.first[group]:self.first[group] + self.size[group]]
+
     def _reduce(self, ufunc, values: np.ndarray) -> np.ndarray:
         values = np.asarray(values)
         if not len(self.first):
