@@ -67,22 +67,33 @@ FLAT = [(f"op{k}", 1000 * (5 * k + i), 1000 * (5 * k + i) + 10 + k, 1) for k in 
                                                                             "flat"])
 @pytest.mark.parametrize("instants", [1, 3, 1000])
 @pytest.mark.parametrize("tested", [1, 8])
-@pytest.mark.parametrize("replayed", [False, True])
-def test_found_delimiter_is_find_iterations_one(monkeypatch, rows, instants, tested, replayed):
+@pytest.mark.parametrize("replay_rows", [0, 7, 10**9])
+def test_found_delimiter_is_find_iterations_one(monkeypatch, tmp_path, rows, instants, tested, replay_rows):
     monkeypatch.setattr(iteration_scan, "INNER_CANDIDATES", tested)  # candidates tested by one read, at most
     monkeypatch.setattr(iteration_scan, "INNER_QUERIES", 0 if tested == 1 else 10**9)
-    # the first read's rows kept for the further reads, or the table read again
-    monkeypatch.setattr(iteration_scan, "REPLAY_ROWS", 10**9 if replayed else 0)
+    # the first read's rows replayed to the further reads from a file, from memory then a file, or from memory
+    monkeypatch.setattr(iteration_scan, "REPLAY_ROWS", replay_rows)
+    replays, files = [], []
+    monkeypatch.setattr(iteration_scan._Replay, "__iter__", _counted(iteration_scan._Replay.__iter__, replays))
+    monkeypatch.setattr(iteration_scan.SpillWriter, "__init__", _counted(iteration_scan.SpillWriter.__init__, files))
     rank = _rank(rows)
     want = iterations.find_iterations(rank)
     read, reads = _reader(rank, instants)
-    found = iteration_scan.nvtx_iterations(read)
+    found = iteration_scan.nvtx_iterations(read, spill_dir=str(tmp_path))
     assert list(found) == [1]
     _same(found[1], want)
-    if replayed:
-        assert len(reads) == 1
-    elif rows is INSIDE or rows is TIES:  # "load" is tried first; testing one candidate a read, "step" needs a third
-        assert want.delimiter.name == "step" and len(reads) == (3 if tested == 1 else 2)
+    assert len(reads) == 1  # the table is read once
+    assert bool(files) == (replay_rows < len(rows))  # what does not fit is in a file...
+    assert not list(tmp_path.iterdir())  # ...gone once the iterations are found
+    if rows is INSIDE or rows is TIES:  # "load" is tried first; testing one candidate a read, "step" needs a third
+        assert want.delimiter.name == "step" and len(replays) == (2 if tested == 1 else 1)
+
+
+def _counted(method, calls: list):
+    def counted(self, *args):
+        calls.append(1)
+        return method(self, *args)
+    return counted
 
 
 def test_named_delimiter_and_its_error_read_once():
@@ -134,7 +145,7 @@ def _maps(path, options):
 def test_kernel_pace_of_a_long_capture_is_the_whole_reads(synthetic, monkeypatch, batch_rows, replay_rows):  # noqa: F811
     monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", batch_rows)
-    monkeypatch.setattr(iteration_scan, "REPLAY_ROWS", replay_rows)  # NVTX read again, or its first read kept
+    monkeypatch.setattr(iteration_scan, "REPLAY_ROWS", replay_rows)  # the first read replayed from a file, or memory
     for path in [REAL_NCCL, REAL_GLOO, synthetic["sqlite"][2], synthetic["parquetdir"][2]]:
         kernel = load_file(path, {"kernel"})[0].frame("kernels").codes("name")[1][0]
         for options in ({}, {"iteration": "step"}, {"iteration_kernel": kernel}, {"iteration": "nope"},
