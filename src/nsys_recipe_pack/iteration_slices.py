@@ -165,7 +165,8 @@ def _fold(state: Slices, span_start: int, span_end: int, chunk: dict) -> None:
                 continue
             own = rows if one else rows.filter(arrow_of(pid == p))
             attr = NEED_FRAMES[need][0]
-            rank.rows[attr] = own if rank.rows.get(attr) is None else pa.concat_tables([rank.rows[attr], own])
+            held = rank.rows.get(attr)  # one chunk: the map and the next span read its columns without copies
+            rank.rows[attr] = own if held is None else pa.concat_tables([held, own]).combine_chunks()
     for rank in state.ranks.values():
         if not isinstance(rank.it, str):
             _advance(state, rank, span_end)
