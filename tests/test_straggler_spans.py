@@ -120,3 +120,24 @@ def test_an_op_that_runs_iterations_after_its_launch_holds_them_back(tmp_path, m
     sliced = pieces[1:]  # after the whole map's one piece
     held = [p for p in sliced if p[0] <= 5 < p[0] + p[1]]
     assert held and held[0][0] + held[0][1] >= 10, sliced
+
+
+def test_a_long_capture_tells_its_rows_to_read_from_the_start(monkeypatch):
+    """The reads ahead of the spans (NVTX for the iterations, every GPU op's launch key) count in the rows to read
+    from the first line on, so that the time left is estimated over all of them and the last line says all were
+    read."""
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 200)
+    monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+    seen = []
+    monkeypatch.setattr(rank_data._ReadProgress, "_say", lambda self: seen.append((self.read, self.total)))
+    ranks = load_file(REAL_GLOO, set(SPEC.needs), stream=SPEC.stream_given({}))
+    assert ranks[0].streamed["iterations"].num_rows >= 6
+    con = sqlite3.connect(REAL_GLOO)
+    count = {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
+             for t in ("NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL",
+                       "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET")}
+    con.close()
+    twice = sum(n for t, n in count.items() if "RUNTIME" not in t)  # read ahead, then in the spans
+    assert len(seen) > 2 and {total for _, total in seen} == {sum(count.values()) + twice}
+    assert seen[-1][0] == seen[-1][1]
+

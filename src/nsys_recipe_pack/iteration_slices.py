@@ -99,7 +99,9 @@ def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture
             out[pid] = finish(rank.it, rank.pieces, names)
         return out
 
-    return Stream(needs=("nvtx", "runtime", *gpu_needs), view=_view, fold=_fold, finish=done, prepare=prepare)
+    # read ahead of the spans, and so in the progress's rows from the start: NVTX for the iterations, the ops' keys
+    return Stream(needs=("nvtx", "runtime", *gpu_needs), view=_view, fold=_fold, finish=done, prepare=prepare,
+                  ahead=("nvtx", *gpu_needs))
 
 
 def _prepare(ahead, options: dict, measure: Callable, with_mpi: bool, gpu_needs: tuple, whole_capture: bool
