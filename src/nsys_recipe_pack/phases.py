@@ -23,7 +23,7 @@ def child_ranges(ranges: Ranges, it: Iterations) -> tuple[np.ndarray, np.ndarray
     ok = idx >= 0
     within = np.zeros(len(on), bool)
     within[ok] = end[ok] <= window_end[idx[ok]]
-    is_delim = np.isin(start, window_start) & (ranges.names[name] == it.delimiter.name)
+    is_delim = np.isin(start, window_start) & (ranges.names == it.delimiter.name)[name]  # names: the few words
     kid = np.flatnonzero(within & ~is_delim)
     if not len(kid):
         return empty, empty, empty, empty

