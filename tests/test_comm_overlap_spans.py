@@ -13,6 +13,7 @@ from test_straggler_spans import mpi_job  # noqa: F401 (a fixture)
 
 from nsys_recipe_pack import iteration_slices, recipes, synth
 from nsys_recipe_pack.inputs import load_file, rank_data, readers
+from nsys_recipe_pack.recipes import comm_overlap as co
 
 SPEC = recipes.get("comm_overlap")
 
@@ -146,3 +147,11 @@ def test_a_collective_launched_between_iterations_keeps_the_range_it_was_launche
     kinds, phases = whole["by_kind"], whole["by_phase"]
     assert kinds["kernels"][kinds["iteration"] == 4].tolist() == [2] and set(kinds["kind"]) == {"all_reduce"}
     assert phases["kernels"][phases["iteration"] == 4].tolist() == [1]  # the moved one launched in no phase
+
+
+def test_carried_phase_names_become_codes_into_the_names_grown():
+    # names an earlier piece carried: one among the piece's range names, one new (twice), none
+    words, codes = co._coded(np.array(["forward", "backward", None], object),
+                             np.array(["backward", None, "optimizer", "forward", "optimizer"], object))
+    assert words.tolist() == ["forward", "backward", "optimizer", None]
+    assert codes.tolist() == [1, -1, 2, 0, 2]
