@@ -140,4 +140,3 @@ def test_a_long_capture_tells_its_rows_to_read_from_the_start(monkeypatch):
     twice = sum(n for t, n in count.items() if "RUNTIME" not in t)  # read ahead, then in the spans
     assert len(seen) > 2 and {total for _, total in seen} == {sum(count.values()) + twice}
     assert seen[-1][0] == seen[-1][1]
-
