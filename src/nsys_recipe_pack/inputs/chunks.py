@@ -4,7 +4,8 @@ time (compute_memory_share): an hour-long capture then never has to be held whol
 Nsight Systems exports every event table sorted by start. `time_chunks` reads each table a batch at a time and
 hands over, span after span, every row of every table that starts in the span: a row starting before the span's
 end is in it or in an earlier one. A table found out of order raises `NotSorted` before anything is handed over
-twice, and the caller reads the tables whole instead.
+twice, and the caller reads the tables whole instead. Each table is read, made into frames and viewed in a thread of
+its own, a batch ahead of the spans, while the recipe folds the last span in (most of that work lets go of Python).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pyarrow as pa
 
 from .events import DOMAIN_CREATE
 from .frames import numpy_of
-from .readers import TABLES, ExportSource, StringTable
+from .readers import TABLES, ExportSource, StringTable, read_ahead
 from .selection import RANGE_EVENTS, Extents, KeptRows, batch_frames
 
 END_OF_TIME = np.iinfo(np.int64).max
@@ -116,8 +117,8 @@ def time_chunks(src: ExportSource, needs: list[str], strings: StringTable, view:
     by their strings) and "nvtx", the events every read keeps (inputs.selection.identity_rows); found None: a read
     again of a table, which keeps none of that. columns: need -> the export columns read (default: all of
     `readers.TABLES`)."""
-    streams = {need: _batches(src, need, (columns or {}).get(need), strings, view, extents, progress, found)
-               for need in needs}
+    streams = {need: read_ahead(_batches(src, need, (columns or {}).get(need), strings, view, extents, progress,
+                                          found), ahead=1) for need in needs}
     pending: dict[str, pa.Table | None] = dict.fromkeys(needs)
     live = set(needs)
     frontier = np.iinfo(np.int64).min

@@ -11,6 +11,7 @@ import re
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
@@ -338,10 +339,11 @@ def check_memory(path: Path, counts: dict[str, int], available: int | None = Non
 
 class _ReadProgress:
     """One long read (millions of rows): a line when it starts, and after each table the rows read so far and
-    the time left at that pace. Silent for the usual small reports."""
+    the time left at that pace. Silent for the usual small reports. The tables of a read in spans are read in
+    threads of their own (inputs.chunks.time_chunks), which count here together."""
 
     def __init__(self, path: Path, counts: dict[str, int], stream=None):
-        self.path, self.counts = path, counts
+        self.path, self.counts, self.lock = path, counts, threading.Lock()
         self.total = sum(counts.values())
         self.read = 0
         self.start = self.said = time.monotonic()
@@ -351,20 +353,23 @@ class _ReadProgress:
             print(f"{path}: reading {self.total / 1e6:.1f} M rows", file=self.stream, flush=True)
 
     def __call__(self, table: str) -> None:
-        self.read += self.counts.get(table, 0)
-        self._say()
+        with self.lock:
+            self.read += self.counts.get(table, 0)
+            self._say()
 
     def expect(self, table: str, rows: int) -> None:
         """A read not counted when the progress began (a table read again)."""
-        self.counts[table] = self.counts.get(table, 0) + rows
-        self.total += rows
+        with self.lock:
+            self.counts[table] = self.counts.get(table, 0) + rows
+            self.total += rows
 
     def add(self, table: str, rows: int) -> None:
         """Rows of a table read a batch at a time: a line every PROGRESS_EVERY_S seconds and at its end."""
-        self.read += rows
-        self.table_read[table] = self.table_read.get(table, 0) + rows
-        if self.table_read[table] >= self.counts.get(table, 0) or time.monotonic() - self.said >= PROGRESS_EVERY_S:
-            self._say()
+        with self.lock:
+            self.read += rows
+            self.table_read[table] = self.table_read.get(table, 0) + rows
+            if self.table_read[table] >= self.counts.get(table, 0) or time.monotonic() - self.said >= PROGRESS_EVERY_S:
+                self._say()
 
     def _say(self) -> None:
         self.said = time.monotonic()
