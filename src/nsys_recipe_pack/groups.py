@@ -7,6 +7,8 @@ NumPy 2.4), so distinct values of large arrays are taken by sorting here.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 
@@ -72,3 +74,22 @@ def factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return guess, codes
     distinct, codes = np.unique(values, return_inverse=True)
     return distinct, codes.reshape(-1)
+
+
+class Vocabulary:
+    """Ids for the distinct values (strings, None, or ints) met so far, given in order of first sight: names read a
+    piece at a time keep one id across the pieces."""
+
+    def __init__(self):
+        self.id_of: dict = {}
+        self.words: list = []
+
+    def ids(self, words: Iterable) -> np.ndarray:
+        out = []
+        for w in words:
+            i = self.id_of.get(w)
+            if i is None:
+                i = self.id_of[w] = len(self.words)
+                self.words.append(w)
+            out.append(i)
+        return np.array(out, np.int64)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .groups import SortedGroups, factorize
+from .groups import SortedGroups, Vocabulary, factorize
 from .inputs.chunks import ReadWhole
 from .inputs.frames import arrow_of, column_codes, dictionary_column, numpy_of
 from .intervals import outermost
@@ -51,24 +51,6 @@ QUERIES = 1_000_000  # (range, candidate) pairs tested at once
 
 class TooManyNames(Exception):
     """More distinct threads, names or domains than a key holds: the caller reads the table whole."""
-
-
-class _Words:
-    """Ids for the distinct values (strings, None, or ints) met so far, given in order of first sight."""
-
-    def __init__(self):
-        self.id_of: dict = {}
-        self.words: list = []
-
-    def ids(self, words: Iterable) -> np.ndarray:
-        out = []
-        for w in words:
-            i = self.id_of.get(w)
-            if i is None:
-                i = self.id_of[w] = len(self.words)
-                self.words.append(w)
-            out.append(i)
-        return np.array(out, np.int64)
 
 
 @dataclass
@@ -124,7 +106,7 @@ class RangeScan:
 
     def __init__(self, iteration: str | None = None):
         self.iteration = parse_name_domain(iteration) if iteration else None
-        self.tids, self.names, self.domains = _Words(), _Words(), _Words()
+        self.tids, self.names, self.domains = Vocabulary(), Vocabulary(), Vocabulary()
         self.tally = _Tally()
         self.rows = 0
         self.collected: list[tuple] = []  # --iteration: (pid, tid, start, end) of the ranges with its name

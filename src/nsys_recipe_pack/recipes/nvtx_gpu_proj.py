@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, launched_ops, pair_launches
-from ..groups import SortedGroups, distinct
+from ..groups import SortedGroups, Vocabulary, distinct
 from ..inputs import arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.chunks import NotSorted, Stream
 from ..inputs.selection import RANGE_EVENTS
@@ -194,10 +194,12 @@ def diff_metrics(ranks) -> pd.DataFrame | None:
 # ---------------------------------------------------------------------------------------------------
 # a long capture, span by span of time (inputs.chunks): the ranges table written as it is made (spill.py)
 
-# a range not yet written: parent_at is its parent's place in `live` while that is there (else -1)
-LIVE = {"id": np.int64, "tid": np.int64, "pid": np.int64, "start": np.int64, "end": np.int64, "level": np.int64,
-        "parent": np.int64, "parent_at": np.int64, "gpu_start": np.int64, "gpu_end": np.int64, "busy": np.int64,
-        "reach": np.int64, "ops": np.int64, "pending": np.int64, "late": bool}
+# a range not yet written: parent_at is its parent's place in `live` while that is there (else -1); name and domain
+# are ids into the names met so far (`_Projection.names`; -1: none)
+LIVE = {"id": np.int64, "tid": np.int64, "pid": np.int64, "name": np.int64, "domain": np.int64, "start": np.int64,
+        "end": np.int64, "level": np.int64, "parent": np.int64, "parent_at": np.int64, "gpu_start": np.int64,
+        "gpu_end": np.int64, "busy": np.int64, "reach": np.int64, "ops": np.int64, "pending": np.int64, "late": bool}
+NAMES = pa.dictionary(pa.int32(), pa.large_string())  # names as the ranges table gives them while it is made
 HOLD_ROWS = 1 << 20  # finished ranges held back behind unfinished ones (to be written in order) before those go late
 SUMS_ROWS = 1 << 20  # rows of sums by name and domain, piece by piece, before they are added up
 
@@ -212,11 +214,11 @@ class _Projection:
         self.called = np.zeros(len(keys), bool)  # a call with this key was read
         self.arrived = np.zeros(len(keys), bool)  # an op with this key was read
         self.live = {c: np.zeros(0, t) for c, t in LIVE.items()}
-        self.live_names = pa.table({"name": pa.array([], pa.large_string()), "domain": pa.array([], pa.large_string())})
+        self.names = Vocabulary()  # names and domains of NVTX ranges, as `live` refers to them
         self.last = {c: np.zeros(0, np.int64) for c in ("tid", "level", "start", "end", "id")}  # per thread and level
         self.pending_key, self.pending_at = np.zeros(0, np.int64), np.zeros(0, np.int64)
         self.next_id, self.unlinked, self.pids = 0, 0, set()
-        self.spill = SpillWriter(pa.schema([("name", pa.large_string()), ("domain", pa.large_string()),
+        self.spill = SpillWriter(pa.schema([("name", NAMES), ("domain", NAMES),
                                             *((c, pa.int64()) for c in list(RANGE_DTYPES)[2:])]), "range_id",
                                  options.get(SPILL_DIR))
         self.late: list[pa.Table] = []
@@ -237,7 +239,7 @@ def _view(need: str, frame) -> pa.Table:
         names = {}
         for col in ("name", "domain"):
             codes, words = frame.codes(col)
-            names[col] = dictionary_column(codes[ranges], words[:-1]).dictionary_decode()
+            names[col] = dictionary_column(codes[ranges], words[:-1])
         return pa.table({"start_ns": arrow_of(frame.values("start_ns")[ranges]),
                          "end_ns": arrow_of(frame.values("end_ns")[ranges], valid=closed),
                          "tid": arrow_of(frame.values("tid")[ranges]), "pid": arrow_of(frame.values("pid")[ranges]),
@@ -271,6 +273,7 @@ def _add_ranges(state: _Projection, rows: pa.Table | None, span_start: int) -> N
     order = np.lexsort((-end, start))
     start, end = start[order], end[order]
     tid, pid = numpy_of(rows.column("tid"))[closed][order], numpy_of(rows.column("pid"))[closed][order]
+    name, domain = (_ids_in(state.names, rows.column(c))[closed][order] for c in ("name", "domain"))
     ids = state.next_id + np.arange(len(start), dtype=np.int64)
     state.next_id += len(start)
     live = state.live
@@ -295,15 +298,21 @@ def _add_ranges(state: _Projection, rows: pa.Table | None, span_start: int) -> N
     parent = np.where(at >= 0, cand["id"][up], -1)
     # a parent is still open, so not yet written: in `live`, or among these ranges
     parent_at = np.where(parent >= 0, np.searchsorted(np.r_[live["id"], ids], parent), -1)
-    new = {"id": ids, "tid": tid, "pid": pid, "start": start, "end": end, "level": levels, "parent": parent,
+    new = {"id": ids, "tid": tid, "pid": pid, "name": name, "domain": domain, "start": start, "end": end,
+           "level": levels, "parent": parent,
            "parent_at": parent_at}
     n = len(ids)
     for c, t in LIVE.items():
         value = new.get(c, {"gpu_start": np.iinfo(np.int64).max, "gpu_end": np.iinfo(np.int64).min,
                             "reach": np.iinfo(np.int64).min}.get(c, 0))
         live[c] = np.concatenate([live[c], np.broadcast_to(np.asarray(value, t), n)])
-    names = rows.select(["name", "domain"]).filter(arrow_of(closed)).take(arrow_of(order))
-    state.live_names = pa.concat_tables([state.live_names, names.cast(state.live_names.schema)])
+
+
+def _ids_in(names: Vocabulary, column: pa.ChunkedArray) -> np.ndarray:
+    """A span's names (dictionary chunks) as ids into the names met so far (-1: none); each chunk's words are looked
+    up once, not each row's."""
+    return np.concatenate([np.r_[names.ids(chunk.dictionary.to_pylist()), -1][numpy_of(chunk.indices, -1)]
+                           for chunk in column.chunks] or [np.zeros(0, np.int64)])
 
 
 def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> None:
@@ -396,7 +405,6 @@ def _write_finished(state: _Projection, span_end: int) -> None:
         live["parent_at"] = np.where(live["parent_at"] >= 0, place[np.maximum(live["parent_at"], 0)], -1)
         state.pending_at = place[state.pending_at]  # a range a pair names is not finished, so still there
         state.live = {c: v[~gone] for c, v in live.items()}
-        state.live_names = state.live_names.filter(arrow_of(~gone))
 
 
 def _rows_of(state: _Projection, chosen: np.ndarray) -> pa.Table:
@@ -407,13 +415,12 @@ def _rows_of(state: _Projection, chosen: np.ndarray) -> pa.Table:
                "cpu_start_ns": live["start"][chosen], "cpu_end_ns": live["end"][chosen],
                "gpu_start_ns": live["gpu_start"][chosen], "gpu_end_ns": live["gpu_end"][chosen],
                "gpu_busy_ns": live["busy"][chosen], "gpu_ops": live["ops"][chosen]}
-    names = state.live_names.filter(arrow_of(chosen))
-    coded = [names.column(c).combine_chunks().dictionary_encode() for c in ("name", "domain")]
-    state.sums.append(range_sums(numpy_of(coded[0].indices, -1), coded[0].dictionary.to_pylist(),
-                                 numpy_of(coded[1].indices, -1), coded[1].dictionary.to_pylist(), columns))
+    words = state.names.words
+    name, domain = live["name"][chosen], live["domain"][chosen]
+    state.sums.append(range_sums(name, words, domain, words, columns))
     if sum(t.num_rows for t in state.sums) > SUMS_ROWS:
         state.sums = [_sums_of(state.sums)]
-    return ranges_table(names.column("name"), names.column("domain"), columns)
+    return ranges_table(dictionary_column(name, words), dictionary_column(domain, words), columns)
 
 
 def _finish(state: _Projection, names: list) -> dict:
