@@ -23,7 +23,7 @@ def stack_levels_of(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.n
     level = np.empty(len(tid), np.int64)
     for rows in _by_thread(tid):
         s, e = start[rows], end[rows]
-        order = _start_order(s, e)
+        order = start_order(s, e)
         zero = e == s
         ended = np.searchsorted(np.sort(e[~zero]), s[order], side="right") + \
             np.searchsorted(np.sort(e[zero]), s[order], side="left")
@@ -79,7 +79,7 @@ def _innermost_on_thread(r_start: np.ndarray, r_end: np.ndarray, own: np.ndarray
     if not len(own):
         return np.full(len(start), -1, np.int64)
     s, e = r_start[own], r_end[own]
-    order = _start_order(s, e)
+    order = start_order(s, e)
     s_sorted, e_sorted = s[order], np.sort(e)
     n = len(own)
     level = np.arange(n) - np.searchsorted(e_sorted, s_sorted, side="right")
@@ -93,7 +93,7 @@ def _innermost_on_thread(r_start: np.ndarray, r_end: np.ndarray, own: np.ndarray
     return np.where(found, pos, -1)
 
 
-def _start_order(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+def start_order(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Ranges by start, the longer first at one start, else in input order; without a sort when they come so (as
     an export's rows do)."""
     step = np.diff(start)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, launched_ops, pair_launches
 from ..groups import SortedGroups, Vocabulary, distinct
@@ -25,7 +26,7 @@ from ..inputs.selection import RANGE_EVENTS
 from ..intervals import union_lengths
 from ..iterations import closed_range_mask, closed_ranges
 from ..lazy import pd
-from ..nvtx import innermost_of, op_name, parents_among, parents_of, stack_levels_of
+from ..nvtx import innermost_of, op_name, parents_of, stack_levels_of, start_order
 from ..spill import SPILL_DIR, RankedRows, SpillWriter
 from . import Metric, Recipe, indented, ms, ms_cell
 
@@ -215,7 +216,6 @@ class _Projection:
         self.arrived = np.zeros(len(keys), bool)  # an op with this key was read
         self.live = {c: np.zeros(0, t) for c, t in LIVE.items()}
         self.names = Vocabulary()  # names and domains of NVTX ranges, as `live` refers to them
-        self.last = {c: np.zeros(0, np.int64) for c in ("tid", "level", "start", "end", "id")}  # per thread and level
         self.pending_key, self.pending_at = np.zeros(0, np.int64), np.zeros(0, np.int64)
         self.next_id, self.unlinked, self.pids = 0, 0, set()
         self.spill = SpillWriter(pa.schema([("name", NAMES), ("domain", NAMES),
@@ -270,37 +270,29 @@ def _add_ranges(state: _Projection, rows: pa.Table | None, span_start: int) -> N
         return
     closed = ~numpy_of(rows.column("end_ns").is_null(), True)
     start, end = numpy_of(rows.column("start_ns"))[closed], numpy_of(rows.column("end_ns"))[closed]
-    order = np.lexsort((-end, start))
+    order = start_order(start, end)
     start, end = start[order], end[order]
     tid, pid = numpy_of(rows.column("tid"))[closed][order], numpy_of(rows.column("pid"))[closed][order]
     name, domain = (_ids_in(state.names, rows.column(c))[closed][order] for c in ("name", "domain"))
     ids = state.next_id + np.arange(len(start), dtype=np.int64)
     state.next_id += len(start)
     live = state.live
-    # a range's level counts the ranges open at its start: the earlier ones still open then are in `live`
+    # a range's level counts the ranges open at its start, and its parent is one of them: the earlier ones still
+    # open then are in `live` (in range order, before these)
     was_open = np.flatnonzero(live["end"] >= span_start)
-    levels = stack_levels_of(np.r_[live["tid"][was_open], tid], np.r_[live["start"][was_open], start],
-                             np.r_[live["end"][was_open], end])[len(was_open):]
-    # its parent: the latest range one level up on its thread, of which only each thread's and level's last one
-    # before this span can be
-    last = state.last
-    cand = {c: np.r_[last[c], v] for c, v in (("tid", tid), ("level", levels), ("start", start), ("end", end),
-                                               ("id", ids))}
-    at = parents_among(tid, start, levels, cand["tid"], cand["start"], cand["level"])
+    c_tid, c_start, c_end = (np.r_[live[c][was_open], v] for c, v in (("tid", tid), ("start", start), ("end", end)))
+    c_levels = stack_levels_of(c_tid, c_start, c_end)
+    at = parents_of(c_tid, c_start, c_levels)[len(was_open):]
+    levels = c_levels[len(was_open):]
     up = np.maximum(at, 0)
-    encloses = (at >= 0) & (cand["start"][up] <= start) & (cand["end"][up] >= end)
+    encloses = (at >= 0) & (c_start[up] <= start) & (c_end[up] >= end)
     if np.any((levels > 0) != encloses) or np.any((at >= 0) != encloses):
         raise NotSorted("NVTX ranges that cross on one thread")  # the nesting below assumes none do
-    keep = np.lexsort((cand["id"], cand["start"], cand["level"], cand["tid"]))
-    tid_sorted, level_sorted = cand["tid"][keep], cand["level"][keep]
-    lasts = keep[np.r_[(tid_sorted[1:] != tid_sorted[:-1]) | (level_sorted[1:] != level_sorted[:-1]), True]]
-    state.last = {c: v[lasts] for c, v in cand.items()}
-    parent = np.where(at >= 0, cand["id"][up], -1)
-    # a parent is still open, so not yet written: in `live`, or among these ranges
-    parent_at = np.where(parent >= 0, np.searchsorted(np.r_[live["id"], ids], parent), -1)
+    # a parent is still open, so not yet written: in `live`, or among these ranges (after `live`)
+    parent_at = np.where(at >= 0, np.r_[was_open, len(live["id"]) + np.arange(len(ids))][up], -1)
+    parent = np.where(at >= 0, np.r_[live["id"][was_open], ids][up], -1)
     new = {"id": ids, "tid": tid, "pid": pid, "name": name, "domain": domain, "start": start, "end": end,
-           "level": levels, "parent": parent,
-           "parent_at": parent_at}
+           "level": levels, "parent": parent, "parent_at": parent_at}
     n = len(ids)
     for c, t in LIVE.items():
         value = new.get(c, {"gpu_start": np.iinfo(np.int64).max, "gpu_end": np.iinfo(np.int64).min,
@@ -309,10 +301,17 @@ def _add_ranges(state: _Projection, rows: pa.Table | None, span_start: int) -> N
 
 
 def _ids_in(names: Vocabulary, column: pa.ChunkedArray) -> np.ndarray:
-    """A span's names (dictionary chunks) as ids into the names met so far (-1: none); each chunk's words are looked
-    up once, not each row's."""
-    return np.concatenate([np.r_[names.ids(chunk.dictionary.to_pylist()), -1][numpy_of(chunk.indices, -1)]
-                           for chunk in column.chunks] or [np.zeros(0, np.int64)])
+    """A span's names (dictionary chunks) as ids into the names met so far (-1: none): each chunk's words are looked
+    up in Arrow, and only the words not met before in Python."""
+    ids = []
+    for chunk in column.chunks:
+        words = chunk.dictionary.cast(pa.large_string())
+        at = pc.index_in(words, value_set=pa.array(names.words, pa.large_string()))
+        if at.null_count:  # words not met before: they take the next ids
+            names.ids(words.filter(at.is_null()).to_pylist())
+            at = pc.index_in(words, value_set=pa.array(names.words, pa.large_string()))
+        ids.append(np.r_[numpy_of(at, -1).astype(np.int64), -1][numpy_of(chunk.indices, -1)])
+    return np.concatenate(ids or [np.zeros(0, np.int64)])
 
 
 def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> None:
