@@ -5,7 +5,7 @@ import pandas as pd
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nsys_recipe_pack.groups import SortedGroups, distinct, factorize
+from nsys_recipe_pack.groups import SortedGroups, distinct, factorize, stable_order
 
 
 def test_groups_of_a_small_case_by_hand():
@@ -54,3 +54,16 @@ def test_factorize_agrees_with_numpy_unique(values, at, rare, more):
     words, codes = factorize(values)
     expected_words, expected_codes = np.unique(values, return_inverse=True)
     assert words.tolist() == expected_words.tolist() and codes.tolist() == expected_codes.reshape(-1).tolist()
+
+
+def test_stable_order_by_hand():
+    """Ties keep their input order, whether the values fit in 16 bits (sorted as such) or not."""
+    assert stable_order(np.array([3, -1, 3, 0, -1], np.int64)).tolist() == [1, 4, 3, 0, 2]
+    assert stable_order(np.array([1 << 15, 5, 1 << 15, -(1 << 15)], np.int64)).tolist() == [3, 1, 0, 2]
+    assert stable_order(np.array([], np.int64)).tolist() == []
+
+
+@given(st.lists(st.integers(-(1 << 16), 1 << 16), max_size=500), st.sampled_from([np.int64, np.int32, np.uint32]))
+def test_stable_order_is_a_stable_argsort(values, dtype):
+    values = np.array(values).astype(dtype)
+    assert stable_order(values).tolist() == sorted(range(len(values)), key=lambda i: values[i])

@@ -18,13 +18,23 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return s[np.r_[True, s[1:] != s[:-1]]] if len(s) else s
 
 
+def stable_order(values: np.ndarray) -> np.ndarray:
+    """np.argsort(values, kind="stable"); values that fit in 16 bits (levels, codes of a few groups) are sorted as
+    such, which NumPy does by radix (2 M small ints: 0.018 s against 0.085 s as int64)."""
+    values = np.asarray(values)
+    if len(values) and values.dtype.kind in "iu" and values.dtype.itemsize > 2 and \
+            -(1 << 15) <= int(values.min()) and int(values.max()) < 1 << 15:
+        values = values.astype(np.int16)
+    return np.argsort(values, kind="stable")
+
+
 class SortedGroups:
     """Rows grouped by an integer key, sorted once (stably), then reduced per group as often as needed:
     the sort, first-of-each-group and `reduceat` idiom written once. Groups come in key order."""
 
     def __init__(self, key: np.ndarray):
         key = np.asarray(key)
-        self.order = np.argsort(key, kind="stable")  # rows in group order, each group's rows in input order
+        self.order = stable_order(key)  # rows in group order, each group's rows in input order
         sorted_key = key[self.order]
         self.first = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]]) if len(key) else \
             np.zeros(0, np.intp)  # where each group starts in `order`

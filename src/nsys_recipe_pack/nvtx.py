@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from .groups import SortedGroups, factorize
+from .groups import SortedGroups, factorize, stable_order
 
 
 def stack_levels_of(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -85,7 +85,7 @@ def _innermost_on_thread(r_start: np.ndarray, r_end: np.ndarray, own: np.ndarray
     level = np.arange(n) - np.searchsorted(e_sorted, s_sorted, side="right")
     started = np.searchsorted(s_sorted, start, side="right")  # the starts before each query
     wanted = started - np.searchsorted(e_sorted, start, side="right") - 1
-    by_level = np.argsort(level, kind="stable")  # level, then order of start
+    by_level = stable_order(level)  # level, then order of start
     at = np.searchsorted(level[by_level] * n + by_level, wanted * n + started - 1, side="right") - 1
     hit = by_level[np.maximum(at, 0)]
     pos = own[order[hit]]

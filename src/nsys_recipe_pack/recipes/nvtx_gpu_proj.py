@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, launched_ops, pair_launches
 from ..groups import SortedGroups, Vocabulary, distinct
 from ..inputs import arrow_of, dictionary_column, numpy_of, ranked_tables
-from ..inputs.chunks import NotSorted, Stream
+from ..inputs.chunks import NotSorted, ReadWhole, Stream
 from ..inputs.selection import RANGE_EVENTS
 from ..intervals import union_lengths
 from ..iterations import closed_range_mask, closed_ranges
@@ -208,7 +208,7 @@ SUMS_ROWS = 1 << 20  # rows of sums by name and domain, piece by piece, before t
 class _Projection:
     """What a span-by-span projection carries: every GPU op's launch key with the ops still to come, the ranges not
     yet written (`live`, in range order), and the (key, range) pairs of the launching calls whose ops are still to
-    come (`pending`, by key; a range by its place in `live`)."""
+    come (`pending`, in order; a key by its place in `keys`, a range by its place in `live`)."""
 
     def __init__(self, keys: np.ndarray, remaining: np.ndarray, options: dict):
         self.keys, self.remaining, self.attribution = keys, remaining, options.get("attribution") or "process"
@@ -216,7 +216,7 @@ class _Projection:
         self.arrived = np.zeros(len(keys), bool)  # an op with this key was read
         self.live = {c: np.zeros(0, t) for c, t in LIVE.items()}
         self.names = Vocabulary()  # names and domains of NVTX ranges, as `live` refers to them
-        self.pending_key, self.pending_at = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        self.pending_place, self.pending_at = np.zeros(0, np.int64), np.zeros(0, np.int64)
         self.next_id, self.unlinked, self.pids = 0, 0, set()
         self.spill = SpillWriter(pa.schema([("name", NAMES), ("domain", NAMES),
                                             *((c, pa.int64()) for c in list(RANGE_DTYPES)[2:])]), "range_id",
@@ -333,25 +333,27 @@ def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> No
     launch, pos = launch_ranges(live["tid"][was_open], live["pid"][was_open], live["start"][was_open],
                                 live["end"][was_open], times["tid"], times["pid"], times["start_ns"],
                                 times["end_ns"], state.attribution)
-    pair_key, pair_at = [], []
+    pair_place, pair_at = [], []
     call, cur = calls[launch], was_open[pos]
     while len(cur):  # up the parents, one level a step: every range enclosing a call's range is still open
-        pair_key.append(key[call])
+        pair_place.append(at[call])
         pair_at.append(cur)
         parent = live["parent_at"][cur]
         call, cur = call[parent >= 0], parent[parent >= 0]
-    if not pair_key:
+    if not pair_place:
         return
-    all_key = np.concatenate([state.pending_key, *pair_key])
-    all_at = np.concatenate([state.pending_at, *pair_at])
-    order = np.lexsort((all_at, all_key))
-    all_key, all_at, fresh = all_key[order], all_at[order], order >= len(state.pending_key)
-    first = np.r_[True, (all_key[1:] != all_key[:-1]) | (all_at[1:] != all_at[:-1])]
-    group = np.cumsum(first) - 1
+    # the pairs as one sortable integer each: (key's place, range's place)
+    size = len(live["id"]) + 1
+    if len(state.keys) * size >= 1 << 62:
+        raise ReadWhole("too many GPU ops and open ranges to pair in spans")
+    pairs = np.concatenate([state.pending_place, *pair_place]) * size + np.concatenate([state.pending_at, *pair_at])
+    order = np.argsort(pairs, kind="stable")
+    pairs, fresh = pairs[order], order >= len(state.pending_place)
+    first = np.r_[True, pairs[1:] != pairs[:-1]]
     known = np.zeros(int(first.sum()), bool)  # a pair an earlier call made already: it counts once
-    known[group[~fresh]] = True
-    np.add.at(live["pending"], all_at[first][~known], 1)
-    state.pending_key, state.pending_at = all_key[first], all_at[first]
+    known[(np.cumsum(first) - 1)[~fresh]] = True
+    state.pending_place, state.pending_at = np.divmod(pairs[first], size)
+    np.add.at(live["pending"], state.pending_at[~known], 1)
 
 
 def _add_ops(state: _Projection, rows: pa.Table) -> None:
@@ -362,7 +364,7 @@ def _add_ops(state: _Projection, rows: pa.Table) -> None:
         raise NotSorted("GPU ops the first read did not give")  # the export changed under the read
     state.arrived[at] = True
     state.unlinked += int(np.count_nonzero(~state.called[at]))
-    op, pair = pair_launches(key, state.pending_key)
+    op, pair = pair_launches(at, state.pending_place)
     live = state.live
     where = state.pending_at[pair]
     s, e = start[op], end[op]
@@ -377,10 +379,10 @@ def _add_ops(state: _Projection, rows: pa.Table) -> None:
     np.maximum.at(live["reach"], where, e)
     first = int(at.min())
     state.remaining[first:first + int(at.max()) + 1 - first] -= np.bincount(at - first).astype(np.int32)
-    done = state.remaining[np.searchsorted(state.keys, state.pending_key)] == 0
+    done = state.remaining[state.pending_place] == 0
     if done.any():
         np.subtract.at(live["pending"], state.pending_at[done], 1)
-        state.pending_key, state.pending_at = state.pending_key[~done], state.pending_at[~done]
+        state.pending_place, state.pending_at = state.pending_place[~done], state.pending_at[~done]
 
 
 def _write_finished(state: _Projection, span_end: int) -> None:
