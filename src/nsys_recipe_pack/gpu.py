@@ -108,8 +108,18 @@ def launch_keys(ahead, needs: tuple = GPU_NEEDS) -> tuple[np.ndarray, np.ndarray
             keys.append(call_key(gpu_frame(timed_rows(raw, KEY_COLUMNS, ("start", "end")), KEY_COLUMNS, None)))
     keys = np.concatenate(keys) if keys else np.zeros(0, np.int64)
     keys.sort(kind="stable")  # in place; nearly sorted already, which the stable sort is quick on
-    first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]]) if len(keys) else np.zeros(0, np.int64)
-    return keys[first], np.diff(np.r_[first, len(keys)]).astype(np.int32)
+    # a key per op of an hour-long capture: no more arrays of their length at once than needed (a third of the peak)
+    new = np.ones(len(keys), bool)
+    np.not_equal(keys[1:], keys[:-1], out=new[1:])
+    first = np.flatnonzero(new)
+    del new
+    distinct = keys[first]
+    held = len(keys)
+    del keys
+    counts = np.empty(len(first), np.int32)
+    np.subtract(first[1:], first[:-1], out=counts[:-1], casting="unsafe")
+    counts[-1:] = held - first[-1:]
+    return distinct, counts
 
 
 def key_places(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
