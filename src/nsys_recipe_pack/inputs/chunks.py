@@ -118,7 +118,7 @@ def time_chunks(src: ExportSource, needs: list[str], strings: StringTable, view:
     again of a table, which keeps none of that. columns: need -> the export columns read (default: all of
     `readers.TABLES`)."""
     streams = {need: read_ahead(_batches(src, need, (columns or {}).get(need), strings, view, extents, progress,
-                                          found), ahead=1) for need in needs}
+                                          found)) for need in needs}
     pending: dict[str, pa.Table | None] = dict.fromkeys(needs)
     live = set(needs)
     frontier = np.iinfo(np.int64).min

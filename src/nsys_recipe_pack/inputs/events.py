@@ -66,9 +66,8 @@ def _read_events(src: ExportSource, table: str, cols: list[str], times: tuple[st
 
 def timed_rows(raw: pa.Table, cols: list[str], times: tuple[str, ...]) -> pa.Table:
     """The rows that have every one of the `times` columns; no rows: every column, empty."""
-    if not raw.num_rows:  # a column read keeps its type (text may be a dictionary), one the reader typed null not
-        return pa.table({c: raw.column(c) if c in raw.column_names and not pa.types.is_null(raw.column(c).type)
-                         else pa.array([], pa.string() if c == "text" else pa.int64()) for c in cols})
+    if not raw.num_rows:
+        return pa.table({c: pa.array([], pa.string() if c == "text" else pa.int64()) for c in cols})
     missing = np.zeros(raw.num_rows, bool)
     for c in times:
         if raw.column(c).null_count:
@@ -91,8 +90,7 @@ def nvtx_frame(raw: pa.Table, strings: StringTable) -> Frame:
     """NVTX_EVENTS rows as the normalised frame (domain-create events, which name domains, left out)."""
     n = raw.num_rows
     if "text" in raw.column_names:
-        text = raw.column("text").combine_chunks()  # a Parquet export's is read as its dictionary (readers.py)
-        text = text if pa.types.is_dictionary(text.type) else text.dictionary_encode()
+        text = raw.column("text").combine_chunks().dictionary_encode()
         text_words = np.array(text.dictionary.to_pylist(), object)
         has_text = ~numpy_of(text.is_null(), False)
         text_at = numpy_of(text.indices, 0).astype(np.int64)

@@ -91,11 +91,10 @@ def dictionary_column(codes: np.ndarray, words) -> pa.DictionaryArray:
     """Codes into a list of strings (-1 = null) as an Arrow dictionary column: per-event results keep
     their names as codes from the workers to the Parquet file. words: also an Arrow array of large strings (made once
     for several columns)."""
-    words = words if isinstance(words, pa.Array) else list(words)
     if isinstance(words, pa.Array):
         dictionary = words
     elif any(not isinstance(w, str) for w in words):
-        dictionary = pa.array(words, pa.large_string())
+        dictionary = pa.array(list(words), pa.large_string())
     else:
         data = [w.encode() for w in words]
         offsets = np.zeros(len(data) + 1, np.int64)

@@ -45,9 +45,6 @@ MPI_PREFIX = "MPI_"
 # and META_DATA tables); every other column it reads holds integers
 TEXT_COLUMNS = {"NVTX_EVENTS": {"text"}, "StringIds": {"value"}, "TARGET_INFO_SYSTEM_ENV": {"name", "value"},
                 "META_DATA_EXPORT": {"name", "value"}}
-# text columns read from Parquet as the file's dictionary and kept so: NVTX range names repeat (a few thousand
-# distinct in millions of rows), and making a string per row, then hashing them all again, took most of an NVTX read
-DICTIONARY_TEXT = {"NVTX_EVENTS": {"text"}}
 SQLITE_BATCH_ROWS = 65536
 STREAM_BATCH_ROWS = 1 << 18  # rows of a long table handled at a time when it is read in batches
 
@@ -124,8 +121,7 @@ class ExportSource:
         return self._counts[table]
 
     def read_arrow(self, table: str, columns: list[str], where: list[tuple[str, object]] | None = None) -> pa.Table:
-        """The asked-for columns the table has, in that order, integers as int64 and text as strings (nulls kept; the
-        columns of DICTIONARY_TEXT from Parquet as a dictionary of strings).
+        """The asked-for columns the table has, in that order, integers as int64 and text as strings (nulls kept).
 
         `where`: only the rows that meet one of these (column, test), a test being integer values the column holds
         one of, or a word a text column contains in any case. Tests on columns the table lacks are left out, and
@@ -138,7 +134,7 @@ class ExportSource:
         if not cols:
             return pa.table({})
         raw = self._read_sqlite(table, cols, where) if self.kind == "sqlite" else self._read_parquet(table, cols, where)
-        return _normalised_table(raw, cols, table)
+        return _normalised_table(raw, cols, TEXT_COLUMNS.get(table, set()))
 
     def read_batches(self, table: str, columns: list[str], rows: int | None = None):
         """The asked-for columns of a table as `read_arrow` gives them, a batch of about `rows` rows at a time in
@@ -155,10 +151,10 @@ class ExportSource:
         else:
             # without pre-buffering: it keeps every row group's pages read so far until the read ends (the whole
             # table's, at its end), and reads slower
-            parts = pq.ParquetFile(self.path / f"{table}.parquet", pre_buffer=False,
-                                   read_dictionary=_dictionary_text(table, cols)).iter_batches(batch_size=rows,
-                                                                                               columns=cols)
-        yield from read_ahead(parts, lambda part: _normalised_table(pa.table(part), cols, table))
+            parts = pq.ParquetFile(self.path / f"{table}.parquet", pre_buffer=False).iter_batches(batch_size=rows,
+                                                                                                   columns=cols)
+        yield from read_ahead(parts, lambda part: _normalised_table(pa.table(part), cols,
+                                                                    TEXT_COLUMNS.get(table, set())))
 
     def _sqlite_batches(self, table: str, cols: list[str], rows: int):
         """SQLite's rows gathered into batches of about `rows`, as `_read_sqlite` gives them; a damaged export
@@ -211,8 +207,7 @@ class ExportSource:
         text = TEXT_COLUMNS.get(table, set())
         tested = list(dict.fromkeys(c for c, _ in where or []))
         # text tested as the file's dictionary of it: each distinct word once, no string per row
-        file = pq.ParquetFile(self.path / f"{table}.parquet",
-                              read_dictionary=[c for c in tested if c in text] + _dictionary_text(table, cols))
+        file = pq.ParquetFile(self.path / f"{table}.parquet", read_dictionary=[c for c in tested if c in text])
         if where is None:
             return file.read(columns=cols)
         others = [c for c in cols if c not in tested]
@@ -230,20 +225,14 @@ class ExportSource:
         return pa.concat_tables(parts) if parts else file.schema_arrow.empty_table().select(cols)
 
 
-def _dictionary_text(table: str, cols: list[str]) -> list[str]:
-    """The columns of DICTIONARY_TEXT among those read (Parquet's reader fails on one the file lacks)."""
-    return [c for c in DICTIONARY_TEXT.get(table, ()) if c in cols]
-
-
 def _text_as_strings(raw: pa.Table, cols: list[str], text: set[str]) -> pa.Table:
     """A query's columns in `cols` order, whatever the driver named them, text as strings."""
     return pa.table({c: _normalised(raw.column(i), True) if c in text else raw.column(i)
                      for i, c in enumerate(cols)})
 
 
-def _normalised_table(raw: pa.Table, cols: list[str], table: str) -> pa.Table:
-    text, dictionary = TEXT_COLUMNS.get(table, set()), DICTIONARY_TEXT.get(table, set())
-    return pa.table({c: _normalised(raw.column(c), c in text, c in dictionary) for c in cols})
+def _normalised_table(raw: pa.Table, cols: list[str], text: set[str]) -> pa.Table:
+    return pa.table({c: _normalised(raw.column(c), c in text) for c in cols})
 
 
 def _joined(batches: list[pa.RecordBatch]) -> pa.Table:
@@ -297,15 +286,11 @@ def _sqlite_column(column: str, text: bool, guarded: bool) -> str:
     return q
 
 
-def _normalised(col: pa.ChunkedArray | pa.Array, text: bool, dictionary: bool = False) -> pa.Array:
-    """Text as strings (`dictionary`: a dictionary of strings read so kept so), anything else as int64 (unsigned ids
-    keep their bits, as the export's readers do; floats are truncated and NaN is null; values that are no number are
-    null)."""
+def _normalised(col: pa.ChunkedArray | pa.Array, text: bool) -> pa.Array:
+    """Text as strings, anything else as int64 (unsigned ids keep their bits, as the export's readers do;
+    floats are truncated and NaN is null; values that are no number are null)."""
     col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     kind = col.type
-    if dictionary and pa.types.is_dictionary(kind) and (pa.types.is_string(kind.value_type)
-                                                        or pa.types.is_large_string(kind.value_type)):
-        return col.cast(pa.dictionary(kind.index_type, pa.string()))
     if pa.types.is_dictionary(kind):
         col, kind = col.dictionary_decode(), kind.value_type
     if text:
@@ -394,12 +379,12 @@ class _SqliteReader:
 READ_AHEAD = 1  # batches a batched read holds ready beyond the one its caller works on
 
 
-def read_ahead(parts: Generator, made: Callable = lambda part: part, ahead: int = READ_AHEAD) -> Iterator:
+def read_ahead(parts: Generator, made: Callable = lambda part: part) -> Iterator:
     """made(part) of each part of a read, the next ones read and made in a thread of their own while the caller
     works on the last: the readers let go of Python while they read, so a batch is read as the one before it is
     handled. What the read raises is raised here; a caller that stops early stops the thread, and the read is
     closed in it."""
-    ready: queue.Queue = queue.Queue(ahead)
+    ready: queue.Queue = queue.Queue(READ_AHEAD)
     stop = threading.Event()
 
     def read() -> None:

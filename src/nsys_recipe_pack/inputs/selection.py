@@ -219,7 +219,7 @@ class FirstRows:
             if c not in raw.column_names:
                 continue
             col = raw.column(c).combine_chunks()
-            text = pa.types.is_string(col.type) or pa.types.is_dictionary(col.type)
+            text = pa.types.is_string(col.type)
             # the rows whose value is not seen yet (none, after the first batches), then the first of each
             if text:
                 if all(w in self.seen_words[c] for w in pc.unique(col).to_pylist()):
