@@ -114,11 +114,11 @@ def launch_keys(ahead, needs: tuple = GPU_NEEDS) -> tuple[np.ndarray, np.ndarray
     first = np.flatnonzero(new)
     del new
     distinct = keys[first]
-    held = len(keys)
+    ops = len(keys)
     del keys
     counts = np.empty(len(first), np.int32)
     np.subtract(first[1:], first[:-1], out=counts[:-1], casting="unsafe")
-    counts[-1:] = held - first[-1:]
+    counts[-1:] = ops - first[-1:]
     return distinct, counts
 
 

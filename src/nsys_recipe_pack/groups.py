@@ -88,11 +88,11 @@ def factorize(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 class Vocabulary:
     """Ids for the distinct values (strings, None, or ints) met so far, given in order of first sight: names read a
-    piece at a time keep one id across the pieces."""
+    piece at a time keep one id across the pieces. `words`: those met already, in the order of their ids."""
 
-    def __init__(self):
-        self.id_of: dict = {}
-        self.words: list = []
+    def __init__(self, words: Iterable = ()):
+        self.words: list = list(words)
+        self.id_of: dict = {w: i for i, w in enumerate(self.words)}
 
     def ids(self, words: Iterable) -> np.ndarray:
         out = []

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from ..errors import BadInputError
 from ..gpu import call_key, key_places, launched_ops
-from ..groups import factorize
+from ..groups import Vocabulary, factorize
 from ..inputs.chunks import END_OF_TIME
 from ..inputs.frames import column_codes
 from ..intervals import split_into_windows, union_lengths
@@ -112,12 +112,9 @@ def _coded(words: np.ndarray, names: np.ndarray) -> tuple[np.ndarray, np.ndarray
     """(words, codes): names (None: none) as codes into words (the last one None), words grown by the names not
     among them; a name is hashed once (Arrow's dictionary), not compared with every word."""
     codes, distinct = column_codes(pa.chunked_array([pa.array(names, pa.string())]))
-    index = {w: i for i, w in enumerate(words[:-1].tolist())}
-    new = list(dict.fromkeys(w for w in distinct[:-1].tolist() if w not in index))
-    index.update((w, len(words) - 1 + i) for i, w in enumerate(new))
-    words = np.array([*words[:-1], *new, None], object)
-    at = np.array([index[w] for w in distinct[:-1].tolist()] + [-1], np.int64)
-    return words, at[codes]
+    vocabulary = Vocabulary(words[:-1].tolist())
+    at = np.r_[vocabulary.ids(distinct[:-1].tolist()), -1]
+    return np.array([*vocabulary.words, None], object), at[codes]
 
 
 def _union(group: np.ndarray, start: np.ndarray, end: np.ndarray, keep: np.ndarray, size: int) -> np.ndarray:

@@ -416,7 +416,7 @@ def _rows_of(state: _Projection, chosen: np.ndarray) -> pa.Table:
                "cpu_start_ns": live["start"][chosen], "cpu_end_ns": live["end"][chosen],
                "gpu_start_ns": live["gpu_start"][chosen], "gpu_end_ns": live["gpu_end"][chosen],
                "gpu_busy_ns": live["busy"][chosen], "gpu_ops": live["ops"][chosen]}
-    words = dictionary_column(np.zeros(0, np.int64), state.names.words).dictionary
+    words = pa.array(state.names.words, pa.large_string())
     name, domain = live["name"][chosen], live["domain"][chosen]
     state.sums.append(range_sums(name, words, domain, words, columns))
     if sum(t.num_rows for t in state.sums) > SUMS_ROWS:
