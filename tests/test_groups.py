@@ -5,7 +5,7 @@ import pandas as pd
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nsys_recipe_pack.groups import SortedGroups, distinct, factorize, stable_order
+from nsys_recipe_pack.groups import SortedGroups, add_counts, distinct, factorize, stable_order
 
 
 def test_groups_of_a_small_case_by_hand():
@@ -67,3 +67,21 @@ def test_stable_order_by_hand():
 def test_stable_order_is_a_stable_argsort(values, dtype):
     values = np.array(values).astype(dtype)
     assert stable_order(values).tolist() == sorted(range(len(values)), key=lambda i: values[i])
+
+
+def test_add_counts_by_hand():
+    target = np.array([5, 5, 5, 5, 5], np.int32)
+    add_counts(target, np.array([3, 1, 3, 3]), -1)
+    assert target.tolist() == [5, 4, 5, 2, 5] and target.dtype == np.int32
+    add_counts(target, np.zeros(0, np.int64))
+    assert target.tolist() == [5, 4, 5, 2, 5]
+
+
+@given(st.lists(st.integers(0, 3000), max_size=40), st.sampled_from([1, -1, 3]))
+def test_add_counts_agrees_with_add_at(places, step):
+    """Both ways: places close together (counted in their window) and spread wide (np.add.at)."""
+    places = np.array(places, np.int64)
+    target, expected = np.arange(3001, dtype=np.int64), np.arange(3001, dtype=np.int64)
+    add_counts(target, places, step)
+    np.add.at(expected, places, step)
+    assert target.tolist() == expected.tolist()

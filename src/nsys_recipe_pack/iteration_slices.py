@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from .gpu import GPU_NEEDS, call_key, key_places, launch_keys
-from .groups import distinct
+from .groups import add_counts, distinct
 from .inputs import Frame, arrow_of, numpy_of
 from .inputs.chunks import END_OF_TIME, ReadWhole, Stream
 from .inputs.events import read_mpi
@@ -54,6 +54,8 @@ class _Rank:
     next: int = 0  # the first iteration not measured yet
     pieces: list = field(default_factory=list)
     carried: dict = field(default_factory=lambda: {"key": np.zeros(0, np.int64)})  # what the map carries, by key
+    call_at: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per buffered call: its key's place
+    # among the launch keys (-1: none of the ops read ahead has it)
 
 
 @dataclass
@@ -141,18 +143,19 @@ def _fold(state: Slices, span_start: int, span_end: int, chunk: dict) -> None:
         if rows is None or not rows.num_rows:
             continue
         if need == "runtime":
-            at, hit = key_places(state.keys, _key(rows))
-            at = at[hit]
+            call_at, hit = key_places(state.keys, _key(rows))
+            at = call_at[hit]
             if len(distinct(at)) < len(at) or state.called[at].any():
                 raise ReadWhole("a launch key held by several calls")
             if (state.remaining[at] == 0).any():
                 raise ReadWhole("a GPU op read before the call that launched it")
             state.called[at] = True
+            call_at[~hit] = -1
         elif need in GPU_NEEDS:
             at, hit = key_places(state.keys, _key(rows))
             if not hit.all():
                 raise ReadWhole("GPU ops the first read did not give")  # the export changed under the read
-            np.subtract.at(state.remaining, at, 1)
+            add_counts(state.remaining, at, -1)
         pid = numpy_of(rows.column("pid"))
         one = pid.min() == pid.max()
         for p in [int(pid[0])] if one else np.unique(pid).tolist():
@@ -169,6 +172,8 @@ def _fold(state: Slices, span_start: int, span_end: int, chunk: dict) -> None:
             attr = NEED_FRAMES[need][0]
             held = rank.rows.get(attr)  # one chunk: the map and the next span read its columns without copies
             rank.rows[attr] = own if held is None else pa.concat_tables([held, own]).combine_chunks()
+            if need == "runtime":
+                rank.call_at = np.r_[rank.call_at, call_at if one else call_at[pid == p]]
     for rank in state.ranks.values():
         if not isinstance(rank.it, str):
             _advance(state, rank, span_end)
@@ -185,10 +190,8 @@ def _advance(state: Slices, rank: _Rank, frontier: int) -> None:
     it = rank.it
     n = len(it.start_ns)
     calls = rank.rows.get("runtime")
-    pending = np.zeros(0 if calls is None else calls.num_rows, bool)  # the calls whose ops are still to come
-    if len(pending) and len(state.keys):
-        at, hit = key_places(state.keys, _key(calls))
-        pending = hit & (state.remaining[at] > 0)
+    pending = rank.call_at >= 0  # the calls whose ops are still to come
+    pending[pending] = state.remaining[rank.call_at[pending]] > 0
     waiting = int(numpy_of(calls.column("start_ns"))[pending].min()) if pending.any() else END_OF_TIME
     ready = max(int(np.searchsorted(it.end_ns, min(frontier, waiting), side="right")), rank.next)
     # a call whose ops are still to come keeps what was around it, as the map may yet ask (outside iterations too)
@@ -233,5 +236,6 @@ def _let_go(rank: _Rank, before: int, pending: np.ndarray, carried: dict) -> Non
         keep = (numpy_of(calls.column("start_ns")) >= before) | (numpy_of(calls.column("end_ns")) > before)
         keep |= pending | np.isin(key, kept_ops)
         rank.rows["runtime"] = calls.filter(arrow_of(keep))
+        rank.call_at = rank.call_at[keep]
     kept = np.isin(carried["key"], kept_ops)
     rank.carried = {c: v[kept] for c, v in carried.items()}

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, launched_ops, pair_launches
-from ..groups import SortedGroups, Vocabulary, distinct
+from ..groups import SortedGroups, Vocabulary, add_counts, distinct
 from ..inputs import arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.chunks import NotSorted, ReadWhole, Stream
 from ..inputs.selection import RANGE_EVENTS
@@ -353,7 +353,7 @@ def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> No
     known = np.zeros(int(first.sum()), bool)  # a pair an earlier call made already: it counts once
     known[(np.cumsum(first) - 1)[~fresh]] = True
     state.pending_place, state.pending_at = np.divmod(pairs[first], size)
-    np.add.at(live["pending"], state.pending_at[~known], 1)
+    add_counts(live["pending"], state.pending_at[~known])
 
 
 def _add_ops(state: _Projection, rows: pa.Table) -> None:
@@ -370,18 +370,17 @@ def _add_ops(state: _Projection, rows: pa.Table) -> None:
     s, e = start[op], end[op]
     np.minimum.at(live["gpu_start"], where, s)
     np.maximum.at(live["gpu_end"], where, e)
-    np.add.at(live["ops"], where, 1)
+    add_counts(live["ops"], where)
     # ops come in order of start, so a range's earlier ops all lie before its reach: only what is beyond it adds
     clipped = np.maximum(s, live["reach"][where])
     beyond = e > clipped
     ranges, length = union_lengths(where[beyond], clipped[beyond], e[beyond])
     live["busy"][ranges] += length
     np.maximum.at(live["reach"], where, e)
-    first = int(at.min())
-    state.remaining[first:first + int(at.max()) + 1 - first] -= np.bincount(at - first).astype(np.int32)
+    add_counts(state.remaining, at, -1)
     done = state.remaining[state.pending_place] == 0
     if done.any():
-        np.subtract.at(live["pending"], state.pending_at[done], 1)
+        add_counts(live["pending"], state.pending_at[done], -1)
         state.pending_place, state.pending_at = state.pending_place[~done], state.pending_at[~done]
 
 
