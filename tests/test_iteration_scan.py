@@ -60,11 +60,13 @@ TIES = ([("load", 100 * i, 100 * i + 10, 1) for i in range(4)] + [("step", 100 *
 THREADS = ([("step", 100 * i, 100 * i + 90, 1) for i in range(5)] + [("op", 100 * i + k, 100 * i + k + 1, 1)
                                                                        for i in range(5) for k in (10, 20)]
            + [("step", 1000 + 100 * i, 1000 + 100 * i + 50, 2) for i in range(7)])
+# as THREADS, "step" as common on thread 3 as on 2, and seen there first: ties go to the first seen
+TIED = THREADS + [("step", 950 + 100 * i, 1000 + 100 * i, 3) for i in range(7)]
 FLAT = [(f"op{k}", 1000 * (5 * k + i), 1000 * (5 * k + i) + 10 + k, 1) for k in range(40) for i in range(5)]
 
 
-@pytest.mark.parametrize("rows", [NESTED, INSIDE, TIES, THREADS, FLAT], ids=["nested", "inside", "ties", "threads",
-                                                                            "flat"])
+@pytest.mark.parametrize("rows", [NESTED, INSIDE, TIES, THREADS, TIED, FLAT],
+                         ids=["nested", "inside", "ties", "threads", "tied", "flat"])
 @pytest.mark.parametrize("instants", [1, 3, 1000])
 @pytest.mark.parametrize("tested", [1, 8])
 @pytest.mark.parametrize("replay_rows", [0, 7, 10**9])

@@ -55,14 +55,14 @@ class TooManyNames(Exception):
 
 @dataclass
 class _Span:
-    """One span's closed ranges as ids: thread, name and domain, and their (thread, name, domain) key."""
+    """One span's closed ranges, their thread, name and domain also as ids."""
     pid: np.ndarray
     tid: np.ndarray
     start: np.ndarray
     end: np.ndarray
+    thread: np.ndarray
     name: np.ndarray
     domain: np.ndarray
-    key: np.ndarray
 
 
 class _Tally:
@@ -127,20 +127,22 @@ class RangeScan:
         if any(len(w.words) >> bits for w, bits in ((self.tids, TID_BITS), (self.names, NAME_BITS),
                                                      (self.domains, DOMAIN_BITS))):
             raise TooManyNames()
-        key = (tid_id << (NAME_BITS + DOMAIN_BITS)) | (name << DOMAIN_BITS) | domain
         return _Span(numpy_of(rows.column("pid")), tid, numpy_of(rows.column("start_ns")),
-                     numpy_of(rows.column("end_ns")), name, domain, key)
+                     numpy_of(rows.column("end_ns")), tid_id, name, domain)
 
     def add(self, rows: pa.Table) -> tuple[np.ndarray, ...]:
         """Count one span of the first read; its rows' process, start, end and tally entry."""
         s = self.span(rows)
         n = len(s.start)
         if not n:
-            return s.pid, s.start, s.end, s.key
-        groups = SortedGroups(s.key)
+            return s.pid, s.start, s.end, s.thread
+        # in order of (thread, name, domain) as ids below the counts met so far: few, so sorted by radix
+        names, domains = len(self.names.words), len(self.domains.words)
+        groups = SortedGroups((s.thread * names + s.name) * domains + s.domain)
         lead = groups.lead
-        at = self.tally.add_keys(groups.keys, {"pid": s.pid[lead], "tid": s.tid[lead], "name": s.name[lead],
-                                                "domain": s.domain[lead]})
+        key = (s.thread[lead] << (NAME_BITS + DOMAIN_BITS)) | (s.name[lead] << DOMAIN_BITS) | s.domain[lead]
+        at = self.tally.add_keys(key, {"pid": s.pid[lead], "tid": s.tid[lead], "name": s.name[lead],
+                                       "domain": s.domain[lead]})
         t = self.tally.cols
         t["count"][at] += groups.size
         t["covered"][at] += groups.sum(s.end - s.start)
@@ -198,13 +200,12 @@ class RangeScan:
             cand = mine[(t["tid"][mine] == busiest) & (t["count"][mine] >= MIN_REPEATS) & named[t["name"][mine]]
                         & np.not_equal(domain_words[t["domain"][mine]], None) & (t["overlaps"][mine] == 0)]
             cand = cand[np.lexsort((t["first"][cand], -t["count"][cand], -t["covered"][cand]))]
-            # the thread each candidate's iterations are taken on: where its name and domain are most common
-            home = []
-            for c in cand.tolist():
-                same = mine[(t["name"][mine] == t["name"][c]) & (t["domain"][mine] == t["domain"][c])]
-                home.append(same[np.flatnonzero(t["tid"][same] == _most_common(t["tid"][same], t["count"][same],
-                                                                                  t["first"][same]))[0]])
-            out[p] = _Plan(self, cand, np.array(home, np.int64))
+            # the thread each candidate's iterations are taken on: where its name and domain are most common (an
+            # entry per thread of them: the most ranges, ties to the first seen)
+            pair = t["name"] * len(self.domains.words) + t["domain"]
+            by_pair = mine[np.lexsort((t["first"][mine], -t["count"][mine], pair[mine]))]
+            best = by_pair[np.r_[True, pair[by_pair][1:] != pair[by_pair][:-1]]]
+            out[p] = _Plan(self, cand, best[np.searchsorted(pair[best], pair[cand])])
         return out
 
 
