@@ -2,7 +2,13 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nsys_recipe_pack.intervals import prefix_union_lengths, split_into_windows, union_lengths, union_segments
+from nsys_recipe_pack.intervals import (
+    outermost,
+    prefix_union_lengths,
+    split_into_windows,
+    union_lengths,
+    union_segments,
+)
 
 
 def test_union_length_by_group_hand_case():
@@ -87,3 +93,32 @@ def test_covered_length_by_hand():
     got = covered_length(*seg, np.array([5, 12, -5, 25, 11]), np.array([25, 18, 100, 25, 21]))
     assert got.tolist() == [7 + 5, 0, 22, 0, 1 + 1]
     assert covered_length(np.zeros(0, np.int64), np.zeros(0, np.int64), np.array([1]), np.array([2])).tolist() == [0]
+
+
+def _outermost_by_walk(group, start, end) -> list[int]:
+    """intervals.outermost by its definition, one interval at a time."""
+    rows = sorted(range(len(start)), key=lambda i: (group[i], start[i], -end[i]))
+    out, reach = [], {}
+    for i in rows:
+        if group[i] not in reach or start[i] >= reach[group[i]]:
+            out.append(i)
+        reach[group[i]] = max(reach.get(group[i], end[i]), end[i])
+    return out
+
+
+def test_outermost_by_hand():
+    # group 0: [0, 10] holds [2, 5]; [10, 12] starts where it ends. group 1: two ranges from 0, the longer first
+    group, start, end = np.array([0, 0, 0, 1, 1]), np.array([0, 2, 10, 0, 0]), np.array([10, 5, 12, 3, 7])
+    assert outermost(group, start, end).tolist() == [0, 2, 4]
+    assert _outermost_by_walk(group, start, end) == [0, 2, 4]
+
+
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 30), st.integers(0, 20)), max_size=40), st.booleans())
+def test_outermost_agrees_with_its_definition(rows, in_order):
+    """Rows in order of group and start (the quick way, ties sorted apart) or in any order."""
+    if in_order:
+        rows = sorted(rows, key=lambda r: r[:2])
+    group = np.array([g for g, _, _ in rows], np.int64)
+    start = np.array([s for _, s, _ in rows], np.int64)
+    end = start + np.array([d for _, _, d in rows], np.int64)
+    assert outermost(group, start, end).tolist() == _outermost_by_walk(group, start, end)

@@ -140,7 +140,10 @@ def pair_launches(op_key: np.ndarray, call_keys: np.ndarray) -> tuple[np.ndarray
     by_key = np.argsort(call_keys, kind="stable")
     sorted_keys = call_keys[by_key]
     lo = np.searchsorted(sorted_keys, op_key, side="left")
-    hits = np.searchsorted(sorted_keys, op_key, side="right") - lo
+    if len(sorted_keys) and (sorted_keys[1:] != sorted_keys[:-1]).all():  # each key held once, as usual
+        hits = (sorted_keys.take(lo, mode="clip") == op_key).astype(np.intp)
+    else:
+        hits = np.searchsorted(sorted_keys, op_key, side="right") - lo
     op = np.repeat(np.arange(len(op_key)), hits)
     within = np.arange(len(op)) - np.repeat(np.cumsum(hits) - hits, hits)
     return op, by_key[np.repeat(lo, hits) + within]

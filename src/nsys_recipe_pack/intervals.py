@@ -145,10 +145,26 @@ def covered_length(seg_start: np.ndarray, seg_end: np.ndarray, starts: np.ndarra
 def outermost(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Positions of the intervals not inside an earlier one of the same group (thread, iteration), ordered
     by group, start, longest first."""
-    order = np.lexsort((-end, start, group))
+    order = _by_group_start_longest(group, start, end)
     if not len(order):
         return order
     g, s, e = group[order], start[order], end[order]
     new_group = np.r_[True, g[1:] != g[:-1]]
     reach = running_max_by_group(np.cumsum(new_group) - 1, e)
     return order[new_group | (s >= np.r_[s[:1], reach[:-1]])]
+
+
+def _by_group_start_longest(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """np.lexsort((-end, start, group)). Rows in order of group and start already (ranges of a table sorted by
+    start, grouped by iteration) are only sorted within their ties: a few passes, where the lexsort of 100 k
+    ranges takes 5 ms."""
+    if len(start) > 1:
+        next_group, next_start = np.diff(group), np.diff(start)
+        if (next_group >= 0).all() and ((next_group > 0) | (next_start >= 0)).all():
+            tie = (next_group == 0) & (next_start == 0)
+            order = np.arange(len(start))
+            if tie.any():
+                rows = np.flatnonzero(np.r_[tie, False] | np.r_[False, tie])
+                order[rows] = rows[np.lexsort((-end[rows], start[rows], group[rows]))]
+            return order
+    return np.lexsort((-end, start, group))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -108,10 +109,13 @@ def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture
 
 def _prepare(ahead, options: dict, measure: Callable, with_mpi: bool, gpu_needs: tuple, whole_capture: bool
              ) -> Slices:
-    windows, kernels_read = iterations_ahead(ahead, options)
+    # the launch keys are read on the side while the iterations are found, which keeps the main thread busy
+    with ThreadPoolExecutor(1, thread_name_prefix="nsys-recipe-launch-keys") as pool:
+        keys_read = pool.submit(launch_keys, ahead, gpu_needs)
+        windows, kernels_read = iterations_ahead(ahead, options)
+        keys, remaining = keys_read.result()
     for it in windows.values():
         _check_whole_capture(it, options, whole_capture)
-    keys, remaining = launch_keys(ahead, gpu_needs)
     mpi = read_mpi(ahead.src, ahead.strings) if with_mpi else None
     ranks = {}
     for pid, it in windows.items():
