@@ -85,3 +85,19 @@ def test_launches_pair_ops_with_calls_as_an_inner_merge():
         want = pd.DataFrame({"key": op_key, "op": np.arange(len(op_key))}).merge(
             pd.DataFrame({"key": call_key, "call": np.arange(len(call_key))}), on="key", how="inner")
         assert op.tolist() == want["op"].tolist() and call.tolist() == want["call"].tolist()
+
+
+def test_launched_ops_counts_ops_without_a_call():
+    # ops with correlation ids 1, 2, 2 and 5; calls 1 and 2 twice (a key several calls hold pairs with each)
+    k = pd.DataFrame({"start_ns": [10, 20, 30, 40], "end_ns": [15, 25, 35, 45], "device": [0] * 4, "stream": [7] * 4,
+                      "correlation_id": pd.array([1, 2, 2, 5], dtype="Int64"), "pid": [1] * 4,
+                      "name": ["k"] * 4, "full_name": ["k"] * 4})
+    for call_ids, pairs, unlinked in (([1, 2], [(0, 0), (1, 1), (2, 1)], 1),
+                                      ([2, 1, 2], [(0, 1), (1, 0), (1, 2), (2, 0), (2, 2)], 1),
+                                      ([7], [], 4)):
+        n = len(call_ids)
+        rt = pd.DataFrame({"start_ns": np.arange(n), "end_ns": np.arange(n) + 1, "tid": [3] * n, "pid": [1] * n,
+                           "correlation_id": pd.array(call_ids, dtype="Int64"), "name": ["cudaLaunchKernel"] * n})
+        ops = gpu.launched_ops(RankData(file="x", pid=1, session_start_ns=0, kernels=k, runtime=rt))
+        assert list(zip(ops.op.tolist(), ops.call_start_ns.tolist(), strict=True)) == pairs
+        assert ops.unlinked == unlinked

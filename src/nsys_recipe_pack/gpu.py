@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .groups import distinct
 from .inputs import Frame
 from .inputs.events import gpu_frame, timed_rows
 from .iterations import NCCL_KERNEL_RE, matching
@@ -78,9 +77,10 @@ def launched_ops(rank_data) -> Launched:
     op_key = np.concatenate([call_key(f) for f in frames])
     collective = collective_ops(rank_data)
     op, call = pair_launches(op_key, call_key(runtime))
+    paired = int(np.count_nonzero(op[1:] != op[:-1])) + 1 if len(op) else 0  # ops with a call (`op` is in order)
     return Launched(op, op_start[op], op_end[op], collective[op], runtime.values("start_ns")[call],
                     runtime.values("end_ns")[call], runtime.values("tid")[call], runtime.values("pid")[call],
-                    int(len(op_key) - len(distinct(op))))
+                    len(op_key) - paired)
 
 
 def collective_ops(rank_data) -> np.ndarray:
@@ -141,9 +141,9 @@ def pair_launches(op_key: np.ndarray, call_keys: np.ndarray) -> tuple[np.ndarray
     sorted_keys = call_keys[by_key]
     lo = np.searchsorted(sorted_keys, op_key, side="left")
     if len(sorted_keys) and (sorted_keys[1:] != sorted_keys[:-1]).all():  # each key held once, as usual
-        hits = (sorted_keys.take(lo, mode="clip") == op_key).astype(np.intp)
-    else:
-        hits = np.searchsorted(sorted_keys, op_key, side="right") - lo
+        op = np.flatnonzero(sorted_keys.take(lo, mode="clip") == op_key)
+        return op, by_key[lo[op]]
+    hits = np.searchsorted(sorted_keys, op_key, side="right") - lo
     op = np.repeat(np.arange(len(op_key)), hits)
     within = np.arange(len(op)) - np.repeat(np.cumsum(hits) - hits, hits)
     return op, by_key[np.repeat(lo, hits) + within]
