@@ -13,7 +13,7 @@ from conftest import AI_SET, MPI_SET
 
 from nsys_recipe_pack import runner
 from nsys_recipe_pack.inputs import RankData
-from nsys_recipe_pack.nvtx import innermost_of, stack_levels_of
+from nsys_recipe_pack.nvtx import innermost_of, parents_of, stack_levels_of
 from nsys_recipe_pack.recipes import sync_summary as sync
 
 BUILTIN = {"cuda_api_sync": ["device", "stream"], "cuda_memcpy_async": ["memcpy_pageable"],
@@ -98,6 +98,32 @@ def test_innermost_range_against_brute_force():
                 best = open_[np.lexsort((r[open_, 1] - r[open_, 2], r[open_, 1]))[-1]]
                 want = tuple(r[best]) if r[best, 2] >= end[q] else None
             assert (tuple(r[got[q]]) if got[q] >= 0 else None) == want
+
+
+def test_parents_against_brute_force():
+    # properly nested ranges on three threads, in any order or in order of start as an export holds them, close in
+    # time or far apart: a range's parent is the latest started range one level up on its thread (of two started
+    # together, the later in order)
+    rng = np.random.default_rng(5)
+    for k in range(200):
+        rows = []
+        for tid in (1, 2, 3):
+            cuts = np.sort(rng.integers(0, 100, size=2 * int(rng.integers(0, 6))))
+            rows += [(tid, a, b) for a, b in cuts.reshape(-1, 2)]
+            inner = [(tid, a + 1, b - 1) for a, b in cuts.reshape(-1, 2) if b - a > 2]
+            rows += inner + [(tid, a + 1, b - 1) for _, a, b in inner if b - a > 2]
+        if not rows:
+            continue
+        r = np.array(rows, np.int64)
+        r = r[np.lexsort((r[:, 1] - r[:, 2], r[:, 1]))] if k % 2 else r[rng.permutation(len(r))]
+        r[:, 1:] *= 2**56 if k % 4 > 1 else 1  # times too far apart to be lifted per group
+        tid, start = r[:, 0], r[:, 1]
+        levels = stack_levels_of(tid, start, r[:, 2])
+        want = []
+        for i in range(len(r)):
+            up = np.flatnonzero((tid == tid[i]) & (levels == levels[i] - 1) & (start <= start[i]))
+            want.append(int(up[np.lexsort((up, start[up]))[-1]]) if len(up) else -1)
+        assert parents_of(tid, start, levels).tolist() == want
 
 
 def _depth_walk(ranges: np.ndarray, queries: np.ndarray) -> tuple[list, list]:

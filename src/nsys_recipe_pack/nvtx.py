@@ -103,46 +103,34 @@ def start_order(start: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 
 def parents_of(tid: np.ndarray, start: np.ndarray, levels: np.ndarray) -> np.ndarray:
-    """Position of each range's parent (the enclosing range one level up on the same thread), or -1, from
-    the ranges' threads, starts and levels."""
-    return parents_among(tid, start, levels, tid, start, levels)
-
-
-def parents_among(tid: np.ndarray, start: np.ndarray, levels: np.ndarray, c_tid: np.ndarray, c_start: np.ndarray,
-                  c_levels: np.ndarray) -> np.ndarray:
-    """Position among candidate ranges (in range order) of each range's parent, or -1: the latest candidate one
-    level up on its thread that started before it."""
-    if len(tid) == 0:
+    """Position of each range's parent (the enclosing range one level up on the same thread), or -1, from the ranges'
+    threads, starts and levels: the latest range one level up on its thread that started before it (the last in input
+    order on a tie). An as-of join of the ranges with themselves on (thread, level, start) as one sortable integer:
+    ranges in order of start (as a table holds them) are put in that order by sorting their few (thread, level)
+    groups alone, by radix (parents of 4.8 M ranges, span by span: 0.25 s against 0.50 s)."""
+    n = len(tid)
+    if n == 0:
         return np.zeros(0, np.int64)
-    return _asof_backward(tid, np.asarray(levels) - 1, start, c_tid, np.asarray(c_levels), c_start)
-
-
-def _asof_backward(q_tid, q_level, q_t, c_tid, c_level, c_t) -> np.ndarray:
-    """For each query, the candidate on the same thread and level with the latest start <= the query's time
-    (the last such candidate in input order on a tie), or -1: an as-of join on sorted integer keys."""
-    nq = len(q_t)
-    if nq == 0 or len(c_t) == 0:
-        return np.full(nq, -1, np.int64)
-    _, tid_code = factorize(np.concatenate([q_tid, c_tid]))
-    levels = np.concatenate([q_level, c_level]).astype(np.int64) + 1  # queries may ask for level -1
-    group = tid_code.astype(np.int64) * (int(levels.max()) + 1) + levels
-    t = np.concatenate([q_t, c_t]).astype(np.int64)
+    _, thread = factorize(np.asarray(tid))
+    levels = np.asarray(levels, np.int64)
+    group = thread.astype(np.int64) * (int(levels.max()) + 2) + levels + 1  # a parent's is one less, never a thread's
+    t = np.asarray(start, np.int64)
     low = int(t.min())
     span = int(t.max()) - low + 1
     if (int(group.max()) + 1) * span < 1 << 62:
         t = t - low
     else:  # times too far apart to lift each group above the last: their ranks instead
         _, t = np.unique(t, return_inverse=True)
+        t = t.reshape(-1)
         span = int(t.max()) + 1
-    key = group * span + t.reshape(-1)  # group-major, then time: one sortable integer
-    q_key, c_key = key[:nq], key[nq:]
-    order = np.argsort(c_key, kind="stable")
-    at = np.searchsorted(c_key[order], q_key, side="right") - 1
-    out = np.full(nq, -1, np.int64)
-    ok = at >= 0
-    hit = order[at[ok]]
-    same = group[nq:][hit] == group[:nq][ok]
-    out[np.flatnonzero(ok)[same]] = hit[same]
+    order = stable_order(group) if (t[1:] >= t[:-1]).all() else np.argsort(group * span + t, kind="stable")
+    group = group[order]
+    key = group * span + t[order]  # sorted
+    # each range, in that order, wants the last key at or below its own less one group: in order too, a quick search
+    found = np.searchsorted(key, key - span, side="right") - 1
+    at = np.maximum(found, 0)
+    out = np.empty(n, np.int64)
+    out[order] = np.where((found >= 0) & (group[at] == group - 1), order[at], -1)
     return out
 
 
