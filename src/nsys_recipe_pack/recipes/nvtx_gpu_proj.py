@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, launched_ops, pair_launches
-from ..groups import SortedGroups, Vocabulary, add_counts, distinct
+from ..groups import SortedGroups, Vocabulary, add_counts, distinct, factorize
 from ..inputs import arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.chunks import NotSorted, ReadWhole, Stream
 from ..inputs.selection import RANGE_EVENTS
@@ -124,7 +124,8 @@ def ranges_table(name: pa.Array, domain: pa.Array, columns: dict) -> pa.Table:
 def range_sums(name_codes: np.ndarray, name_words, domain_codes: np.ndarray, domain_words, columns: dict) -> pa.Table:
     """Per name and domain of some ranges: how many, and the sums of their CPU time, GPU projection, GPU busy
     time and GPU ops (the summary's columns, before they are added across ranks)."""
-    groups = SortedGroups(name_codes * (len(domain_words) + 1) + domain_codes)
+    domains, domain_at = factorize(domain_codes)  # a few: small keys, sorted by radix
+    groups = SortedGroups(name_codes * (len(domains) + 1) + domain_at)
     has_op = columns["gpu_ops"] > 0
     proj = np.where(has_op, columns["gpu_end_ns"] - columns["gpu_start_ns"], 0)
     return pa.table({"name": dictionary_column(name_codes[groups.lead], name_words),
