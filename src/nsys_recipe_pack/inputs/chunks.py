@@ -10,6 +10,7 @@ its own, a batch ahead of the spans, while the recipe folds the last span in (mo
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -72,6 +73,7 @@ class Ahead:
     expect: Callable[[str, int], None]
     stream: Stream
     reads: dict = field(default_factory=dict)  # need -> reads started
+    lock: threading.Lock = field(default_factory=threading.Lock)  # reads may start in several threads at once
 
     def spans(self, need: str, view: Callable, cols: list[str] | None = None) -> Iterator[pa.Table]:
         """The rows of each span of a new read of one need's table (`time_chunks`, view(need, Frame) -> columns;
@@ -95,11 +97,12 @@ class Ahead:
 
     def _start(self, need: str) -> tuple[str, bool]:
         (table, _), = TABLES[need].items()
-        first = not self.reads.get(need)
-        self.reads[need] = self.reads.get(need, 0) + 1
+        with self.lock:
+            reads = self.reads[need] = self.reads.get(need, 0) + 1
+        first = reads == 1
         if first and need in self.stream.ahead:
             return first_read_label(table), first
-        label = f"{table} (read {self.reads[need]} ahead)"
+        label = f"{table} (read {reads} ahead)"
         self.expect(label, self.src.count(table))
         return label, first
 
