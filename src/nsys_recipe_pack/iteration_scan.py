@@ -193,6 +193,7 @@ class RangeScan:
         t = {c: self.tally[c] for c in _Tally.COLUMNS}
         named = np.array([w not in ("", None) and not NCCL_API_RE.match(str(w)) for w in self.names.words], bool)
         domain_words = np.array(self.domains.words, object)
+        pair = t["name"] * len(self.domains.words) + t["domain"]  # each entry's (name, domain)
         out = {}
         for p in self.pids():
             mine = np.flatnonzero(t["pid"] == p)
@@ -202,7 +203,6 @@ class RangeScan:
             cand = cand[np.lexsort((t["first"][cand], -t["count"][cand], -t["covered"][cand]))]
             # the thread each candidate's iterations are taken on: where its name and domain are most common (an
             # entry per thread of them: the most ranges, ties to the first seen)
-            pair = t["name"] * len(self.domains.words) + t["domain"]
             by_pair = mine[np.lexsort((t["first"][mine], -t["count"][mine], pair[mine]))]
             best = by_pair[np.r_[True, pair[by_pair][1:] != pair[by_pair][:-1]]]
             out[p] = _Plan(self, cand, best[np.searchsorted(pair[best], pair[cand])])
