@@ -13,7 +13,7 @@ from conftest import AI_SET, MPI_SET
 
 from nsys_recipe_pack import runner
 from nsys_recipe_pack.inputs import RankData
-from nsys_recipe_pack.nvtx import innermost_of, parents_of, stack_levels_of
+from nsys_recipe_pack.nvtx import innermost_nested, innermost_of, parents_of, stack_levels_of
 from nsys_recipe_pack.recipes import sync_summary as sync
 
 BUILTIN = {"cuda_api_sync": ["device", "stream"], "cuda_memcpy_async": ["memcpy_pageable"],
@@ -91,6 +91,12 @@ def test_innermost_range_against_brute_force():
         tid, start = rng.integers(1, 5, m), rng.integers(0, 160, m)
         end = start + rng.integers(0, 15, m)
         got = innermost_of(r[:, 0], r[:, 1], r[:, 2], tid, start, end)
+        # the same from the ranges in range order with their parents
+        order = np.lexsort((r[:, 1] - r[:, 2], r[:, 1]))
+        o = r[order]
+        parents = parents_of(o[:, 0], o[:, 1], stack_levels_of(o[:, 0], o[:, 1], o[:, 2]))
+        nested = innermost_nested(o[:, 0], o[:, 1], o[:, 2], parents, tid, start, end)
+        assert np.where(nested >= 0, order[np.maximum(nested, 0)], -1).tolist() == got.tolist()
         for q in range(m):
             open_ = np.flatnonzero((r[:, 0] == tid[q]) & (r[:, 1] <= start[q]) & (start[q] < r[:, 2]))
             want = None

@@ -93,6 +93,33 @@ def _innermost_on_thread(r_start: np.ndarray, r_end: np.ndarray, own: np.ndarray
     return np.where(found, pos, -1)
 
 
+def innermost_nested(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, r_parent: np.ndarray,
+                     tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """innermost_of for properly nested ranges in range order (by start, the longer first) whose parents are known
+    (parents_of: positions into these arrays, -1 none): the ranges open at an instant are one chain, so the innermost
+    is the last range on the query's thread to start by its start, or the first of its ancestors still open then. A
+    search and a few steps up, where innermost_of counts every range's level again."""
+    out = np.full(len(tid), -1, np.int64)
+    if not len(tid) or not len(r_tid):
+        return out
+    threads, code = factorize(np.asarray(r_tid))
+    tid, start, end = (np.asarray(a, np.int64) for a in (tid, start, end))
+    at = np.minimum(np.searchsorted(threads, tid), len(threads) - 1)
+    by_range, by_query = SortedGroups(code), SortedGroups(np.where(threads[at] == tid, at, -1))
+    for g, thread in enumerate(by_query.keys.tolist()):
+        if thread < 0:  # a thread without ranges
+            continue
+        own, q = by_range.rows(thread), by_query.rows(g)
+        last = np.searchsorted(r_start[own], start[q], side="right") - 1
+        out[q] = np.where(last >= 0, own[np.maximum(last, 0)], -1)
+    walking = np.flatnonzero(out >= 0)
+    while len(walking):  # up from a range closed by the query's start (one of no length is never open)
+        walking = walking[r_end[out[walking]] <= start[walking]]
+        out[walking] = r_parent[out[walking]]
+        walking = walking[out[walking] >= 0]
+    return np.where((out >= 0) & (r_end[np.maximum(out, 0)] >= end), out, -1)
+
+
 def start_order(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Ranges by start, the longer first at one start, else in input order; without a sort when they come so (as
     an export's rows do)."""

@@ -23,10 +23,10 @@ from ..groups import SortedGroups, Vocabulary, add_counts, distinct, factorize
 from ..inputs import arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.chunks import NotSorted, ReadWhole, Stream
 from ..inputs.selection import RANGE_EVENTS
-from ..intervals import union_lengths
+from ..intervals import union_lengths, union_lengths_beyond
 from ..iterations import closed_range_mask, closed_ranges
 from ..lazy import pd
-from ..nvtx import innermost_of, op_name, parents_of, stack_levels_of, start_order
+from ..nvtx import innermost_nested, innermost_of, op_name, parents_of, stack_levels_of, start_order
 from ..spill import SPILL_DIR, RankedRows, SpillWriter
 from . import Metric, Recipe, indented, ms, ms_cell
 
@@ -40,11 +40,18 @@ RANGE_DTYPES = {"name": "str", "domain": "str", "pid": "int64", "tid": "int64", 
 SUM_COLUMNS = ["count", "cpu_total_ns", "gpu_proj_total_ns", "gpu_busy_total_ns", "gpu_ops"]
 
 
-def launch_ranges(r_tid, r_pid, r_start, r_end, tid, pid, call_start, call_end, attribution: str = "process"):
+def launch_ranges(r_tid, r_pid, r_start, r_end, tid, pid, call_start, call_end, attribution: str = "process",
+                  r_parent=None):
     """(launch, range) pairs: the innermost range around each launching call on its own thread; with
     attribution "process", for a call that no range of its own thread encloses, the innermost range
-    enclosing it on each other thread of its process. Positions into the given arrays."""
-    pos = innermost_of(r_tid, r_start, r_end, tid, call_start, call_end)
+    enclosing it on each other thread of its process. Positions into the given arrays. `r_parent`: the ranges'
+    parents, where they are known to nest properly and come in range order (nvtx.innermost_nested)."""
+    def around(tid, start, end):
+        if r_parent is None:
+            return innermost_of(r_tid, r_start, r_end, tid, start, end)
+        return innermost_nested(r_tid, r_start, r_end, r_parent, tid, start, end)
+
+    pos = around(tid, call_start, call_end)
     launch = [np.flatnonzero(pos >= 0)]
     rng = [pos[launch[0]]]
     if attribution == "process":
@@ -53,7 +60,7 @@ def launch_ranges(r_tid, r_pid, r_start, r_end, tid, pid, call_start, call_end, 
         for thread, thread_pid in zip(threads, np.asarray(r_pid)[first], strict=True):  # threads with ranges: few
             q = orphan[(pid[orphan] == thread_pid) & (tid[orphan] != thread)]
             if len(q):
-                hit = innermost_of(r_tid, r_start, r_end, np.full(len(q), thread), call_start[q], call_end[q])
+                hit = around(np.full(len(q), thread), call_start[q], call_end[q])
                 launch.append(q[hit >= 0])
                 rng.append(hit[hit >= 0])
     return np.concatenate(launch), np.concatenate(rng)
@@ -329,11 +336,14 @@ def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> No
         raise NotSorted("a GPU op that starts before the call that launched it")
     state.called[at[calls]] = True
     live = state.live
+    # the ranges open at the span's start or since: with a range, every range around it, in range order
     was_open = np.flatnonzero(live["end"] >= span_start)
+    place = np.full(len(live["id"]) + 1, -1)  # a range's place among them (the last: no parent)
+    place[was_open] = np.arange(len(was_open))
     times = {c: numpy_of(rows.column(c))[calls] for c in ("tid", "pid", "start_ns", "end_ns")}
     launch, pos = launch_ranges(live["tid"][was_open], live["pid"][was_open], live["start"][was_open],
                                 live["end"][was_open], times["tid"], times["pid"], times["start_ns"],
-                                times["end_ns"], state.attribution)
+                                times["end_ns"], state.attribution, place[live["parent_at"][was_open]])
     pair_place, pair_at = [], []
     call, cur = calls[launch], was_open[pos]
     while len(cur):  # up the parents, one level a step: every range enclosing a call's range is still open
@@ -360,6 +370,8 @@ def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> No
 def _add_ops(state: _Projection, rows: pa.Table) -> None:
     """A span's GPU ops into the ranges their calls count for; the pairs of keys whose ops have all come go."""
     key, start, end = (numpy_of(rows.column(c)) for c in ("key", "start_ns", "end_ns"))
+    by_start = np.argsort(start, kind="stable")  # kernels, then copies, then sets: each in order of start already
+    key, start, end = key[by_start], start[by_start], end[by_start]
     at, known = key_places(state.keys, key)
     if not len(state.keys) or not known.all():
         raise NotSorted("GPU ops the first read did not give")  # the export changed under the read
@@ -373,9 +385,7 @@ def _add_ops(state: _Projection, rows: pa.Table) -> None:
     np.maximum.at(live["gpu_end"], where, e)
     add_counts(live["ops"], where)
     # ops come in order of start, so a range's earlier ops all lie before its reach: only what is beyond it adds
-    clipped = np.maximum(s, live["reach"][where])
-    beyond = e > clipped
-    ranges, length = union_lengths(where[beyond], clipped[beyond], e[beyond])
+    ranges, length = union_lengths_beyond(where, op, start, end, live["reach"], live["tid"])
     live["busy"][ranges] += length
     np.maximum.at(live["reach"], where, e)
     add_counts(state.remaining, at, -1)
