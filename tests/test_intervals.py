@@ -3,11 +3,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nsys_recipe_pack.intervals import (
+    consecutive_union_lengths,
     outermost,
     prefix_union_lengths,
     split_into_windows,
     union_lengths,
-    union_lengths_beyond,
     union_segments,
 )
 
@@ -30,44 +30,51 @@ def test_union_touching_intervals_are_not_double_counted():
 MIN = np.iinfo(np.int64).min
 
 
-def test_union_beyond_floor_by_hand():
+def _figures(group, index):
+    """Each group's first and last place and how many intervals it has, from its (group, interval) pairs."""
+    groups = sorted(set(group.tolist()))
+    at = [index[group == g] for g in groups]
+    return (np.array(groups, np.int64), *(np.array([f(i) for i in at], np.int64) for f in (np.min, np.max, len)))
+
+
+def test_consecutive_unions_by_hand():
     # intervals by start: 0 [0,10) 1 [2,4) 2 [5,20) 3 [12,14) 4 [16,30) 5 [25,26)
     s, e = np.array([0, 2, 5, 12, 16, 25]), np.array([10, 4, 20, 14, 30, 26])
-    pairs = {0: [0, 1], 1: [3], 2: [2, 4], 3: [5], 4: [0, 4]}
-    floor = np.array([MIN, MIN, 8, 40, MIN])
-    part = np.array([0, 1, 0, 3, 0])
-    group = np.concatenate([np.full(len(v), g) for g, v in pairs.items()])
-    index = np.concatenate(list(pairs.values()))
-    # 0: one after another from the start -> 10; 1: [12,14) under [5,20) from another part -> 2;
-    # 2: [8,20) and [16,30) once its part's intervals alone are taken -> 22; 3: all below its floor -> 0;
-    # 4: [0,10) and [16,30), apart even in its part -> 24
-    want = {0: 10, 1: 2, 2: 22, 3: 0, 4: 24}
-    for p in (part, None):
-        groups, lengths = union_lengths_beyond(group, index, s, e, floor, p)
-        assert dict(zip(groups.tolist(), lengths.tolist(), strict=True)) == want
+    first, last, count = np.array([0, 3, 2, 5, 2, 0]), np.array([1, 3, 4, 5, 3, 4]), np.array([2, 1, 2, 1, 2, 3])
+    floor = np.array([MIN, MIN, 8, 40, 18, 0])
+    lengths, right = consecutive_union_lengths(first, last, count, floor, s, e)
+    # 0: from the start, one after another -> 10; 1: under [5,20), which is not its own -> not right; 2: [2] and
+    # [4] apart -> not right; 3: its floor above the ends before it -> not right; 4: [5,20) and [12,14) from its
+    # floor 18 -> [18,20) -> 2; 5: [0, 2, 4] with one between -> not right
+    assert right.tolist() == [True, False, False, False, True, False]
+    assert lengths[right].tolist() == [10, 2]
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 25)), min_size=1, max_size=30),
-       st.lists(st.tuples(st.integers(0, 5), st.integers(0, 29)), max_size=60),
-       st.lists(st.one_of(st.just(None), st.integers(0, 400)), min_size=6, max_size=6),
-       st.lists(st.integers(0, 2), min_size=6, max_size=6), st.booleans())
-def test_union_beyond_floor_equals_union_of_clipped(steps, picks, floors, parts, by_part):
-    """Against union_lengths of each group's intervals clipped below at its floor."""
+       st.lists(st.tuples(st.integers(0, 5), st.integers(0, 29), st.integers(0, 3)), max_size=60),
+       st.lists(st.one_of(st.just(None), st.integers(0, 400)), min_size=6, max_size=6))
+def test_consecutive_unions_equal_the_union_of_clipped_intervals(steps, picks, floors):
+    """Right where said so against union_lengths of each group's intervals clipped below at its floor; and said
+    so for a group whose intervals come one after another from the first, below its floor."""
     s = np.cumsum([a for a, _ in steps]).astype(np.int64)  # in order of start, ties included
     e = s + np.array([d for _, d in steps], np.int64)
-    pairs = sorted({(g, i % len(s)) for g, i in picks})
-    group = np.array([g for g, _ in pairs], np.int64)
-    index = np.array([i for _, i in pairs], np.int64)
-    floor = np.array([MIN if f is None else f for f in floors], np.int64)
-    groups, lengths = union_lengths_beyond(group, index, s, e, floor, np.array(parts) if by_part else None)
-    assert groups.tolist() == sorted(set(group.tolist()))
-    clipped = np.maximum(s[index], floor[group]) if len(group) else np.zeros(0, np.int64)
+    pairs = sorted({(g, min(i, len(s) - 1) if n else i % len(s)) for g, i, n in picks})  # some runs, some spread
+    if not pairs:
+        return
+    group, index = (np.array(c, np.int64) for c in zip(*pairs, strict=True))
+    groups, first, last, count = _figures(group, index)
+    floor = np.array([MIN if f is None else f for f in floors], np.int64)[groups]
+    lengths, right = consecutive_union_lengths(first, last, count, floor, s, e)
+    clipped = np.maximum(s[index], floor[np.searchsorted(groups, group)])
     beyond = e[index] > clipped
     want = dict.fromkeys(groups.tolist(), 0)
     want.update(zip(*(a.tolist() for a in union_lengths(group[beyond], clipped[beyond], e[index][beyond])),
                     strict=True))
-    assert dict(zip(groups.tolist(), lengths.tolist(), strict=True)) == want
+    assert lengths[right].tolist() == [want[g] for g in groups[right]]
+    # nothing before its first, and a floor no later than its end: its own reach is the running one
+    from_start = (first == 0) & (count == last + 1) & (floor <= e[0])
+    assert right[from_start].all()
 
 
 def test_prefix_unions_by_hand():

@@ -126,6 +126,48 @@ def test_ranges_that_cross_on_one_thread_are_read_whole(spill_dir, tmp_path, mon
     assert not list(spill_dir.iterdir())
 
 
+def test_ops_of_one_key_called_in_two_ranges_of_one_thread_are_read_whole(spill_dir, tmp_path, monkeypatch):
+    """Two launching calls of one thread given one correlation id, each in another NVTX range, before the first's
+    ops come: its ops count once in each range around either call, which spans (a key's ops added up from its
+    innermost range) would count twice in the ranges around both. The whole read, same output."""
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 50)
+    path = tmp_path / "one_key_two_ranges.sqlite"
+    shutil.copy(REAL_GLOO, path)
+    con = sqlite3.connect(path)
+    first_call = """
+        WITH calls AS (
+            SELECT r.rowid AS id, r.start, r.correlationId AS corr, r.globalTid AS tid,
+                   (SELECT MIN(k.start) FROM CUPTI_ACTIVITY_KIND_KERNEL k WHERE k.correlationId = r.correlationId)
+                       AS op_start,
+                   (SELECT n.rowid FROM NVTX_EVENTS n WHERE n.globalTid = r.globalTid AND n.start <= r.start
+                       AND n.end >= r.end ORDER BY n.start DESC LIMIT 1) AS range
+            FROM CUPTI_ACTIVITY_KIND_RUNTIME r
+            WHERE r.correlationId IN (SELECT correlationId FROM CUPTI_ACTIVITY_KIND_KERNEL))
+        SELECT a.corr, b.id FROM calls a JOIN calls b ON a.tid = b.tid AND b.start > a.start AND b.start < a.op_start
+        WHERE a.range IS NOT NULL AND b.range IS NOT NULL AND a.range != b.range ORDER BY a.start LIMIT 1"""
+    corr, second = con.execute(first_call).fetchone()
+    con.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET correlationId = ? WHERE rowid = ?", (corr, second))
+    con.commit()
+    con.close()
+    ruled_out = []
+
+    def rule_out(state):
+        try:
+            proj_rule_out(state)
+        except Exception as e:
+            ruled_out.append(str(e))
+            raise
+
+    proj_rule_out = proj._rule_out_two_paths
+    with monkeypatch.context() as m:
+        m.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+        m.setattr(proj, "_rule_out_two_paths", rule_out)
+        assert _streamed(path) == [None]
+    assert ruled_out == ["GPU ops launched by calls in two NVTX ranges of one thread"]
+    _same_output(path, tmp_path, monkeypatch)
+    assert not list(spill_dir.iterdir())
+
+
 def test_spilled_rows_come_back_in_key_order(spill_dir):
     """Rows written in pieces in key order, and late rows (finished after greater keys were written) put back."""
     schema = pa.schema([("range_id", pa.int64()), ("name", pa.large_string())])

@@ -56,63 +56,21 @@ def union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tu
     return group[firsts[group_first]], np.add.reduceat(seg_len, group_first)
 
 
-def union_lengths_beyond(group: np.ndarray, index: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                         floor: np.ndarray, part: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(groups, lengths): for distinct (group, interval) pairs over intervals sorted by start, how much each group's
-    intervals cover beyond its floor (the union of [max(start, floor[group]), end)); groups are small integers
-    below len(floor), each in a part (`part[group]`: the ranges of one thread, say).
-
-    A group whose intervals come one after another in that order, none before them reaching past the first one's
-    end (the ops of one range on one stream, as usual), takes its length from a running maximum: a difference of
-    prefix sums. A group that is not so among all the intervals may be among its part's (two threads launching at
-    once); only the others are sorted, by union_lengths."""
-    group, index = np.asarray(group, np.int64), np.asarray(index, np.int64)
-    if not len(group):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    n = len(floor)
-    groups, lengths, fast = _consecutive_unions(group, index, starts, ends, floor)
-    slow = np.zeros(n, bool)
-    slow[groups[~fast]] = True
-    pairs = np.flatnonzero(slow[group])
-    for p in np.unique(part[groups[~fast]]) if part is not None and len(pairs) else ():
-        among = pairs[part[group[pairs]] == p]
-        held = np.zeros(len(starts), bool)
-        held[index[among]] = True
-        place = np.cumsum(held) - 1
-        done, done_lengths, done_fast = _consecutive_unions(group[among], place[index[among]], starts[held],
-                                                            ends[held], floor)
-        lengths[np.searchsorted(groups, done[done_fast])] = done_lengths[done_fast]
-        slow[done[done_fast]] = False
-    if slow.any():
-        pairs = pairs[slow[group[pairs]]]
-        g, i = group[pairs], index[pairs]
-        s, e = np.maximum(starts[i], floor[g]), ends[i]
-        beyond = e > s
-        slow_groups, slow_lengths = union_lengths(g[beyond], s[beyond], e[beyond])
-        lengths[np.searchsorted(groups, np.flatnonzero(slow))] = 0
-        lengths[np.searchsorted(groups, slow_groups)] = slow_lengths
-    return groups, lengths
-
-
-def _consecutive_unions(group: np.ndarray, index: np.ndarray, starts: np.ndarray, ends: np.ndarray,
-                        floor: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(groups, lengths, right): union_lengths_beyond's lengths, right where the group's intervals come one after
-    another and, from its second on, its own reach (or its floor) is the running maximum over all intervals."""
-    n, m = len(floor), len(starts)
-    first, last = np.full(n, m, np.int64), np.full(n, -1, np.int64)
-    np.minimum.at(first, group, index)
-    np.maximum.at(last, group, index)
-    count = np.bincount(group, minlength=n)
-    # reach[k]: the greatest end among the intervals before k; gain[k]: what interval k adds to all before it
-    reach = np.empty(m + 1, np.int64)
+def consecutive_union_lengths(first: np.ndarray, last: np.ndarray, count: np.ndarray, floor: np.ndarray,
+                              starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, right): for groups of intervals sorted by start, each given by the places of its first and last
+    interval in that order and how many it has, how much each covers beyond its floor (the union of
+    [max(start, floor), end)), right where its intervals come one after another and, from its second on, its own reach
+    (or its floor) is the greatest end of all before (the ops of one range on one stream, as usual): a difference of
+    prefix sums over one running maximum, where union_lengths sorts every interval of every group."""
+    reach = np.empty(len(starts) + 1, np.int64)  # reach[k]: the greatest end before interval k
     reach[0] = np.iinfo(np.int64).min
     np.maximum.accumulate(ends, out=reach[1:])
-    prefix = np.r_[0, np.cumsum(np.maximum(ends - np.maximum(starts, reach[:-1]), 0))]
-    groups = np.flatnonzero(count)
-    a, b, lower = first[groups], last[groups], floor[groups]
-    right = (count[groups] == b - a + 1) & ((np.maximum(lower, reach[a]) <= ends[a]) | (lower == reach[a]))
-    lengths = np.maximum(ends[a] - np.maximum(starts[a], lower), 0) + prefix[b + 1] - prefix[a + 1]
-    return groups, lengths, right
+    prefix = np.r_[0, np.cumsum(np.maximum(ends - np.maximum(starts, reach[:-1]), 0))]  # what each adds to all before
+    a, b = first, last
+    right = (count == b - a + 1) & ((np.maximum(floor, reach[a]) <= ends[a]) | (floor == reach[a]))
+    lengths = np.maximum(ends[a] - np.maximum(starts[a], floor), 0) + prefix[b + 1] - prefix[a + 1]
+    return lengths, right
 
 
 def running_max_by_group(group: np.ndarray, values: np.ndarray) -> np.ndarray:

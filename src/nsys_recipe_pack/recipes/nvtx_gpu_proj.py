@@ -23,7 +23,7 @@ from ..groups import SortedGroups, Vocabulary, add_counts, distinct, factorize
 from ..inputs import arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.chunks import NotSorted, ReadWhole, Stream
 from ..inputs.selection import RANGE_EVENTS
-from ..intervals import union_lengths, union_lengths_beyond
+from ..intervals import consecutive_union_lengths, union_lengths
 from ..iterations import closed_range_mask, closed_ranges
 from ..lazy import pd
 from ..nvtx import innermost_nested, innermost_of, op_name, parents_of, stack_levels_of, start_order
@@ -204,7 +204,8 @@ def diff_metrics(ranks) -> pd.DataFrame | None:
 # a long capture, span by span of time (inputs.chunks): the ranges table written as it is made (spill.py)
 
 # a range not yet written: parent_at is its parent's place in `live` while that is there (else -1); name and domain
-# are ids into the names met so far (`_Projection.names`; -1: none)
+# are ids into the names met so far (`_Projection.names`; -1: none); pending counts the pairs still to come in it
+# and in the ranges inside it; reach: its ops' latest end so far
 LIVE = {"id": np.int64, "tid": np.int64, "pid": np.int64, "name": np.int64, "domain": np.int64, "start": np.int64,
         "end": np.int64, "level": np.int64, "parent": np.int64, "parent_at": np.int64, "gpu_start": np.int64,
         "gpu_end": np.int64, "busy": np.int64, "reach": np.int64, "ops": np.int64, "pending": np.int64, "late": bool}
@@ -216,7 +217,8 @@ SUMS_ROWS = 1 << 20  # rows of sums by name and domain, piece by piece, before t
 class _Projection:
     """What a span-by-span projection carries: every GPU op's launch key with the ops still to come, the ranges not
     yet written (`live`, in range order), and the (key, range) pairs of the launching calls whose ops are still to
-    come (`pending`, in order; a key by its place in `keys`, a range by its place in `live`)."""
+    come, each with the innermost range it counts for (`pending`, in order; a key by its place in `keys`, a range by
+    its place in `live`): an op's figures are added to that range and passed up to the ranges around it."""
 
     def __init__(self, keys: np.ndarray, remaining: np.ndarray, options: dict):
         self.keys, self.remaining, self.attribution = keys, remaining, options.get("attribution") or "process"
@@ -323,8 +325,8 @@ def _ids_in(names: Vocabulary, column: pa.ChunkedArray) -> np.ndarray:
 
 
 def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> None:
-    """A span's launching calls: each (key, range) pair of a call and a range it counts for, kept until the
-    key's ops have all come."""
+    """A span's launching calls: each (key, range) pair of a call and the innermost range it counts for, kept until
+    the key's ops have all come; each range counts the pairs in it and below it (`pending`)."""
     if rows is None or not rows.num_rows:
         return
     key = numpy_of(rows.column("key"))
@@ -344,27 +346,45 @@ def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> No
     launch, pos = launch_ranges(live["tid"][was_open], live["pid"][was_open], live["start"][was_open],
                                 live["end"][was_open], times["tid"], times["pid"], times["start_ns"],
                                 times["end_ns"], state.attribution, place[live["parent_at"][was_open]])
-    pair_place, pair_at = [], []
-    call, cur = calls[launch], was_open[pos]
-    while len(cur):  # up the parents, one level a step: every range enclosing a call's range is still open
-        pair_place.append(at[call])
-        pair_at.append(cur)
-        parent = live["parent_at"][cur]
-        call, cur = call[parent >= 0], parent[parent >= 0]
-    if not pair_place:
+    if not len(launch):
         return
     # the pairs as one sortable integer each: (key's place, range's place)
     size = len(live["id"]) + 1
     if len(state.keys) * size >= 1 << 62:
         raise ReadWhole("too many GPU ops and open ranges to pair in spans")
-    pairs = np.concatenate([state.pending_place, *pair_place]) * size + np.concatenate([state.pending_at, *pair_at])
-    order = np.argsort(pairs, kind="stable")
-    pairs, fresh = pairs[order], order >= len(state.pending_place)
-    first = np.r_[True, pairs[1:] != pairs[:-1]]
-    known = np.zeros(int(first.sum()), bool)  # a pair an earlier call made already: it counts once
-    known[(np.cumsum(first) - 1)[~fresh]] = True
-    state.pending_place, state.pending_at = np.divmod(pairs[first], size)
-    add_counts(live["pending"], state.pending_at[~known])
+    new = at[calls[launch]] * size + was_open[pos]
+    pairs = np.r_[state.pending_place * size + state.pending_at, new]
+    if not len(state.pending_place) or (np.diff(new) > 0).all() and new[0] > pairs[len(state.pending_place) - 1]:
+        known = np.arange(len(pairs)) < len(state.pending_place)  # pairs of new keys, in order: the usual case
+    else:
+        order = np.argsort(pairs, kind="stable")
+        pairs, fresh = pairs[order], order >= len(state.pending_place)
+        first = np.r_[True, pairs[1:] != pairs[:-1]]
+        known = np.zeros(int(first.sum()), bool)  # a pair an earlier call made already: it counts once
+        known[(np.cumsum(first) - 1)[~fresh]] = True
+        pairs = pairs[first]
+    state.pending_place, state.pending_at = np.divmod(pairs, size)
+    _rule_out_two_paths(state)
+    _add_up(live, state.pending_at[~known], 1)
+
+
+def _rule_out_two_paths(state: _Projection) -> None:
+    """A key's ops count once in each range around its calls: calls of one key in two ranges of one thread would
+    count them twice in the ranges around both, which the whole read does not."""
+    same = np.flatnonzero(state.pending_place[1:] == state.pending_place[:-1])  # pairs in order: a key's together
+    if len(same):
+        rows = np.unique(np.r_[same, same + 1])
+        key_thread = np.c_[state.pending_place[rows], state.live["tid"][state.pending_at[rows]]]
+        if len(np.unique(key_thread, axis=0)) < len(rows):
+            raise ReadWhole("GPU ops launched by calls in two NVTX ranges of one thread")
+
+
+def _add_up(live: dict, ranges: np.ndarray, step: int) -> None:
+    """Add `step` to the pending pairs of these ranges (repeats counting) and of every range around them."""
+    while len(ranges):
+        add_counts(live["pending"], ranges, step)
+        ranges = live["parent_at"][ranges]
+        ranges = ranges[ranges >= 0]
 
 
 def _add_ops(state: _Projection, rows: pa.Table) -> None:
@@ -379,20 +399,83 @@ def _add_ops(state: _Projection, rows: pa.Table) -> None:
     state.unlinked += int(np.count_nonzero(~state.called[at]))
     op, pair = pair_launches(at, state.pending_place)
     live = state.live
-    where = state.pending_at[pair]
-    s, e = start[op], end[op]
-    np.minimum.at(live["gpu_start"], where, s)
-    np.maximum.at(live["gpu_end"], where, e)
-    add_counts(live["ops"], where)
-    # ops come in order of start, so a range's earlier ops all lie before its reach: only what is beyond it adds
-    ranges, length = union_lengths_beyond(where, op, start, end, live["reach"], live["tid"])
-    live["busy"][ranges] += length
-    np.maximum.at(live["reach"], where, e)
+    where = state.pending_at[pair]  # each op's innermost ranges
+    if len(op):
+        ranges, figures = _rolled_up(live, where, {"first": (op, np.minimum, len(start)), "last": (op, np.maximum, -1),
+                                                   "count": (np.ones(len(op), np.int64), np.add, 0),
+                                                   "reach": (end[op], np.maximum, np.iinfo(np.int64).min)})
+        live["gpu_start"][ranges] = np.minimum(live["gpu_start"][ranges], start[figures["first"]])
+        live["gpu_end"][ranges] = np.maximum(live["gpu_end"][ranges], figures["reach"])
+        live["ops"][ranges] += figures["count"]
+        live["busy"][ranges] += _busy(live, ranges, figures, where, op, start, end)
+        live["reach"][ranges] = np.maximum(live["reach"][ranges], figures["reach"])
     add_counts(state.remaining, at, -1)
     done = state.remaining[state.pending_place] == 0
     if done.any():
-        add_counts(live["pending"], state.pending_at[done], -1)
+        _add_up(live, state.pending_at[done], -1)
         state.pending_place, state.pending_at = state.pending_place[~done], state.pending_at[~done]
+
+
+def _rolled_up(live: dict, where: np.ndarray, values: dict) -> tuple[np.ndarray, dict]:
+    """The ranges with an op of the span in them or below them (in range order), and each one's figures over those
+    ops, from each op's innermost ranges (`where`) and the ops' own figures (name: values, ufunc, none)."""
+    n = len(live["id"])
+    figures = {}
+    for name, (v, ufunc, empty) in values.items():
+        figures[name] = np.full(n, empty, np.int64)
+        ufunc.at(figures[name], where, v)
+    held = np.zeros(n, bool)
+    up = where
+    while len(up):  # every range around the ops' innermost ones
+        held[up] = True
+        up = live["parent_at"][up]
+        up = up[(up >= 0) & ~held[np.maximum(up, 0)]]
+    ranges = np.flatnonzero(held)
+    by_level = SortedGroups(-live["level"][ranges])
+    for g in range(len(by_level)):  # the deepest first: each range gives its figures to its parent
+        inner = ranges[by_level.rows(g)]
+        parent = live["parent_at"][inner]
+        inner, parent = inner[parent >= 0], parent[parent >= 0]
+        for name, (_, ufunc, _) in values.items():
+            ufunc.at(figures[name], parent, figures[name][inner])
+    return ranges, {name: f[ranges] for name, f in figures.items()}
+
+
+def _busy(live: dict, ranges: np.ndarray, figures: dict, where: np.ndarray, op: np.ndarray, start: np.ndarray,
+          end: np.ndarray) -> np.ndarray:
+    """What the span's ops add to each range's GPU busy time: the union of its ops beyond its reach so far. Ops in
+    order of start, so that a range whose ops come one after another needs no sort (intervals.consecutive_union_
+    lengths); where two threads launch at once, one after another among the ops of its own thread's ranges."""
+    floor = live["reach"][ranges]
+    lengths, right = consecutive_union_lengths(figures["first"], figures["last"], figures["count"], floor, start, end)
+    for thread in np.unique(live["tid"][ranges[~right]]):
+        mine = live["tid"][where] == thread
+        held = np.zeros(len(start), bool)
+        held[op[mine]] = True
+        place = np.cumsum(held) - 1
+        among, again = _rolled_up(live, where[mine], {"first": (place[op[mine]], np.minimum, len(start)),
+                                                      "last": (place[op[mine]], np.maximum, -1)})
+        at = np.searchsorted(ranges, among)
+        length, ok = consecutive_union_lengths(again["first"], again["last"], figures["count"][at], floor[at],
+                                               start[held], end[held])
+        lengths[at[ok]], right[at[ok]] = length[ok], True
+    if not right.all():  # the rest: each op with every range around it, sorted
+        slow = np.zeros(len(live["id"]), bool)
+        slow[ranges[~right]] = True
+        pair_range, pair_op = [], []
+        up, up_op = where, op
+        while len(up):
+            pair_range.append(up[slow[up]])
+            pair_op.append(up_op[slow[up]])
+            parent = live["parent_at"][up]
+            up, up_op = parent[parent >= 0], up_op[parent >= 0]
+        g, i = np.concatenate(pair_range), np.concatenate(pair_op)
+        s, e = np.maximum(start[i], live["reach"][g]), end[i]
+        beyond = e > s
+        slow_ranges, slow_lengths = union_lengths(g[beyond], s[beyond], e[beyond])
+        lengths[~right] = 0
+        lengths[np.searchsorted(ranges, slow_ranges)] = slow_lengths
+    return lengths
 
 
 def _write_finished(state: _Projection, span_end: int) -> None:
