@@ -6,6 +6,7 @@ import gc
 import shutil
 import sqlite3
 import tempfile
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -183,6 +184,27 @@ def test_spilled_rows_come_back_in_key_order(spill_dir):
     spilled.remove()
     assert not list(spill_dir.iterdir())
     SpillWriter(schema, "range_id").write(pa.table({"range_id": [0], "name": ["a"]}))  # given up: never closed
+    gc.collect()
+    assert not list(spill_dir.iterdir())
+    assert not [t for t in threading.enumerate() if t.name.startswith("nsys-recipe-spill")]  # its writing thread
+
+
+def test_a_spill_that_cannot_be_written_is_an_error(spill_dir):
+    """A piece is written in a thread of its own: what that raises comes out of a later write or the close."""
+    class Full:
+        def write_table(self, rows):
+            raise OSError(28, "No space left on device")
+
+        def close(self):
+            pass
+
+    writer = SpillWriter(pa.schema([("range_id", pa.int64())]), "range_id")
+    writer._writer = Full()
+    with pytest.raises(OSError, match="No space left"):
+        for first in range(0, 10, 2):
+            writer.write(pa.table({"range_id": np.arange(first, first + 2)}))
+        writer.close()
+    del writer
     gc.collect()
     assert not list(spill_dir.iterdir())
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 import os
 import tempfile
 import weakref
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,9 +69,13 @@ def _in_key_order(rows: pa.Table, key: str) -> pa.Table:
     return rows.take(arrow_of(np.argsort(numpy_of(rows.column(key)), kind="stable")))
 
 
+WRITES_AHEAD = 2  # pieces a SpillWriter holds while its thread compresses and writes the ones before
+
+
 class SpillWriter:
     """Writes a table's rows a piece at a time, in `key` order, LZ4-compressed, to a temporary file in `folder`
-    (the run's output folder being written, where the runner gives one; else TMPDIR, which is often memory)."""
+    (the run's output folder being written, where the runner gives one; else TMPDIR, which is often memory). A
+    thread of its own compresses and writes each piece (Arrow lets go of Python meanwhile) while the map goes on."""
 
     def __init__(self, schema: pa.Schema, key: str, folder: str | None = None):
         fd, self.path = tempfile.mkstemp(prefix=".nsys-recipe-spill-", suffix=".arrows",
@@ -78,15 +84,22 @@ class SpillWriter:
         self.key, self.schema, self.rows = key, schema, 0
         self._sink = pa.OSFile(self.path, "wb")
         self._writer = ipc.new_stream(self._sink, schema, options=ipc.IpcWriteOptions(compression="lz4"))
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="nsys-recipe-spill")
+        self._written: deque[Future] = deque()
         # a map given up half way (its read failed, or its tables are read whole instead) leaves no file behind
-        self._unclosed = weakref.finalize(self, _remove, self.path)
+        self._unclosed = weakref.finalize(self, _give_up, self._thread, self.path)
 
     def write(self, rows: pa.Table) -> None:
         if rows.num_rows:
-            self._writer.write_table(rows.cast(self.schema))
+            while len(self._written) >= WRITES_AHEAD:
+                self._written.popleft().result()  # what the write raised, raised here
+            self._written.append(self._thread.submit(self._writer.write_table, rows.cast(self.schema)))
             self.rows += rows.num_rows
 
     def close(self, late: pa.Table | None = None) -> SpilledRows:
+        while self._written:
+            self._written.popleft().result()
+        self._thread.shutdown()
         self._writer.close()
         self._sink.close()
         self._unclosed.detach()
@@ -97,6 +110,11 @@ class SpillWriter:
 def _remove(path: str) -> None:
     if os.path.exists(path):
         os.unlink(path)
+
+
+def _give_up(thread: ThreadPoolExecutor, path: str) -> None:
+    thread.shutdown(cancel_futures=True)
+    _remove(path)
 
 
 @dataclass
