@@ -50,31 +50,39 @@ def test_consecutive_unions_by_hand():
     assert lengths[right].tolist() == [10, 2]
 
 
-@settings(max_examples=300, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 25)), min_size=1, max_size=30),
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(0, 25), st.booleans()), min_size=1, max_size=30),
        st.lists(st.tuples(st.integers(0, 5), st.integers(0, 29), st.integers(0, 3)), max_size=60),
-       st.lists(st.one_of(st.just(None), st.integers(0, 400)), min_size=6, max_size=6))
-def test_consecutive_unions_equal_the_union_of_clipped_intervals(steps, picks, floors):
-    """Right where said so against union_lengths of each group's intervals clipped below at its floor; and said
-    so for a group whose intervals come one after another from the first, below its floor."""
-    s = np.cumsum([a for a, _ in steps]).astype(np.int64)  # in order of start, ties included
-    e = s + np.array([d for _, d in steps], np.int64)
-    pairs = sorted({(g, min(i, len(s) - 1) if n else i % len(s)) for g, i, n in picks})  # some runs, some spread
+       st.lists(st.one_of(st.just(None), st.integers(0, 400)), min_size=6, max_size=6), st.booleans())
+def test_consecutive_unions_equal_the_union_of_clipped_intervals(steps, picks, floors, by_part):
+    """Right where said so against union_lengths of each group's intervals clipped below at its floor; and said so
+    for a group whose intervals come one after another, none before in its part reaching past the first one's end
+    and its floor not either. Parts: intervals in order of part, then start, each part's from about 0 again (the
+    reach of one part is not another's)."""
+    part = np.cumsum([p for _, _, p in steps]) if by_part else np.zeros(len(steps), np.int64)
+    s = np.cumsum([a for a, _, _ in steps]).astype(np.int64)  # in order of start within a part, ties included
+    s -= s[np.searchsorted(part, part)]
+    e = s + np.array([d for _, d, _ in steps], np.int64)
+    # a group is (group, part): some runs, some spread
+    pairs = sorted({(g * 64 + int(part[j]), j) for g, i, n in picks
+                    for j in [min(i, len(s) - 1) if n else i % len(s)]})
     if not pairs:
         return
     group, index = (np.array(c, np.int64) for c in zip(*pairs, strict=True))
     groups, first, last, count = _figures(group, index)
-    floor = np.array([MIN if f is None else f for f in floors], np.int64)[groups]
-    lengths, right = consecutive_union_lengths(first, last, count, floor, s, e)
+    floor = np.array([MIN if f is None else f for f in floors], np.int64)[groups // 64]
+    lengths, right = consecutive_union_lengths(first, last, count, floor, s, e, part if by_part else None)
     clipped = np.maximum(s[index], floor[np.searchsorted(groups, group)])
     beyond = e[index] > clipped
     want = dict.fromkeys(groups.tolist(), 0)
     want.update(zip(*(a.tolist() for a in union_lengths(group[beyond], clipped[beyond], e[index][beyond])),
                     strict=True))
     assert lengths[right].tolist() == [want[g] for g in groups[right]]
-    # nothing before its first, and a floor no later than its end: its own reach is the running one
-    from_start = (first == 0) & (count == last + 1) & (floor <= e[0])
-    assert right[from_start].all()
+    # one after another, with nothing before the first in its part, nor its floor, later than that one's end: its own
+    # reach is the running one
+    part_first = np.searchsorted(part, part[first])
+    before = np.array([e[p:f].max() if f > p else MIN for p, f in zip(part_first, first, strict=True)], np.int64)
+    assert right[(count == last - first + 1) & (np.maximum(before, floor) <= e[first])].all()
 
 
 def test_prefix_unions_by_hand():

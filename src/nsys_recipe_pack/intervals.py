@@ -57,15 +57,21 @@ def union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tu
 
 
 def consecutive_union_lengths(first: np.ndarray, last: np.ndarray, count: np.ndarray, floor: np.ndarray,
-                              starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(lengths, right): for groups of intervals sorted by start, each given by the places of its first and last
-    interval in that order and how many it has, how much each covers beyond its floor (the union of
-    [max(start, floor), end)), right where its intervals come one after another and, from its second on, its own reach
-    (or its floor) is the greatest end of all before (the ops of one range on one stream, as usual): a difference of
-    prefix sums over one running maximum, where union_lengths sorts every interval of every group."""
-    reach = np.empty(len(starts) + 1, np.int64)  # reach[k]: the greatest end before interval k
+                              starts: np.ndarray, ends: np.ndarray,
+                              part: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(lengths, right): for groups of intervals sorted by part (small integers from 0, say the thread that launched
+    them; none: one part) and start, each group's in one part and given by the places of its first and last interval
+    in that order and how many it has, how much each covers beyond its floor (the union of [max(start, floor), end)),
+    right where its intervals come one after another and, from its second on, its own reach (or its floor) is the
+    greatest end of all before in its part (the ops of one range on one stream, as usual): a difference of prefix sums
+    over one running maximum, where union_lengths sorts every interval of every group."""
+    reach = np.empty(len(starts) + 1, np.int64)  # reach[k]: the greatest end before interval k in its part
     reach[0] = np.iinfo(np.int64).min
-    np.maximum.accumulate(ends, out=reach[1:])
+    if part is None:
+        np.maximum.accumulate(ends, out=reach[1:])
+    else:
+        reach[1:] = running_max_by_group(part, ends)
+        reach[1:][np.r_[part[1:] != part[:-1], False]] = reach[0]  # a part's first has nothing before it
     prefix = np.r_[0, np.cumsum(np.maximum(ends - np.maximum(starts, reach[:-1]), 0))]  # what each adds to all before
     a, b = first, last
     right = (count == b - a + 1) & ((np.maximum(floor, reach[a]) <= ends[a]) | (floor == reach[a]))

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, launched_ops, pair_launches
-from ..groups import SortedGroups, Vocabulary, add_counts, distinct, factorize
+from ..groups import SortedGroups, Vocabulary, add_counts, distinct, factorize, stable_order
 from ..inputs import arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.chunks import NotSorted, ReadWhole, Stream
 from ..inputs.selection import RANGE_EVENTS
@@ -401,13 +401,26 @@ def _add_ops(state: _Projection, rows: pa.Table) -> None:
     live = state.live
     where = state.pending_at[pair]  # each op's innermost ranges
     if len(op):
-        ranges, figures = _rolled_up(live, where, {"first": (op, np.minimum, len(start)), "last": (op, np.maximum, -1),
+        # the ops of each thread's ranges together, in order of start: the ranges of two threads launching at once
+        # take turns among all ops, and one after another among their own thread's (intervals.consecutive_union_...)
+        _, thread = factorize(live["tid"][where])
+        order = stable_order(thread)
+        place = np.empty(len(op), np.int64)
+        place[order] = np.arange(len(op))
+        ops = op[order]
+        ranges, figures = _rolled_up(live, where, {"first": (place, np.minimum, len(op)),
+                                                   "last": (place, np.maximum, -1),
                                                    "count": (np.ones(len(op), np.int64), np.add, 0),
                                                    "reach": (end[op], np.maximum, np.iinfo(np.int64).min)})
-        live["gpu_start"][ranges] = np.minimum(live["gpu_start"][ranges], start[figures["first"]])
+        live["gpu_start"][ranges] = np.minimum(live["gpu_start"][ranges], start[ops[figures["first"]]])
         live["gpu_end"][ranges] = np.maximum(live["gpu_end"][ranges], figures["reach"])
         live["ops"][ranges] += figures["count"]
-        live["busy"][ranges] += _busy(live, ranges, figures, where, op, start, end)
+        floor = live["reach"][ranges]
+        busy, right = consecutive_union_lengths(figures["first"], figures["last"], figures["count"], floor,
+                                                start[ops], end[ops], thread[order])
+        if not right.all():
+            busy[~right] = _union_beyond_reach(live, ranges[~right], where, op, start, end)
+        live["busy"][ranges] += busy
         live["reach"][ranges] = np.maximum(live["reach"][ranges], figures["reach"])
     add_counts(state.remaining, at, -1)
     done = state.remaining[state.pending_place] == 0
@@ -441,40 +454,25 @@ def _rolled_up(live: dict, where: np.ndarray, values: dict) -> tuple[np.ndarray,
     return ranges, {name: f[ranges] for name, f in figures.items()}
 
 
-def _busy(live: dict, ranges: np.ndarray, figures: dict, where: np.ndarray, op: np.ndarray, start: np.ndarray,
-          end: np.ndarray) -> np.ndarray:
-    """What the span's ops add to each range's GPU busy time: the union of its ops beyond its reach so far. Ops in
-    order of start, so that a range whose ops come one after another needs no sort (intervals.consecutive_union_
-    lengths); where two threads launch at once, one after another among the ops of its own thread's ranges."""
-    floor = live["reach"][ranges]
-    lengths, right = consecutive_union_lengths(figures["first"], figures["last"], figures["count"], floor, start, end)
-    for thread in np.unique(live["tid"][ranges[~right]]):
-        mine = live["tid"][where] == thread
-        held = np.zeros(len(start), bool)
-        held[op[mine]] = True
-        place = np.cumsum(held) - 1
-        among, again = _rolled_up(live, where[mine], {"first": (place[op[mine]], np.minimum, len(start)),
-                                                      "last": (place[op[mine]], np.maximum, -1)})
-        at = np.searchsorted(ranges, among)
-        length, ok = consecutive_union_lengths(again["first"], again["last"], figures["count"][at], floor[at],
-                                               start[held], end[held])
-        lengths[at[ok]], right[at[ok]] = length[ok], True
-    if not right.all():  # the rest: each op with every range around it, sorted
-        slow = np.zeros(len(live["id"]), bool)
-        slow[ranges[~right]] = True
-        pair_range, pair_op = [], []
-        up, up_op = where, op
-        while len(up):
-            pair_range.append(up[slow[up]])
-            pair_op.append(up_op[slow[up]])
-            parent = live["parent_at"][up]
-            up, up_op = parent[parent >= 0], up_op[parent >= 0]
-        g, i = np.concatenate(pair_range), np.concatenate(pair_op)
-        s, e = np.maximum(start[i], live["reach"][g]), end[i]
-        beyond = e > s
-        slow_ranges, slow_lengths = union_lengths(g[beyond], s[beyond], e[beyond])
-        lengths[~right] = 0
-        lengths[np.searchsorted(ranges, slow_ranges)] = slow_lengths
+def _union_beyond_reach(live: dict, ranges: np.ndarray, where: np.ndarray, op: np.ndarray, start: np.ndarray,
+                        end: np.ndarray) -> np.ndarray:
+    """What a span's ops add to these ranges' GPU busy time (the union of theirs beyond each one's reach so far), each
+    op paired with every range around its innermost ones, and sorted: for the ranges whose ops are not one after
+    another."""
+    wanted = np.zeros(len(live["id"]), bool)
+    wanted[ranges] = True
+    pair_range, pair_op = [], []
+    while len(where):
+        pair_range.append(where[wanted[where]])
+        pair_op.append(op[wanted[where]])
+        parent = live["parent_at"][where]
+        where, op = parent[parent >= 0], op[parent >= 0]
+    g, i = np.concatenate(pair_range), np.concatenate(pair_op)
+    s, e = np.maximum(start[i], live["reach"][g]), end[i]
+    beyond = e > s
+    lengths = np.zeros(len(ranges), np.int64)
+    slow_ranges, slow_lengths = union_lengths(g[beyond], s[beyond], e[beyond])
+    lengths[np.searchsorted(ranges, slow_ranges)] = slow_lengths
     return lengths
 
 
