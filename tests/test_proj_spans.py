@@ -18,6 +18,7 @@ from test_selection import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixt
 
 from nsys_recipe_pack import recipes, runner
 from nsys_recipe_pack.inputs import load_file, rank_data, readers
+from nsys_recipe_pack.inputs.chunks import ReadWhole
 from nsys_recipe_pack.recipes import nvtx_gpu_proj as proj
 from nsys_recipe_pack.spill import SpilledRows, SpillWriter
 
@@ -167,6 +168,22 @@ def test_ops_of_one_key_called_in_two_ranges_of_one_thread_are_read_whole(spill_
     assert ruled_out == ["GPU ops launched by calls in two NVTX ranges of one thread"]
     _same_output(path, tmp_path, monkeypatch)
     assert not list(spill_dir.iterdir())
+
+
+def test_calls_of_one_key_in_two_ranges_of_a_span_are_read_whole(spill_dir):
+    """A span's (key, range) pairs are put in order before a key's are looked at together, also with none pending:
+    calls of key 20 in B, then of key 10 and 20 again in A (B inside A, one thread) are found out."""
+    state = proj._Projection(np.array([10, 20]), np.array([1, 1], np.int32), {})
+    names = pa.DictionaryArray.from_arrays(pa.array([0, 1], pa.int32()), pa.array(["A", "B"]))
+    domains = pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), pa.array([""]))
+    proj._add_ranges(state, pa.table({"start_ns": [0, 0], "end_ns": [100, 50], "tid": [1, 1], "pid": [1, 1],
+                                      "name": names, "domain": domains}), 0)
+    assert state.live["parent_at"].tolist() == [-1, 0]
+    calls = pa.table({"start_ns": [10, 60, 70], "end_ns": [11, 61, 71], "tid": [1, 1, 1], "pid": [1, 1, 1],
+                      "key": [20, 10, 20]})
+    with pytest.raises(ReadWhole, match="two NVTX ranges of one thread"):
+        proj._add_calls(state, calls, 0)
+    state.spill.close().remove()
 
 
 def test_spilled_rows_come_back_in_key_order(spill_dir):

@@ -354,7 +354,7 @@ def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> No
         raise ReadWhole("too many GPU ops and open ranges to pair in spans")
     new = at[calls[launch]] * size + was_open[pos]
     pairs = np.r_[state.pending_place * size + state.pending_at, new]
-    if not len(state.pending_place) or (np.diff(new) > 0).all() and new[0] > pairs[len(state.pending_place) - 1]:
+    if (np.diff(new) > 0).all() and (not len(state.pending_place) or new[0] > pairs[len(state.pending_place) - 1]):
         known = np.arange(len(pairs)) < len(state.pending_place)  # pairs of new keys, in order: the usual case
     else:
         order = np.argsort(pairs, kind="stable")
@@ -402,7 +402,7 @@ def _add_ops(state: _Projection, rows: pa.Table) -> None:
     where = state.pending_at[pair]  # each op's innermost ranges
     if len(op):
         # the ops of each thread's ranges together, in order of start: the ranges of two threads launching at once
-        # take turns among all ops, and one after another among their own thread's (intervals.consecutive_union_...)
+        # take turns among all ops, and come one after another among their own thread's (consecutive_union_lengths)
         _, thread = factorize(live["tid"][where])
         order = stable_order(thread)
         place = np.empty(len(op), np.int64)
