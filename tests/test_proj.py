@@ -101,3 +101,29 @@ def test_launched_ops_counts_ops_without_a_call():
         ops = gpu.launched_ops(RankData(file="x", pid=1, session_start_ns=0, kernels=k, runtime=rt))
         assert list(zip(ops.op.tolist(), ops.call_start_ns.tolist(), strict=True)) == pairs
         assert ops.unlinked == unlinked
+
+
+def test_launch_keys_count_the_ops_of_each_key():
+    """Every op's launch key read ahead, a batch at a time: the distinct keys in order and how many ops hold each,
+    with one op per key (the usual case) and with keys several ops share (a CUDA graph's); ops without times are
+    not counted, as the spans never give them."""
+    import pyarrow as pa
+
+    class Ahead:
+        def __init__(self, batches):
+            self.given = batches
+
+        def batches(self, need, columns):
+            return [pa.table({c: pa.array(b[c], pa.int64()) for c in columns}) for b in self.given.get(need, [])]
+
+    pid = 7 << 24  # a globalPid: the process in bits 24 to 47
+    for corr in ([5, 1, 9, 3], [5, 1, 5, 3, 5, 1]):
+        half = len(corr) // 2
+        batches = {"kernel": [{"start": [0] * half, "end": [1] * half, "globalPid": [pid] * half,
+                               "correlationId": corr[:half]}],
+                   "memcpy": [{"start": [0] * (len(corr) - half), "end": [1] * (len(corr) - half),
+                               "globalPid": [pid] * (len(corr) - half), "correlationId": corr[half:]},
+                              {"start": [None], "end": [None], "globalPid": [pid], "correlationId": [8]}]}
+        keys, counts = gpu.launch_keys(Ahead(batches))
+        want, want_counts = np.unique(np.array(corr) + 7 * 2**33, return_counts=True)
+        assert keys.tolist() == want.tolist() and counts.tolist() == want_counts.tolist()

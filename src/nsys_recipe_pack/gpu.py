@@ -111,6 +111,8 @@ def launch_keys(ahead, needs: tuple = GPU_NEEDS) -> tuple[np.ndarray, np.ndarray
     # a key per op of an hour-long capture: no more arrays of their length at once than needed (a third of the peak)
     new = np.ones(len(keys), bool)
     np.not_equal(keys[1:], keys[:-1], out=new[1:])
+    if new.all():  # an op per key, as usual (a CUDA graph's kernels share their launch's)
+        return keys, np.ones(len(keys), np.int32)
     first = np.flatnonzero(new)
     del new
     distinct = keys[first]
