@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 import pandas.testing as pdt
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from test_selection import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
 
@@ -239,6 +240,25 @@ def test_a_spilled_table_is_written_in_row_groups(spill_dir, tmp_path, monkeypat
     rows.write_parquet(tmp_path / "t.parquet")
     got = pd.read_parquet(tmp_path / "t.parquet")
     assert got["rank"].tolist() == [0, 0] + [1] * 10 and got["range_id"].tolist() == [0, 1, *range(10)]
+
+
+def test_output_columns_are_encoded_by_what_they_hold(spill_dir, tmp_path):
+    """Names by dictionary; integer times and ids (as many as rows) delta-encoded; a float time as it is. The values
+    come back as written."""
+    from nsys_recipe_pack import spill
+
+    schema = pa.schema([("rank", pa.int64()), ("name", pa.large_string()), ("cpu_start_ns", pa.int64()),
+                        ("range_id", pa.int64()), ("mean_ns", pa.float64())])
+    rows = pa.table({"name": ["a", "b", "a"], "cpu_start_ns": [10, 12, 15], "range_id": [0, 1, 2],
+                     "mean_ns": [1.5, 2.5, 3.5]})
+    spill.RankedRows(schema, [(3, rows)]).write_parquet(tmp_path / "t.parquet")
+    meta = pq.ParquetFile(tmp_path / "t.parquet").metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: set(meta.column(i).encodings) for i in range(meta.num_columns)}
+    assert "DELTA_BINARY_PACKED" in encodings["cpu_start_ns"] and "DELTA_BINARY_PACKED" in encodings["range_id"]
+    assert "RLE_DICTIONARY" in encodings["name"] and "RLE_DICTIONARY" in encodings["rank"]
+    assert not encodings["mean_ns"] & {"DELTA_BINARY_PACKED", "RLE_DICTIONARY"}
+    back = pd.read_parquet(tmp_path / "t.parquet")
+    assert back.to_dict("list") == {"rank": [3] * 3, **rows.to_pydict()}
 
 
 def test_a_spilled_table_another_machine_wrote_is_a_clear_error(spill_dir):

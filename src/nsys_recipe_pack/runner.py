@@ -224,9 +224,9 @@ def write_tables(out_dir: Path, tables: dict, analysis: dict) -> dict:
         elif isinstance(df, pa.Table):
             # large tables built as Arrow, strings dictionary-encoded: without the Arrow schema in the file
             # they read back as plain strings, as pandas writes them
-            pq.write_table(df, path, store_schema=False, **parquet_options(df.column_names))
+            pq.write_table(df, path, store_schema=False, **parquet_options(df.schema))
         else:
-            df.to_parquet(path, index=False, **parquet_options(df.columns.astype(str)))
+            df.to_parquet(path, index=False, **parquet_options(pa.Schema.from_pandas(df, preserve_index=False)))
         written[name] = path.name
     (out_dir / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
     return written

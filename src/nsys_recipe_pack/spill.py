@@ -58,11 +58,15 @@ class SpilledRows:
         _remove(self.path)
 
 
-def parquet_options(names) -> dict:
+def parquet_options(schema: pa.Schema) -> dict:
     """How an output table is written: dictionary-encoded only in the columns of few distinct values (names, kinds,
     processes, threads, levels). A time (`_ns`) or an id (`_id`) has about as many as rows, and trying a dictionary
-    on it first cost a third of writing nvtx_gpu_proj's 4.8 M ranges (1.25 s against 0.86 s, a smaller file too)."""
-    return {"use_dictionary": [c for c in names if not c.endswith(("_ns", "_id"))]}
+    on it first cost a third of writing nvtx_gpu_proj's 4.8 M ranges (1.25 s against 0.86 s, a smaller file too);
+    as integers they are delta-encoded, close to each other as they mostly are (those ranges' file: 122 MB against
+    64 MB, written in 0.77 s against 0.88 s and read back in 0.24 s against 0.34 s)."""
+    many = [f for f in schema if f.name.endswith(("_ns", "_id"))]
+    return {"use_dictionary": [f.name for f in schema if f not in many],
+            "column_encoding": {f.name: "DELTA_BINARY_PACKED" for f in many if pa.types.is_integer(f.type)}}
 
 
 def _in_key_order(rows: pa.Table, key: str) -> pa.Table:
@@ -132,7 +136,7 @@ class RankedRows:
                 yield piece.select(self.schema.names).cast(self.schema)
 
     def write_parquet(self, path) -> None:
-        with pq.ParquetWriter(str(path), self.schema, **parquet_options(self.schema.names)) as writer:
+        with pq.ParquetWriter(str(path), self.schema, **parquet_options(self.schema)) as writer:
             held: list[pa.Table] = []
             for piece in self.tables():
                 held.append(piece)
