@@ -73,9 +73,8 @@ def consecutive_union_lengths(first: np.ndarray, last: np.ndarray, count: np.nda
         reach[1:] = running_max_by_group(part, ends)
         reach[1:][np.r_[part[1:] != part[:-1], False]] = reach[0]  # a part's first has nothing before it
     prefix = np.r_[0, np.cumsum(np.maximum(ends - np.maximum(starts, reach[:-1]), 0))]  # what each adds to all before
-    a, b = first, last
-    right = (count == b - a + 1) & ((np.maximum(floor, reach[a]) <= ends[a]) | (floor == reach[a]))
-    lengths = np.maximum(ends[a] - np.maximum(starts[a], floor), 0) + prefix[b + 1] - prefix[a + 1]
+    right = (count == last - first + 1) & ((np.maximum(floor, reach[first]) <= ends[first]) | (floor == reach[first]))
+    lengths = np.maximum(ends[first] - np.maximum(starts[first], floor), 0) + prefix[last + 1] - prefix[first + 1]
     return lengths, right
 
 

@@ -226,7 +226,8 @@ def write_tables(out_dir: Path, tables: dict, analysis: dict) -> dict:
             # they read back as plain strings, as pandas writes them
             pq.write_table(df, path, store_schema=False, **parquet_options(df.schema))
         else:
-            df.to_parquet(path, index=False, **parquet_options(pa.Schema.from_pandas(df, preserve_index=False)))
+            table = pa.Table.from_pandas(df, preserve_index=False)  # as to_parquet makes it, once
+            pq.write_table(table, path, **parquet_options(table.schema))
         written[name] = path.name
     (out_dir / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
     return written
