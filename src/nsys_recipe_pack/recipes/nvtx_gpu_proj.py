@@ -381,10 +381,9 @@ def _rule_out_two_paths(state: _Projection) -> None:
 
 def _add_up(live: dict, ranges: np.ndarray, step: int) -> None:
     """Add `step` to the pending pairs of these ranges (repeats counting) and of every range around them."""
-    while len(ranges):
-        add_counts(live["pending"], ranges, step)
-        ranges = live["parent_at"][ranges]
-        ranges = ranges[ranges >= 0]
+    if len(ranges):
+        held, pairs = _rolled_up(live, ranges, {"pairs": (np.ones(len(ranges), np.int64), np.add, 0)})
+        live["pending"][held] += step * pairs["pairs"]
 
 
 def _add_ops(state: _Projection, rows: pa.Table) -> None:
