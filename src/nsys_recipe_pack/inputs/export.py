@@ -67,13 +67,7 @@ def export_report(report: Path, tables: list[str], nsys: nsys_tool.Nsys) -> Path
         tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=entry.parent))
         try:
             out = tmp / "x_pqtdir"
-            patterns = ",".join(f"^{t}$" if not t.endswith("*") else f"^{t[:-1]}.*" for t in missing)
-            nsys_tool.run_nsys(
-                nsys,
-                ["export", "--type", "parquetdir", "--quiet", "true", "--force-overwrite", "true",
-                 "--tables", patterns, "--output", str(out), str(report)],
-                report=report,
-            )
+            nsys_tool.run_nsys(nsys, export_args(report, missing, out), report=report)
             for f in out.glob("*.parquet") if out.exists() else []:
                 os.replace(f, entry / f.name)
         finally:
@@ -87,6 +81,14 @@ def export_report(report: Path, tables: list[str], nsys: nsys_tool.Nsys) -> Path
         tmp_manifest.write_text(json.dumps(manifest, indent=1))
         os.replace(tmp_manifest, manifest_path)
     return entry
+
+
+def export_args(report: Path, tables: list[str], out: Path) -> list[str]:
+    """The `nsys export` arguments that write these tables of a report (a trailing `*`: every table so named) to a
+    Parquet folder."""
+    patterns = ",".join(f"^{t}$" if not t.endswith("*") else f"^{t[:-1]}.*" for t in tables)
+    return ["export", "--type", "parquetdir", "--quiet", "true", "--force-overwrite", "true", "--tables", patterns,
+            "--output", str(out), str(report)]
 
 
 def _read_manifest(path: Path) -> dict:
