@@ -29,13 +29,13 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench import (  # noqa: E402
     BIN,
-    PACK,
     REAL_SOURCE,
     ROOT,
     builtin_cmd,
     clear_builtin_exports,
     compile_bytecode,
     machine_meta,
+    pack_cmd,
     real_set,
     replace_section,
 )
@@ -69,8 +69,7 @@ def whole_runs(inputs: Path, work: Path, env: dict, nsys: str, repeat: int, log:
     for _ in range(repeat):
         cache = work / "cache-cold-export"
         shutil.rmtree(cache, ignore_errors=True)
-        cmd = [PACK, "run", "--name", RECIPE, "--engine", "pack", *RECIPE_ARGS, "--output",
-               str(work / "out" / f"{RECIPE}-cold-export"), "--force-overwrite", str(inputs)]
+        cmd = pack_cmd(RECIPE, RECIPE_ARGS, inputs, work / "out" / f"{RECIPE}-cold-export")
         runs["pack"].append(cpu_of(cmd, {**env, "XDG_CACHE_HOME": str(cache)}, log))
         manifest = next((cache / "nsys-recipe-pack" / "exports").glob("*/manifest.json"))
         pack_tables = json.loads(manifest.read_text())["requested"]
