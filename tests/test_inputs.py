@@ -425,12 +425,13 @@ def test_sqlite_values_of_another_type_and_text_that_starts_null_are_read(tmp_pa
     # only the rows a recipe asks for: one kernel's launches
     few, _ = rank_data._read_frames(src, {"kernel"}, path, rows={"kernel": ["k"]})
     assert len(few["kernels"]) == 70_001
-    # a batch at a time, the stray value many batches in: the same rows, given once
+    # a batch at a time, the stray value many batches in: the same rows, given once (by one connection or two)
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 1000)
     for table, cols in (("NVTX_EVENTS", ["start", "end", "text", "textId"]),
                         ("CUPTI_ACTIVITY_KIND_KERNEL", ["start", "deviceId", "correlationId"])):
-        batches = list(src.read_batches(table, cols))
-        assert len(batches) > 50 and pa.concat_tables(batches).equals(src.read_arrow(table, cols)), table
+        for connections in (1, 2):
+            batches = list(src.read_batches(table, cols, connections=connections))
+            assert len(batches) > 50 and pa.concat_tables(batches).equals(src.read_arrow(table, cols)), table
     src.close()
 
 
@@ -455,12 +456,50 @@ def test_sqlite_text_keeps_empty_strings_nulls_and_row_order(tmp_path, monkeypat
     assert some.column("text").to_pylist() == ["rank 3", "Rank 4"]
     assert some.column("start").to_pylist() == [len(values) - 2, len(values) - 1]
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 1000)
-    batches = list(src.read_batches("NVTX_EVENTS", ["text", "textId"]))
-    assert sum(b.num_rows for b in batches) == len(values)
-    assert pa.concat_tables(batches).column("text").to_pylist() == expected
+    for connections in (1, 2):
+        batches = list(src.read_batches("NVTX_EVENTS", ["text", "textId"], connections=connections))
+        assert sum(b.num_rows for b in batches) == len(values)
+        assert pa.concat_tables(batches).column("text").to_pylist() == expected
     empty = src.read_arrow("StringIds", ["id", "value"])
     assert empty.num_rows == 0 and empty.column("value").type == pa.string()
     src.close()
+
+
+def test_sqlite_batches_come_in_scan_order_whatever_the_rowids(tmp_path, monkeypatch):
+    """Read a block of rowids at a time by two connections at once (or in one scan), a table's rows come each once
+    and in the order a scan of the table gives: rowids with gaps, rowids far apart (a few rows between 3 and
+    2**62), an empty table; a read stopped early, then the source closed, leaves no reading thread behind."""
+    import sqlite3
+    import threading
+
+    path = tmp_path / "rowids.sqlite"
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INTEGER, end INTEGER)")
+    gaps = [r for r in range(1, 5_000) if r % 7 and r % 250 > 30]
+    con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL (rowid, start, end) VALUES (?, ?, ?)",
+                    [(r, 5_000 - r, r * 3) for r in reversed(gaps)])
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INTEGER, end INTEGER)")
+    con.executemany("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME (rowid, start, end) VALUES (?, ?, ?)",
+                    [(2**62, 1, 2), (3, 4, 5), (10**12, 6, 7), (4, 8, 9)])
+    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_MEMSET (start INTEGER, end INTEGER)")
+    con.commit()
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 100)
+    src = inputs.ExportSource(path, "sqlite")
+    try:
+        for table in ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_MEMSET"):
+            scan = con.execute(f"SELECT start, end FROM {table}").fetchall()
+            for connections in (1, 2):
+                batches = list(src.read_batches(table, ["start", "end"], connections=connections))
+                got = [row for b in batches for row in zip(*b.to_pydict().values(), strict=True)]
+                assert got == scan and all(0 < b.num_rows <= 100 for b in batches), (table, connections)
+        assert len(batches) == 0 and len(scan) == 0
+        early = src.read_batches("CUPTI_ACTIVITY_KIND_KERNEL", ["start"], connections=2)
+        assert next(early).column("start").to_pylist()[0] == 5_000 - gaps[0]
+        early.close()
+    finally:
+        src.close()
+        con.close()
+    assert not [t for t in threading.enumerate() if t.name.startswith("nsys-recipe-") and t.is_alive()]
 
 
 def test_distinct_ids_match_numpy_unique():

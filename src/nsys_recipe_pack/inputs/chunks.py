@@ -19,7 +19,7 @@ import pyarrow as pa
 
 from .events import DOMAIN_CREATE
 from .frames import numpy_of
-from .readers import TABLES, ExportSource, StringTable, read_ahead
+from .readers import SQLITE_READERS, TABLES, ExportSource, StringTable, read_ahead
 from .selection import RANGE_EVENTS, Extents, KeptRows, batch_frames
 
 END_OF_TIME = np.iinfo(np.int64).max
@@ -120,8 +120,9 @@ def time_chunks(src: ExportSource, needs: list[str], strings: StringTable, view:
     by their strings) and "nvtx", the events every read keeps (inputs.selection.identity_rows); found None: a read
     again of a table, which keeps none of that. columns: need -> the export columns read (default: all of
     `readers.TABLES`)."""
+    connections = SQLITE_READERS if len(needs) == 1 else 1  # several tables: already read side by side
     streams = {need: read_ahead(_batches(src, need, (columns or {}).get(need), strings, view, extents, progress,
-                                          found)) for need in needs}
+                                          found, connections)) for need in needs}
     pending: dict[str, pa.Table | None] = dict.fromkeys(needs)
     live = set(needs)
     frontier = np.iinfo(np.int64).min
@@ -166,12 +167,12 @@ def _last_start(rows: pa.Table) -> int:
 
 
 def _batches(src: ExportSource, need: str, cols: list[str] | None, strings: StringTable, view: Callable,
-             extents: Extents, progress: Callable, found: dict | None) -> Iterator[pa.Table]:
+             extents: Extents, progress: Callable, found: dict | None, connections: int) -> Iterator[pa.Table]:
     (_, every), = TABLES[need].items()
     cols = every if cols is None or need == "nvtx" else [c for c in every if c in cols]  # NVTX: its frame's
     identity = KeptRows(need, cols, strings) if need == "nvtx" and found is not None else None
     named, unnamed = set(), set()  # NVTX domains: named so far; used by ranges before any event named them
-    for raw, frame in batch_frames(src, need, cols, strings, extents, progress):
+    for raw, frame in batch_frames(src, need, cols, strings, extents, progress, connections):
         if identity is not None:  # the events every read keeps, and the rows that make the names' dictionary
             identity.add(raw, frame, np.zeros(len(frame), bool))
             event = numpy_of(raw.column("eventType"), 0)

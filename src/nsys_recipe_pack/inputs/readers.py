@@ -3,10 +3,13 @@ text as strings; and the export's string table."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import queue
 import threading
 from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +50,9 @@ TEXT_COLUMNS = {"NVTX_EVENTS": {"text"}, "StringIds": {"value"}, "TARGET_INFO_SY
                 "META_DATA_EXPORT": {"name", "value"}}
 SQLITE_BATCH_ROWS = 65536
 STREAM_BATCH_ROWS = 1 << 18  # rows of a long table handled at a time when it is read in batches
+# connections that read the batches of an SQLite table read alone: the driver lets go of Python while it reads,
+# so such a table takes about half the time on two cores (README, "Huge reports")
+SQLITE_READERS = 2
 
 
 class ExportSource:
@@ -61,6 +67,7 @@ class ExportSource:
         self._cols: dict[str, list[str]] = {}
         self._counts: dict[str, int] = {}
         self._readers: dict[int, _SqliteReader] = {}  # SQLite: a connection per thread that reads
+        self._pool: ThreadPoolExecutor | None = None  # SQLite: the threads that read a table's batches
         self._lock = threading.Lock()
         if kind == "sqlite":
             self._check_sqlite()
@@ -85,6 +92,10 @@ class ExportSource:
             raise BadInputError(f"{self.path}: not an SQLite file; make it with `nsys export --type sqlite REPORT`")
 
     def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(cancel_futures=True)
         with self._lock:
             readers, self._readers = list(self._readers.values()), {}
         for reader in readers:
@@ -136,9 +147,10 @@ class ExportSource:
         raw = self._read_sqlite(table, cols, where) if self.kind == "sqlite" else self._read_parquet(table, cols, where)
         return _normalised_table(raw, cols, TEXT_COLUMNS.get(table, set()))
 
-    def read_batches(self, table: str, columns: list[str], rows: int | None = None):
+    def read_batches(self, table: str, columns: list[str], rows: int | None = None, connections: int = 1):
         """The asked-for columns of a table as `read_arrow` gives them, a batch of about `rows` rows at a time in
-        the table's order, so that a long table is never held whole."""
+        the table's order, so that a long table is never held whole. connections: SQLite connections reading it
+        at once (more than one where no other table is read alongside)."""
         if not self.has(table):
             return
         have = self.columns(table)
@@ -147,7 +159,7 @@ class ExportSource:
             return
         rows = rows or STREAM_BATCH_ROWS
         if self.kind == "sqlite":
-            parts = self._sqlite_batches(table, cols, rows)
+            parts = self._sqlite_batches(table, cols, rows, connections)
         else:
             # without pre-buffering: it keeps every row group's pages read so far until the read ends (the whole
             # table's, at its end), and reads slower
@@ -156,29 +168,74 @@ class ExportSource:
         yield from read_ahead(parts, lambda part: _normalised_table(pa.table(part), cols,
                                                                     TEXT_COLUMNS.get(table, set())))
 
-    def _sqlite_batches(self, table: str, cols: list[str], rows: int):
-        """SQLite's rows gathered into batches of about `rows`, as `_read_sqlite` gives them; a damaged export
+    def _sqlite_batches(self, table: str, cols: list[str], rows: int, connections: int):
+        """The table's rows in batches of about `rows`, in the order of a scan of the table; a damaged export
         (values of another type than their column's) is read whole through `_read_sqlite`, which reads those
         values as nulls."""
-        text = TEXT_COLUMNS.get(table, set())
-        sql, first = _sqlite_query(table, cols, text, False)
-        pending, size, given = [], 0, 0
+        given = 0
         try:
-            for batch in self._db.stream(sql, min(rows, SQLITE_BATCH_ROWS)):
-                pending.append(batch.slice(first))
-                first = 0
-                size += pending[-1].num_rows
-                if size >= rows:
-                    yield _text_as_strings(_joined(pending), cols, text)
-                    given += size
-                    pending, size = [], 0
+            for batch in self._sqlite_parts(table, cols, TEXT_COLUMNS.get(table, set()), rows, connections):
+                if batch.num_rows:
+                    given += batch.num_rows
+                    yield batch
         except _TypeMismatch:  # the rows not given yet, from the whole table read the careful way
             whole = self._read_sqlite(table, cols, None)
             for at in range(given, whole.num_rows, rows):
                 yield whole.slice(at, rows)
+
+    def _sqlite_parts(self, table: str, cols: list[str], text: set[str], rows: int, connections: int):
+        """Blocks of `rows` rowids, in rowid order (that of a scan), read by `connections` connections at once;
+        by one, or where a table's rowids are sparse (nsys numbers an event table's rows 1 to N), one scan."""
+        if connections < 2:
+            yield from self._sqlite_scan(table, cols, text, rows)
             return
+        try:  # one aggregate a query: SQLite then finds it at an end of the table's b-tree instead of scanning
+            low, high = (self._db.query(f"SELECT {end}(rowid) FROM {_quoted(table)}").column(0)[0].as_py()
+                         for end in ("min", "max"))
+        except BadInputError:  # a table without rowids
+            low = high = None
+        if low is None or high - low + 1 > 2 * self.count(table):
+            yield from self._sqlite_scan(table, cols, text, rows)
+            return
+
+        def block(first_rowid: int) -> pa.Table:
+            condition = f" WHERE rowid BETWEEN {first_rowid} AND {first_rowid + rows - 1}"
+            sql, first = _sqlite_query(table, cols, text, False, condition)
+            return _text_as_strings(self._db.query(sql).slice(first), cols, text)
+
+        yield from self._in_order(block, range(low, high + 1, rows), connections)
+
+    def _sqlite_scan(self, table: str, cols: list[str], text: set[str], rows: int):
+        """The driver's batches of one scan of the table, gathered into batches of about `rows`."""
+        sql, first = _sqlite_query(table, cols, text, False)
+        pending, size = [], 0
+        for batch in self._db.stream(sql, min(rows, SQLITE_BATCH_ROWS)):
+            pending.append(batch.slice(first))
+            first = 0
+            size += pending[-1].num_rows
+            if size >= rows:
+                yield _text_as_strings(_joined(pending), cols, text)
+                pending, size = [], 0
         if pending:
             yield _text_as_strings(_joined(pending), cols, text)
+
+    def _in_order(self, read: Callable, parts, at_once: int) -> Iterator:
+        """read(part) of each part, in order, `at_once` parts read at once in threads of their own."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(SQLITE_READERS, thread_name_prefix="nsys-recipe-sqlite")
+            pool = self._pool
+        parts = iter(parts)
+        reading = collections.deque(pool.submit(read, part) for part in itertools.islice(parts, at_once))
+        try:
+            while reading:
+                done = reading.popleft().result()
+                for part in itertools.islice(parts, 1):
+                    reading.append(pool.submit(read, part))
+                yield done
+        finally:
+            for future in reading:
+                future.cancel()
 
     def _read_sqlite(self, table: str, cols: list[str], where) -> pa.Table:
         text = TEXT_COLUMNS.get(table, set())

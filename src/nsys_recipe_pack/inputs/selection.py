@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 
 from .events import DOMAIN_CREATE, NVTX_TIMES, gpu_frame, nvtx_frame, runtime_frame, timed_rows
 from .frames import Frame, arrow_of, numpy_of
-from .readers import TABLES, ExportSource, StringTable
+from .readers import SQLITE_READERS, TABLES, ExportSource, StringTable
 
 RANGE_EVENTS = (59, 60)  # push/pop and start/end ranges
 
@@ -115,18 +115,19 @@ def read_selected(src: ExportSource, need: str, strings: StringTable, selection:
             or need == "kernel" and c == "deviceId"]
     keep = selection.keep(need, kept)
     rows = KeptRows(need, wanted, strings)
-    for raw, frame in batch_frames(src, need, cols, strings, extents, progress):
+    for raw, frame in batch_frames(src, need, cols, strings, extents, progress, SQLITE_READERS):  # alone
         rows.add(raw, frame, np.ones(len(frame), bool) if keep is None else np.asarray(keep(frame), bool))
     return rows.frame()
 
 
 def batch_frames(src: ExportSource, need: str, cols: list[str], strings: StringTable, extents: Extents,
-                 progress: Callable[[str, int], None]) -> Iterator[tuple[pa.Table, Frame]]:
-    """(raw rows, their frame) of one need's table a batch at a time, each batch added to `extents`."""
+                 progress: Callable[[str, int], None], connections: int) -> Iterator[tuple[pa.Table, Frame]]:
+    """(raw rows, their frame) of one need's table a batch at a time, each batch added to `extents`
+    (connections: as `ExportSource.read_batches`)."""
     (table, _), = TABLES[need].items()
     times = NVTX_TIMES if need == "nvtx" else ("start", "end")
     creates = None  # NVTX: the domain-create events read so far, which name the domains of the ranges after them
-    for raw in src.read_batches(table, cols):
+    for raw in src.read_batches(table, cols, connections=connections):
         raw = timed_rows(raw, cols, times)
         named = raw
         if need == "nvtx" and "eventType" in raw.column_names:
