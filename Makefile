@@ -57,8 +57,9 @@ test: nsys nsys-2024 nsys-recipes-env browser lint
 bench: nsys
 	$(BIN)/python bench/bench.py $(BENCH_ARGS)
 
-# One long capture per rank (real reports replicated to 680 MB and 5.4 GB): the recipes against the floor (just
-# reading what each needs) and against the built-ins; writes the "huge reports" section of bench/RESULTS.md.
+# One long capture per rank (real reports replicated to 680 MB and 5.4 GB, and a SYNTHETIC rank of 330 MB to
+# 5.3 GB): the recipes against the floor (just reading what each needs) and against the built-ins; writes the
+# "huge reports" section of bench/RESULTS.md.
 bench-huge: nsys
 	$(BIN)/python bench/huge.py $(HUGE_ARGS)
 

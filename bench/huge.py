@@ -11,8 +11,13 @@ name is COPIES times the original's (checked against SQL over the original expor
 `X.sqlite` lie `X.nsys-rep` (the original report, older, so the built-ins read the export beside it) and
 `X_pqtdir` (the same tables as Parquet, for the built-ins that read Parquet and for the pack's Parquet runs).
 
-    make bench-huge                                  # 250 and 2000 copies
-    .venv/bin/python bench/huge.py --copies 250      # the 680 MB case only
+The second case is SYNTHETIC: one rank of the pack's generator (`nsys_recipe_pack.synth`, its NCCL job), SCALE
+times SYNTH_ITERATIONS iterations (scales 1, 4 and 16: about 330 MB, 1.3 GB and 5.3 GB of SQLite), written once as
+SQLite and once as Parquet into WORK/syntheticSCALEx/. It has no report, so no built-in runs on it; its truth is
+what SQL gives over the synthetic export itself.
+
+    make bench-huge                                  # 250 and 2000 copies, SYNTHETIC x1, x4 and x16
+    .venv/bin/python bench/huge.py --copies 250 --synthetic ''   # the 680 MB case only
     .venv/bin/python bench/huge.py --recipes sync_summary   # measure one recipe again, keep the other rows
 """
 
@@ -45,6 +50,9 @@ REPLICATED = ["NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_
 KERNEL = "nchwToNhwcKernel"
 ALL_COPIES = (250, 2000)  # the 680 MB and 5.4 GB cases
 DELIMITER = "Epoch 2"  # the range kernel_pace finds delimiting iterations in the replicated report (once per copy)
+# the SYNTHETIC case: one rank of the pack's generator (`nsys-recipe synth`), SYNTH_ITERATIONS steps times each scale
+# (1x about 330 MB of SQLite, 16x about 5.3 GB); its kernel and delimiting range
+SYNTH_ITERATIONS, ALL_SCALES, SYNTH_KERNEL, SYNTH_DELIMITER = 125_000, (1, 4, 16), "relu_fwd", "step"
 # case (rows and --recipes name it), pack recipe, its command-line options and the same as the recipe's options,
 # the built-in counterparts (each a command's arguments; none for iterations found from NVTX ranges)
 CASES = [
@@ -153,7 +161,19 @@ def make_case(work: Path, copies: int, nsys) -> Path:
     return report
 
 
-def floor(path: Path, case: str) -> None:
+def make_synthetic(work: Path, scale: int) -> tuple[Path, Path]:
+    """One SYNTHETIC rank of `scale` x SYNTH_ITERATIONS iterations, as SQLite and as Parquet (made once)."""
+    from nsys_recipe_pack import synth
+
+    case = work / f"synthetic{scale}x"
+    sqlite_path, pqt = case / "sqlite" / "rank0.sqlite", case / "parquet" / "rank0_pqtdir"
+    for fmt, folder, made in (("sqlite", case / "sqlite", sqlite_path), ("parquetdir", case / "parquet", pqt)):
+        if not made.exists():
+            synth.write_synthetic(folder, ranks=1, iterations=scale * SYNTH_ITERATIONS, fmt=fmt, overwrite=True)
+    return sqlite_path, pqt
+
+
+def floor(path: Path, case: str, kernel: str = KERNEL) -> None:
     """Read just the tables, columns and rows a case's recipe needs from one export with the fastest reader for its
     format (ADBC's SQLite driver, pyarrow's Parquet reader), into Arrow, and nothing else."""
     from nsys_recipe_pack import recipes
@@ -180,7 +200,7 @@ def floor(path: Path, case: str) -> None:
             present = {r[1] for r in sqlite3.connect(path).execute(f"PRAGMA table_info({table})")}
             condition = ""
             if table == "CUPTI_ACTIVITY_KIND_KERNEL" and rows.get("kernel"):
-                condition = f" WHERE shortName IN (SELECT id FROM StringIds WHERE value = '{KERNEL}')"
+                condition = f" WHERE shortName IN (SELECT id FROM StringIds WHERE value = '{kernel}')"
             elif table == "NVTX_EVENTS" and "nvtx" not in needs:
                 condition = (" WHERE text LIKE '%rank%' OR textId IN (SELECT id FROM StringIds WHERE value LIKE "
                              "'%rank%')")
@@ -202,7 +222,7 @@ def floor(path: Path, case: str) -> None:
             present = pq.read_schema(f).names
             cols = [c for c in cols if c in present]
             if table == "CUPTI_ACTIVITY_KIND_KERNEL" and rows.get("kernel"):
-                rows_read += _parquet_rows(f, cols, ["shortName"], _is_kernel(ids))
+                rows_read += _parquet_rows(f, cols, ["shortName"], _is_kernel(ids, kernel))
             elif table == "NVTX_EVENTS" and "nvtx" not in needs:  # the events whose names hold "rank"
                 rows_read += _parquet_rows(f, cols, ["text", "textId"], _names_rank(ids))
             else:
@@ -223,8 +243,8 @@ def _parquet_rows(f: Path, cols: list[str], tested: list[str], test) -> int:
     return found
 
 
-def _is_kernel(ids: pa.Table):
-    kernel_ids = ids.filter(pc.equal(ids["value"], KERNEL))["id"]
+def _is_kernel(ids: pa.Table, kernel: str):
+    kernel_ids = ids.filter(pc.equal(ids["value"], kernel))["id"]
     return lambda group: pc.is_in(group["shortName"], kernel_ids)
 
 
@@ -242,17 +262,18 @@ def _names_rank(ids: pa.Table):
     return test
 
 
-def truth(base: Path, copies: int) -> dict:
-    """What the pack must find in a replicated case, by SQL over the original export: copies x its counts and sums."""
+def truth(base: Path, copies: int, kernel: str = KERNEL, delimiter: str = DELIMITER) -> dict:
+    """What the pack must find in a replicated case, by SQL over the original export: copies x its counts and sums
+    (a SYNTHETIC case: over the export itself, copies 1)."""
     con = sqlite3.connect(base)
     q = lambda sql: con.execute(sql).fetchall()  # noqa: E731
     name = "COALESCE(text, (SELECT value FROM StringIds WHERE id = textId))"
     api = "(SELECT value FROM StringIds WHERE id = nameId)"
-    iterations = q(f"SELECT count(*) FROM NVTX_EVENTS WHERE {name} = '{DELIMITER}' AND end IS NOT NULL")[0][0] * copies
+    iterations = q(f"SELECT count(*) FROM NVTX_EVENTS WHERE {name} = '{delimiter}' AND end IS NOT NULL")[0][0] * copies
     out = {
         "kernel_pace": {"launches": q(f"SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName IN "
-                                      f"(SELECT id FROM StringIds WHERE value = '{KERNEL}')")[0][0] * copies},
-        "kernel_pace_iterations": {"iterations": iterations, "delimiter": DELIMITER},
+                                      f"(SELECT id FROM StringIds WHERE value = '{kernel}')")[0][0] * copies},
+        "kernel_pace_iterations": {"iterations": iterations, "delimiter": delimiter},
         "straggler_heatmap": {"iterations": iterations},
         "comm_overlap": {"iterations": iterations,
                          "collectives": q("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE shortName IN "
@@ -305,30 +326,18 @@ def pack_case(recipe, args, inputs: Path, out: Path) -> list[str]:
 
 
 def run(work: Path, copies_list: list[int], raw: Path, env: dict, nsys, repeat: int,
-        only: set[str] | None = None) -> list[dict]:
+        only: set[str] | None = None, scales: list[int] = ()) -> list[dict]:
     log = raw / "commands.log"
     rows = []
     cases = [c for c in CASES if not only or c[0] in only]  # rows name the case as "recipe"
     for copies in copies_list:
         report = make_case(work, copies, nsys)
         sqlite_path, pqt = report.with_suffix(".sqlite"), report.with_name(report.stem + "_pqtdir")
-        counts = _counts(sqlite_path)
         want = truth(work / "baseline_nvtx.sqlite", copies)
         size_mb = sqlite_path.stat().st_size / 1e6
         for recipe, pack_recipe, args, _, builtins in cases:
-            for form, path in (("sqlite", sqlite_path), ("parquet", pqt)):
-                for _ in range(repeat):
-                    fl = measure([sys.executable, __file__, "floor", "--recipe", recipe, str(path)], env, log)
-                    out = work / "out" / recipe
-                    pk = measure(pack_case(pack_recipe, args, path, out), env, log)
-                    right = pk["ok"] and found(recipe, out) == want[recipe]
-                    rows.append({"copies": copies, "size_mb": round(size_mb), "recipe": recipe, "form": form,
-                                 "floor_s": fl["wall_s"], "floor_mb": fl["peak_mb"], "pack_s": pk["wall_s"],
-                                 "pack_mb": pk["peak_mb"], "ok": pk["ok"] and fl["ok"], "truth": bool(right),
-                                 "rows": counts})
-                    verdict = "truth found" if right else "truth NOT found" if pk["ok"] else "pack failed (see the log)"
-                    print(f"{copies:>5} {recipe:<22} {form:<8} floor {fl['wall_s']:6.2f} s  pack {pk['wall_s']:6.2f} s "
-                          f"{pk['peak_mb']:6} MB  {verdict}", flush=True)
+            rows += _pack_rows({"copies": copies}, recipe, pack_recipe, args, sqlite_path, pqt, want, work, env, log,
+                               repeat)
             label = " + ".join("nsys " + " ".join(b[:3]) if b[0] == "stats" else b[1] for b in builtins)
             if not builtins:
                 continue
@@ -352,6 +361,36 @@ def run(work: Path, copies_list: list[int], raw: Path, env: dict, nsys, repeat: 
                 rows.append({"copies": copies, "size_mb": round(size_mb), "recipe": recipe, "form": "built-in",
                              "builtin": label, "builtin_s": round(total_s, 2), "builtin_mb": peak, "ok": ok})
                 print(f"{copies:>5} {recipe:<22} built-in {total_s:6.2f} s {peak:6} MB", flush=True)
+    for scale in scales:  # SYNTHETIC: no report, so no built-in
+        sqlite_path, pqt = make_synthetic(work, scale)
+        want = truth(sqlite_path, 1, SYNTH_KERNEL, SYNTH_DELIMITER)
+        for recipe, pack_recipe, args, _, _ in cases:
+            args = [SYNTH_KERNEL if a == KERNEL else a for a in args]
+            rows += _pack_rows({"scale": scale, "iterations": scale * SYNTH_ITERATIONS}, recipe, pack_recipe, args,
+                               sqlite_path, pqt, want, work, env, log, repeat)
+    return rows
+
+
+def _pack_rows(case: dict, recipe: str, pack_recipe: str, args: list[str], sqlite_path: Path, pqt: Path, want: dict,
+               work: Path, env: dict, log: Path, repeat: int) -> list[dict]:
+    """The floor and the pack's run of one case on one input, in both forms, `repeat` times."""
+    rows = []
+    counts, size_mb = _counts(sqlite_path), sqlite_path.stat().st_size / 1e6
+    kernel = args[args.index("--kernel") + 1] if "--kernel" in args else KERNEL
+    name = f"x{case['copies']}" if "copies" in case else f"synthetic x{case['scale']}"
+    for form, path in (("sqlite", sqlite_path), ("parquet", pqt)):
+        for _ in range(repeat):
+            fl = measure([sys.executable, __file__, "floor", "--recipe", recipe, "--kernel", kernel, str(path)], env,
+                         log)
+            out = work / "out" / recipe
+            pk = measure(pack_case(pack_recipe, args, path, out), env, log)
+            right = pk["ok"] and found(recipe, out) == want[recipe]
+            rows.append({**case, "size_mb": round(size_mb), "recipe": recipe, "form": form, "floor_s": fl["wall_s"],
+                         "floor_mb": fl["peak_mb"], "pack_s": pk["wall_s"], "pack_mb": pk["peak_mb"],
+                         "ok": pk["ok"] and fl["ok"], "truth": bool(right), "rows": counts})
+            verdict = "truth found" if right else "truth NOT found" if pk["ok"] else "pack failed (see the log)"
+            print(f"{name:>14} {recipe:<22} {form:<8} floor {fl['wall_s']:6.2f} s  pack {pk['wall_s']:6.2f} s "
+                  f"{pk['peak_mb']:6} MB  {verdict}", flush=True)
     return rows
 
 
@@ -369,7 +408,8 @@ def _too_big(rows: list[dict], recipe: str, size_mb: float) -> int:
 
 def _counts(sqlite_path: Path) -> dict:
     con = sqlite3.connect(sqlite_path)
-    out = {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] for t in REPLICATED}
+    have = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    out = {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0] if t in have else 0 for t in REPLICATED}
     con.close()
     return out
 
@@ -377,7 +417,9 @@ def _counts(sqlite_path: Path) -> dict:
 def write_section(results: Path, rows: list[dict], meta: dict) -> None:
     import pandas as pd
 
-    df = pd.DataFrame(rows)
+    everything = pd.DataFrame(rows)
+    synthetic = everything[everything["scale"].notna()] if "scale" in everything else everything.iloc[:0]
+    df = everything.drop(index=synthetic.index).astype({"copies": int})
     place = {c[0]: i for i, c in enumerate(CASES)}
     label = {case: " ".join([recipe, *args]) for case, recipe, args, _, _ in CASES}  # the command's recipe and options
     df = df.assign(place=df["recipe"].map(place)).sort_values(["copies", "place"], kind="stable")
@@ -419,16 +461,55 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
             lines.append(f"| {copies} | {int(p['size_mb'].iloc[0])} | {rows_text} | {label[recipe]} | {form} | {pack}| "
                          f"{fs:.2f} | {ratio} | {b['builtin'].iloc[0] if len(b) else 'none'} | {builtin} | "
                          f"{'—' if failed else 'found' if p['truth'].all() else 'not found'} |")
+    lines += _synthetic_lines(synthetic, place, label)
     updates = meta.get("updates", [])
     again = {r for u in updates for r in u["recipes"]}
-    lines += [""] + [f"Rows of {', '.join(u['recipes'])} ({' and '.join(map(str, u.get('copies', ALL_COPIES)))} "
-                     f"copies) measured again by `{u['command']}` on {u['date']}."
-                     for u in updates] + (["Where two of these lines name a row, the later one measured it."]
-                                          if len(updates) > 1 else []) + (["The other rows are the first run's."]
-                                          if set(df["recipe"]) - again else []) if updates else []
+    lines += [""] + [f"Rows of {', '.join(u['recipes'])} ({_sizes_text(u)}) measured again by `{u['command']}` on "
+                     f"{u['date']}." for u in updates] + (["Where two of these lines name a row, the later one "
+                                                           "measured it."] if len(updates) > 1 else []) + (
+        ["The other rows are the first run's."] if set(everything["recipe"]) - again else []) if updates else []
     lines += ["", f"Every command, in order, with its output: `{meta['raw']}/commands.log`; raw numbers: "
               f"`{meta['raw']}/huge.json`.", END]
     replace_section(results, BEGIN, END, "\n".join(lines))
+
+
+def _synthetic_lines(rows, place: dict, label: dict) -> list[str]:
+    """The table of the SYNTHETIC case: no built-in (a synthetic export has no report to give one)."""
+    if rows.empty:
+        return []
+    rows = rows.astype({"scale": int, "iterations": int})
+    rows = rows.assign(place=rows["recipe"].map(place)).sort_values(["scale", "place"], kind="stable")
+    lines = ["", "SYNTHETIC case: one rank written by the pack's generator (`nsys-recipe synth --ranks 1 "
+             f"--iterations N`, {SYNTH_ITERATIONS:,} iterations times the scale; SQLite and Parquet written apart), "
+             "not a real profile. Nsight Systems has no built-in run for it: there is no report. Truth: the pack's "
+             "counts and sums equal those SQL gives over the synthetic export itself (kernel: "
+             f"`{SYNTH_KERNEL}`, iterations: the `{SYNTH_DELIMITER}` ranges).", "",
+             "| scale | iterations | SQLite MB (10^6 B) | kernels / NVTX / runtime rows | recipe | read from | pack s "
+             "| pack MB | floor s | pack / floor | truth |",
+             "|---:|---:|---:|---|---|---|---:|---:|---:|---:|---|"]
+    for (scale, recipe), g in rows.groupby(["scale", "recipe"], sort=False):
+        for form in ("sqlite", "parquet"):
+            p = g[g["form"] == form]
+            if p.empty:
+                continue
+            ps, pmb, fs = float(p["pack_s"].median()), float(p["pack_mb"].median()), float(p["floor_s"].median())
+            counts = p["rows"].iloc[0]
+            failed = not p["ok"].all()
+            lines.append(
+                f"| x{scale} | {int(p['iterations'].iloc[0]):,} | {int(p['size_mb'].iloc[0])} | "
+                f"{counts['CUPTI_ACTIVITY_KIND_KERNEL'] / 1e6:.2f} M / {counts['NVTX_EVENTS'] / 1e6:.2f} M / "
+                f"{counts['CUPTI_ACTIVITY_KIND_RUNTIME'] / 1e6:.2f} M | "
+                f"{label[recipe].replace(KERNEL, SYNTH_KERNEL)} | {form} | "
+                + ("refused or failed (see the log) | — | " if failed else f"{ps:.2f} | {pmb:.0f} | ")
+                + f"{fs:.2f} | {'—' if failed else f'{ps / max(fs, 1e-9):.2f}x'} | "
+                f"{'—' if failed else 'found' if p['truth'].all() else 'not found'} |")
+    return lines
+
+
+def _sizes_text(update: dict) -> str:
+    copies, scales = update.get("copies", ALL_COPIES), update.get("scales", ())
+    return " and ".join([*([" and ".join(map(str, copies)) + " copies"] if copies else []),
+                         *(["SYNTHETIC " + ", ".join(f"x{s}" for s in scales)] if scales else [])])
 
 
 def main() -> None:
@@ -436,12 +517,15 @@ def main() -> None:
         p = argparse.ArgumentParser()
         p.add_argument("floor")
         p.add_argument("--recipe", required=True, help="a case of CASES")
+        p.add_argument("--kernel", default=KERNEL, help="the kernel of the kernel_pace case")
         p.add_argument("path")
         a = p.parse_args()
-        floor(Path(a.path), a.recipe)
+        floor(Path(a.path), a.recipe, a.kernel)
         return
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--copies", default=",".join(map(str, ALL_COPIES)), help="replication factors, comma-separated")
+    p.add_argument("--synthetic", default=",".join(map(str, ALL_SCALES)),
+                   help=f"scales of the SYNTHETIC case (x {SYNTH_ITERATIONS} iterations), comma-separated; '' for none")
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "nsys-recipe-bench-huge"))
     p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
@@ -467,16 +551,19 @@ def main() -> None:
     env = {**os.environ, "NSYS": str(nsys.path), "PATH": str(BIN) + os.pathsep + os.environ.get("PATH", ""),
            "XDG_CACHE_HOME": str(work / "cache")}
     copies = [int(c) for c in args.copies.split(",") if c]
-    rows = run(work, copies, raw, env, nsys, args.repeat, only)
+    scales = [int(c) for c in args.synthetic.split(",") if c]
+    rows = run(work, copies, raw, env, nsys, args.repeat, only, scales)
     meta = machine_meta(nsys, 1, raw)
     command = "python bench/huge.py " + shlex.join(sys.argv[1:])
     if earlier:  # the other recipes' rows as the earlier run measured them
-        rows = [r for r in earlier["rows"] if not (r["recipe"] in only and r["copies"] in copies)] + rows
+        rows = [r for r in earlier["rows"]
+                if not (r["recipe"] in only and (r.get("copies") in copies or r.get("scale") in scales))] + rows
         meta, update = earlier["meta"], {"command": command, "date": meta["date"], "recipes": sorted(only),
-                                         "copies": copies}
+                                         "copies": copies, "scales": scales}
         # an earlier update still names the recipes whose rows of some other size it measured
         meta["updates"] = [{**u, "recipes": sorted(set(u["recipes"]) - only)} if set(u.get("copies", ALL_COPIES))
-                           <= set(copies) else u for u in meta.get("updates", [])]
+                           <= set(copies) and set(u.get("scales", ())) <= set(scales) else u
+                           for u in meta.get("updates", [])]
         meta["updates"] = [u for u in meta["updates"] if u["recipes"]] + [update]
     else:
         meta["command"] = command

@@ -5,6 +5,7 @@
 """
 
 import argparse
+import contextlib
 import json
 import sqlite3
 from pathlib import Path
@@ -333,13 +334,47 @@ def test_bad_calls_and_atomic_output(tmp_path, monkeypatch):
     write_synthetic(d, ranks=1, iterations=3, overwrite=True)
     assert sorted(p.name for p in d.iterdir()) == ["README.md", "rank0_pqtdir", "truth.json"]
 
-    def broken(path, tables):
-        raise OSError("disk full")
+    @contextlib.contextmanager
+    def broken(path, fmt, schema):
+        def write(tables):
+            raise OSError("disk full")
+        yield write
 
-    monkeypatch.setattr(synth, "_write_parquetdir", broken)
+    monkeypatch.setattr(synth, "_export_writer", broken)
     with pytest.raises(OSError):
         write_synthetic(tmp_path / "half", ranks=2, iterations=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["once"]  # no half-written folder left behind
+
+
+@pytest.mark.parametrize("fmt,job", [("sqlite", "nccl"), ("parquetdir", "mpi")])
+def test_written_a_block_of_iterations_at_a_time_the_export_is_the_same(tmp_path, monkeypatch, fmt, job):
+    """A long capture is made and written BLOCK_ITERATIONS at a time: every table the same, row for row and in the
+    same order, as when the whole run is one block (correlation ids included: a launch still pairs with its op)."""
+    kw = {"ranks": 2, "iterations": 30, "seed": 5, "fmt": fmt, "job": job,
+          "stragglers": [Straggler(1, 3, 9, "gpu", 1.5)]}
+    whole = write_synthetic(tmp_path / "whole", **kw)
+    monkeypatch.setattr(synth, "BLOCK_ITERATIONS", 7)
+    blocks = write_synthetic(tmp_path / "blocks", **kw)
+    assert (blocks / "truth.json").read_text() == (whole / "truth.json").read_text()
+    for r in range(2):
+        if fmt == "sqlite":
+            def tables(path):
+                con = sqlite3.connect(path)
+                out = {name: (sql, con.execute(f'SELECT * FROM "{name}" ORDER BY rowid').fetchall())
+                       for name, sql in con.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'")}
+                con.close()
+                return out
+            a, b = tables(whole / f"rank{r}.sqlite"), tables(blocks / f"rank{r}.sqlite")
+            assert a.keys() == b.keys() and len(a["CUPTI_ACTIVITY_KIND_KERNEL"][1]) == 30 * 15
+            for name in a:
+                assert a[name] == b[name], name
+        else:
+            files = sorted(p.name for p in (whole / f"rank{r}_pqtdir").iterdir())
+            assert files == sorted(p.name for p in (blocks / f"rank{r}_pqtdir").iterdir())
+            assert len(pq.read_table(whole / f"rank{r}_pqtdir" / "CUPTI_ACTIVITY_KIND_KERNEL.parquet")) == 30
+            for name in files:
+                assert pq.read_table(blocks / f"rank{r}_pqtdir" / name).equals(
+                    pq.read_table(whole / f"rank{r}_pqtdir" / name)), name
 
 
 def test_reproducible_from_the_seed(tmp_path):

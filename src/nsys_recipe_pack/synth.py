@@ -21,9 +21,9 @@ only `TARGET_INFO_SESSION_START_TIME.utcEpochNs + start` lines the ranks up.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
-import sqlite3
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import progress
 from .errors import UsageError
 from .lazy import pd
 from .staging import staged_output
@@ -91,6 +92,10 @@ PID_BASE = 4000
 NO_ID = 0xFFFFFFFF  # what CUPTI records where an id does not apply (e.g. eventId of a stream sync)
 NAME_ENUM = {"DeviceEnvironment": 610, "Hostname": 619}  # TARGET_INFO_SYSTEM_ENV.nameEnum in 2023.4
 PARQUET_ROW_GROUP = 2048  # as Nsight Systems' parquetdir export: several row groups per larger table
+BLOCK_ITERATIONS = 20_000  # a rank's events are made and written this many iterations at a time: a long capture
+# (millions of kernels) in bounded memory, the same export whatever the block
+KERNELS_PER_STEP = len(FWD_KERNELS) + len(BWD_KERNELS) + 1  # and the NCCL kernel: one correlation id each
+EXTRA_IDS = 10  # correlation ids per iteration of the extra GPU work (_gpu_extras)
 
 
 @dataclass(frozen=True)
@@ -286,8 +291,10 @@ def _timeline(ranks: int, iterations: int, stragglers: list[Straggler], rng) -> 
             "gpu_late": gpu_late}
 
 
-def _rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: int, strings: dict) -> dict:
-    """The event tables of one rank; local time = common time + shift (the rank's clock)."""
+def _rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: int, strings: dict, first: int = 0,
+                 total: int | None = None) -> dict:
+    """The event tables of one rank; local time = common time + shift (the rank's clock). `tl` may hold a block
+    of the iterations (`_block`): those from `first` on, of `total`; the ids are those the whole run gives."""
     pid = PID_BASE + r
     gpid = _global_pid(pid)
     gtid = gpid | pid
@@ -339,7 +346,8 @@ def _rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: i
     k_name = np.concatenate([p[3] for p in parts])
     order_k = np.argsort(launch, kind="mergesort")
     launch, k_start, k_end, k_name = launch[order_k], k_start[order_k], k_end[order_k], k_name[order_k]
-    corr = np.arange(1, len(launch) + 1, dtype=np.int64) + 100
+    # in launch order, iteration after iteration; then the extra work's, EXTRA_IDS per iteration
+    corr = 101 + KERNELS_PER_STEP * first + np.arange(len(launch), dtype=np.int64)
     is_nccl = k_name == NCCL_FULL
     full_ids = pd.Series(k_name).map(strings).to_numpy(np.uint64)
     short_ids = np.where(is_nccl, strings[NCCL_SHORT], full_ids).astype(np.uint64)
@@ -359,7 +367,8 @@ def _rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: i
         "start": launch, "end": launch + 8 * US, "eventClass": 0, "globalTid": np.uint64(gtid),
         "correlationId": corr, "nameId": np.uint64(strings[LAUNCH_API]), "returnValue": 0,
     })
-    extra = _gpu_extras(spans, iterations, gtid, gpid, pid, device, gpus_per_node, int(corr[-1]) + 1, strings)
+    first_extra = 101 + KERNELS_PER_STEP * (iterations if total is None else total) + EXTRA_IDS * first
+    extra = _gpu_extras(spans, iterations, gtid, gpid, pid, device, gpus_per_node, first_extra, strings)
     return {
         "NVTX_EVENTS": _by_start(nvtx, extra["nvtx"]),
         "CUPTI_ACTIVITY_KIND_KERNEL": _by_start(kernels, extra["kernels"]),
@@ -368,6 +377,11 @@ def _rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: i
         "CUPTI_ACTIVITY_KIND_MEMSET": _by_start(extra["memset"]),
         "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": _by_start(extra["sync"]),
     }
+
+
+def _block(tl: dict, first: int, stop: int) -> dict:
+    """The timeline of iterations first..stop-1: every array cut along its last axis (the iterations)."""
+    return {k: _block(v, first, stop) if isinstance(v, dict) else v[..., first:stop] for k, v in tl.items()}
 
 
 def _mpi_timeline(ranks: int, iterations: int, stragglers: list[Straggler], rng) -> dict:
@@ -390,7 +404,8 @@ def _mpi_timeline(ranks: int, iterations: int, stragglers: list[Straggler], rng)
             "extra": extra}
 
 
-def _mpi_rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: int, strings: dict) -> dict:
+def _mpi_rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: int, strings: dict, first: int = 0,
+                     total: int | None = None) -> dict:
     pid = PID_BASE + r
     gpid = _global_pid(pid)
     gtid = gpid | pid
@@ -398,7 +413,7 @@ def _mpi_rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_nod
     k_start = launch + 20 * US
     k_end = k_start + tl["kernel"][r]
     release = tl["release"] + shift
-    corr = np.arange(iterations, dtype=np.int64) * 2 + 101
+    corr = (first + np.arange(iterations, dtype=np.int64)) * 2 + 101
     kernels = pd.DataFrame({
         "start": k_start, "end": k_end, "deviceId": r % gpus_per_node, "contextId": np.uint64(1),
         "streamId": np.uint64(COMPUTE_STREAM), "correlationId": corr, "globalPid": np.uint64(gpid),
@@ -429,7 +444,7 @@ def _gpu_extras(spans: dict, iterations: int, gtid: int, gpid: int, pid: int, de
     """Copies of every kind (pinned and pageable), a memset, a CUDA graph, a synchronous `.item()` with its
     stream sync, a kernel overlapping another stream, and nested NVTX ranges on a second thread."""
     n = iterations
-    corr = first_corr + np.arange(n)[:, None] * 10 + np.arange(10)[None, :]  # ten ids per iteration
+    corr = first_corr + np.arange(n)[:, None] * EXTRA_IDS + np.arange(EXTRA_IDS)[None, :]
     base = {name: spans[rng][0] for name, rng, *_ in EXTRA_OPS}
     at = {name: (base[name] + s0, base[name] + e0) for name, _, s0, e0, _ in EXTRA_OPS}
     rows_rt = []
@@ -582,24 +597,43 @@ def _ddl(table: str, schema: dict) -> str:
     return f'CREATE TABLE "{table}" ({", ".join(cols)})'
 
 
-def _write_sqlite(path: Path, tables: dict[str, pa.Table], schema: dict) -> None:
-    con = sqlite3.connect(path)
-    try:
-        for table, data in tables.items():
-            con.execute(_ddl(table, schema))
-            columns = [col.to_pylist() for col in data.columns]  # Python ints, floats, str, bool, None
-            marks = ", ".join("?" * data.num_columns)
-            con.executemany(f'INSERT INTO "{table}" VALUES ({marks})', zip(*columns, strict=True))
-        con.commit()
-    finally:
-        con.close()
+@contextlib.contextmanager
+def _export_writer(path: Path, fmt: str, schema: dict):
+    """A function writing tables into one rank's export: a table met again is appended to (ADBC's bulk insert
+    for SQLite, a row group after another for Parquet)."""
+    made: dict = {}  # table -> its Parquet writer (None for SQLite)
+    if fmt == "sqlite":
+        import adbc_driver_sqlite.dbapi
 
+        con = adbc_driver_sqlite.dbapi.connect(str(path))
+        cursor = con.cursor()
 
-def _write_parquetdir(path: Path, tables: dict[str, pa.Table]) -> None:
+        def write(tables: dict[str, pa.Table]) -> None:
+            for table, data in tables.items():
+                if table not in made:
+                    cursor.execute(_ddl(table, schema))
+                    made[table] = None
+                cursor.adbc_ingest(table, data, mode="append")
+        try:
+            yield write
+            con.commit()
+        finally:
+            cursor.close()
+            con.close()
+        return
     path.mkdir()
-    for table, data in tables.items():
-        pq.write_table(data, path / f"{table}.parquet", version="1.0", compression="none",
-                       row_group_size=PARQUET_ROW_GROUP)
+
+    def write(tables: dict[str, pa.Table]) -> None:
+        for table, data in tables.items():
+            if table not in made:
+                made[table] = pq.ParquetWriter(path / f"{table}.parquet", data.schema, version="1.0",
+                                               compression="none")
+            made[table].write_table(data, row_group_size=PARQUET_ROW_GROUP)
+    try:
+        yield write
+    finally:
+        for writer in made.values():
+            writer.close()
 
 
 def _strings() -> dict:
@@ -670,20 +704,25 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
     first_step = int(offsets.max()) + FIRST_STEP_NS  # on the common clock: every rank's local times are >= 1 s
     strings = _strings()
     shared = _shared_tables(strings, schema)
+    rank_tables = _rank_tables if job == "nccl" else _mpi_rank_tables
+    blocks = [(first, min(first + BLOCK_ITERATIONS, iterations)) for first in range(0, iterations, BLOCK_ITERATIONS)]
+    done = progress.Counter(ranks * iterations if len(blocks) > 1 else 0, "synthetic iterations written")
     for r in range(ranks):
         shift = first_step - int(offsets[r])
-        frames = (_rank_tables if job == "nccl" else _mpi_rank_tables)(r, tl, iterations, shift, gpus_per_node,
-                                                                       strings)
-        frames.update(_rank_info_tables(r, BASE_UTC_NS + int(offsets[r]), ranks, gpus_per_node, strings, job))
+        frames = _rank_info_tables(r, BASE_UTC_NS + int(offsets[r]), ranks, gpus_per_node, strings, job)
         if shape == "newer":
             frames["TARGET_INFO_CUDA_DEVICE"] = pd.DataFrame({
                 "cudaId": [r % gpus_per_node], "pid": [PID_BASE + r], "uuid": [f"GPU-synthetic-{r}"],
                 "name": ["SYNTHETIC GPU"]})
-        tables = {**shared, **{t: _typed(t, df, schema) for t, df in frames.items()}}
-        if fmt == "sqlite":
-            _write_sqlite(tmp / f"rank{r}.sqlite", tables, schema)
-        else:
-            _write_parquetdir(tmp / f"rank{r}_pqtdir", tables)
+        path = tmp / (f"rank{r}.sqlite" if fmt == "sqlite" else f"rank{r}_pqtdir")
+        with _export_writer(path, fmt, schema) as write:
+            write({**shared, **{t: _typed(t, df, schema) for t, df in frames.items()}})
+            for first, stop in blocks:
+                events = rank_tables(r, _block(tl, first, stop), stop - first, shift, gpus_per_node, strings, first,
+                                     iterations)
+                write({t: _typed(t, df, schema) for t, df in events.items()})
+                done.advance(stop - first)
+    done.close()
 
     acceptable = ACCEPTABLE_CAUSES if job == "nccl" else {"gpu": ["gpu_compute"]}
     cells = [{"rank": s.rank, "iteration": i, "cause": s.cause, "acceptable_causes": acceptable[s.cause],
