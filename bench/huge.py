@@ -443,15 +443,7 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
         b = g[g["form"] == "built-in"]
         bs, bmb = (float(b["builtin_s"].median()), float(b["builtin_mb"].median())) if len(b) else (0.0, 0.0)
         skipped = "skipped" in b and b["skipped"].fillna(False).astype(bool).any()
-        for form in ("sqlite", "parquet"):
-            p = g[g["form"] == form]
-            if p.empty:
-                continue
-            ps, pmb, fs = float(p["pack_s"].median()), float(p["pack_mb"].median()), float(p["floor_s"].median())
-            counts = p["rows"].iloc[0]
-            rows_text = (f"{counts['CUPTI_ACTIVITY_KIND_KERNEL'] / 1e6:.2f} M / {counts['NVTX_EVENTS'] / 1e6:.2f} M / "
-                         f"{counts['CUPTI_ACTIVITY_KIND_RUNTIME'] / 1e6:.2f} M")
-            failed = not p["ok"].all()
+        for form, p, ps, pmb, fs, rows_text, failed in _forms(g):
             builtin = ("— | — | —" if b.empty else f"not run: would need about {bmb / 1024:.0f} GB | — | —" if skipped
                        else f"{bs:.2f}{'' if b['ok'].all() else ' (failed)'} | {bmb:.0f} | {bs / max(ps, 1e-9):.2f}x")
             pack = ("refused or failed (see the log) | — " if failed else f"{ps:.2f} | {pmb:.0f} ")
@@ -488,22 +480,27 @@ def _synthetic_lines(rows, place: dict, label: dict) -> list[str]:
              "| pack MB | floor s | pack / floor | truth |",
              "|---:|---:|---:|---|---|---|---:|---:|---:|---:|---|"]
     for (scale, recipe), g in rows.groupby(["scale", "recipe"], sort=False):
-        for form in ("sqlite", "parquet"):
-            p = g[g["form"] == form]
-            if p.empty:
-                continue
-            ps, pmb, fs = float(p["pack_s"].median()), float(p["pack_mb"].median()), float(p["floor_s"].median())
-            counts = p["rows"].iloc[0]
-            failed = not p["ok"].all()
+        for form, p, ps, pmb, fs, rows_text, failed in _forms(g):
             lines.append(
-                f"| x{scale} | {int(p['iterations'].iloc[0]):,} | {int(p['size_mb'].iloc[0])} | "
-                f"{counts['CUPTI_ACTIVITY_KIND_KERNEL'] / 1e6:.2f} M / {counts['NVTX_EVENTS'] / 1e6:.2f} M / "
-                f"{counts['CUPTI_ACTIVITY_KIND_RUNTIME'] / 1e6:.2f} M | "
+                f"| x{scale} | {int(p['iterations'].iloc[0]):,} | {int(p['size_mb'].iloc[0])} | {rows_text} | "
                 f"{label[recipe].replace(KERNEL, SYNTH_KERNEL)} | {form} | "
                 + ("refused or failed (see the log) | — | " if failed else f"{ps:.2f} | {pmb:.0f} | ")
                 + f"{fs:.2f} | {'—' if failed else f'{ps / max(fs, 1e-9):.2f}x'} | "
                 f"{'—' if failed else 'found' if p['truth'].all() else 'not found'} |")
     return lines
+
+
+def _forms(g):
+    """Per form measured of one case's rows: (form, its rows, pack s, pack MB, floor s, rows text, failed)."""
+    for form in ("sqlite", "parquet"):
+        p = g[g["form"] == form]
+        if p.empty:
+            continue
+        counts = p["rows"].iloc[0]
+        rows_text = (f"{counts['CUPTI_ACTIVITY_KIND_KERNEL'] / 1e6:.2f} M / {counts['NVTX_EVENTS'] / 1e6:.2f} M / "
+                     f"{counts['CUPTI_ACTIVITY_KIND_RUNTIME'] / 1e6:.2f} M")
+        yield (form, p, float(p["pack_s"].median()), float(p["pack_mb"].median()), float(p["floor_s"].median()),
+               rows_text, not p["ok"].all())
 
 
 def _sizes_text(update: dict) -> str:
