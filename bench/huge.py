@@ -335,9 +335,9 @@ def run(work: Path, copies_list: list[int], raw: Path, env: dict, nsys, repeat: 
         sqlite_path, pqt = report.with_suffix(".sqlite"), report.with_name(report.stem + "_pqtdir")
         want = truth(work / "baseline_nvtx.sqlite", copies)
         size_mb = sqlite_path.stat().st_size / 1e6
+        case = {"copies": copies, "size_mb": round(size_mb), "rows": _counts(sqlite_path)}
         for recipe, pack_recipe, args, _, builtins in cases:
-            rows += _pack_rows({"copies": copies}, recipe, pack_recipe, args, sqlite_path, pqt, want, work, env, log,
-                               repeat)
+            rows += _pack_rows(case, recipe, pack_recipe, args, sqlite_path, pqt, want, work, env, log, repeat)
             label = " + ".join("nsys " + " ".join(b[:3]) if b[0] == "stats" else b[1] for b in builtins)
             if not builtins:
                 continue
@@ -364,18 +364,19 @@ def run(work: Path, copies_list: list[int], raw: Path, env: dict, nsys, repeat: 
     for scale in scales:  # SYNTHETIC: no report, so no built-in
         sqlite_path, pqt = make_synthetic(work, scale)
         want = truth(sqlite_path, 1, SYNTH_KERNEL, SYNTH_DELIMITER)
+        case = {"scale": scale, "iterations": scale * SYNTH_ITERATIONS,
+                "size_mb": round(sqlite_path.stat().st_size / 1e6), "rows": _counts(sqlite_path)}
         for recipe, pack_recipe, args, _, _ in cases:
             args = [SYNTH_KERNEL if a == KERNEL else a for a in args]
-            rows += _pack_rows({"scale": scale, "iterations": scale * SYNTH_ITERATIONS}, recipe, pack_recipe, args,
-                               sqlite_path, pqt, want, work, env, log, repeat)
+            rows += _pack_rows(case, recipe, pack_recipe, args, sqlite_path, pqt, want, work, env, log, repeat)
     return rows
 
 
 def _pack_rows(case: dict, recipe: str, pack_recipe: str, args: list[str], sqlite_path: Path, pqt: Path, want: dict,
                work: Path, env: dict, log: Path, repeat: int) -> list[dict]:
-    """The floor and the pack's run of one case on one input, in both forms, `repeat` times."""
+    """The floor and the pack's run of one recipe on one input (`case`: its size, rows and how it was made), in both
+    forms, `repeat` times."""
     rows = []
-    counts, size_mb = _counts(sqlite_path), sqlite_path.stat().st_size / 1e6
     kernel = args[args.index("--kernel") + 1] if "--kernel" in args else KERNEL
     name = f"x{case['copies']}" if "copies" in case else f"synthetic x{case['scale']}"
     for form, path in (("sqlite", sqlite_path), ("parquet", pqt)):
@@ -385,9 +386,9 @@ def _pack_rows(case: dict, recipe: str, pack_recipe: str, args: list[str], sqlit
             out = work / "out" / recipe
             pk = measure(pack_case(pack_recipe, args, path, out), env, log)
             right = pk["ok"] and found(recipe, out) == want[recipe]
-            rows.append({**case, "size_mb": round(size_mb), "recipe": recipe, "form": form, "floor_s": fl["wall_s"],
-                         "floor_mb": fl["peak_mb"], "pack_s": pk["wall_s"], "pack_mb": pk["peak_mb"],
-                         "ok": pk["ok"] and fl["ok"], "truth": bool(right), "rows": counts})
+            rows.append({**case, "recipe": recipe, "form": form, "floor_s": fl["wall_s"], "floor_mb": fl["peak_mb"],
+                         "pack_s": pk["wall_s"], "pack_mb": pk["peak_mb"], "ok": pk["ok"] and fl["ok"],
+                         "truth": bool(right)})
             verdict = "truth found" if right else "truth NOT found" if pk["ok"] else "pack failed (see the log)"
             print(f"{name:>14} {recipe:<22} {form:<8} floor {fl['wall_s']:6.2f} s  pack {pk['wall_s']:6.2f} s "
                   f"{pk['peak_mb']:6} MB  {verdict}", flush=True)
