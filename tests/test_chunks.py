@@ -2,6 +2,7 @@
 the same tables as the map over whole tables, however the tables are cut, and the whole read wherever spans
 cannot give the same answer."""
 
+import dataclasses
 import shutil
 import sqlite3
 
@@ -10,6 +11,7 @@ import pyarrow as pa
 import pytest
 from test_selection import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
 
+from nsys_recipe_pack import synth
 from nsys_recipe_pack.inputs import chunks, load_file, rank_data, readers
 from nsys_recipe_pack.inputs.readers import ExportSource, string_table
 from nsys_recipe_pack.inputs.selection import Extents
@@ -93,3 +95,26 @@ def test_one_rank_holding_several_processes_is_read_whole(tmp_path, always_spans
     con.commit()
     con.close()
     _same_maps(path, expect_spans=False)
+
+
+
+def test_windows_are_let_go_once_no_op_can_land_in_them(tmp_path, always_spans, monkeypatch):
+    """Memory holds the top-level ranges still open at a span's end, not every one of the capture: SYNTHETIC, one
+    rank of 60 steps read 50 rows a batch, each step a top-level range."""
+    synth.write_synthetic(tmp_path, ranks=1, iterations=60, fmt="sqlite", job="nccl", seed=3)
+    path, = tmp_path.glob("*.sqlite")
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 50)
+    held = []
+
+    def fold(state, low, high, chunk):
+        share._fold(state, low, high, chunk)
+        for proc in state.values():
+            assert (proc.windows["end"] > high).all()
+            held.append(len(proc.windows["end"]))
+
+    rank, = load_file(path, NEEDS, stream=dataclasses.replace(share.STREAM, fold=fold))
+    by_range = rank.streamed["by_range"].to_pandas()
+    steps = by_range[(by_range["range_name"] == "step") & (by_range["category"] == "idle")]["instances"]
+    assert steps.tolist() == [60]  # every step a window, each with its idle row
+    assert len(held) > 20 and max(held) <= 2
+    _same_maps(path)

@@ -14,7 +14,7 @@ from ..errors import BadInputError, MissingTraceError
 from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY, gpu_frames
 from ..groups import SortedGroups, factorize
 from ..inputs import Frame, arrow_of, dictionary_column, numpy_of, sorted_place
-from ..inputs.chunks import Stream
+from ..inputs.chunks import END_OF_TIME, Stream
 from ..intervals import outermost, prefix_union_lengths, split_into_windows
 from ..iterations import NCCL_KERNEL_RE, closed_range_mask, matching, range_arrays
 from ..lazy import pd
@@ -191,7 +191,8 @@ def map_rank(rank_data, options: dict) -> dict:
 
 def _by_name(names: np.ndarray, words: np.ndarray, cols: dict) -> pa.Table:
     """The windows' rows summed per (range name, category), both in sorted order; instances: how many
-    windows of that name had the category (a window has one row per category). names: codes into words."""
+    windows of that name had the category (a window has one row per category; rows that are sums of windows
+    already carry their `instances`). names: codes into words."""
     groups = SortedGroups(sorted_place(words[:-1])[names] * len(CATEGORIES)
                           + sorted_place(CATEGORIES)[cols["category"]])
 
@@ -200,7 +201,8 @@ def _by_name(names: np.ndarray, words: np.ndarray, cols: dict) -> pa.Table:
 
     lead = groups.lead
     return _table({"range_name": names[lead], "category": cols["category"][lead],
-                   "instances": groups.size, "ops": total(cols["ops"]),
+                   "instances": total(cols["instances"]) if "instances" in cols else groups.size,
+                   "ops": total(cols["ops"]),
                    "sum_ns": total(cols["sum_ns"]), "union_ns": total(cols["union_ns"]), "bytes": total(cols["bytes"]),
                    "has_bytes": total(cols["has_bytes"]) > 0, "pageable_ops": total(cols["pageable_ops"])},
                   {"range_name": words[:-1], "category": CATEGORIES})
@@ -309,7 +311,8 @@ class _Process:
         self.reach = INT64_MIN  # of the top-level candidates across threads
         self.ranges = 0  # closed ranges seen
         self.windows = {"start": np.zeros(0, np.int64), "end": np.zeros(0, np.int64), "name": np.zeros(0, object)}
-        self.window_cells: dict | None = None
+        self.window_cells: dict | None = None  # of the windows still open
+        self.by_name: dict | None = None  # the closed windows' rows summed per (name, category)
 
 
 def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
@@ -328,6 +331,7 @@ def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
         new["start"] = new.pop("start_ns")
         _top_level_windows(proc, _rows_of(ranges, pid, ["start_ns", "end_ns", "tid", "name"]))
         _fold_ops(proc, new, span_start, span_end)
+        _close_windows(proc, span_end)
 
 
 def _rows_of(table: pa.Table | None, pid: int, columns: list[str]) -> dict:
@@ -422,6 +426,33 @@ def _top_level_windows(proc: _Process, ranges: dict) -> None:
                          "covered": np.concatenate([cells["covered"], np.zeros((c + 1, len(new)), np.int64)], axis=1)}
 
 
+def _close_windows(proc: _Process, until: int) -> None:
+    """Adds the windows ending by `until` into their names' totals and lets go of them: every op of a later span
+    starts at `until` or after, so none can land in them (memory then holds the windows still open, not the
+    capture's)."""
+    w = proc.windows
+    done = w["end"] <= until
+    if not done.any():
+        return
+    c = len(PRIORITY)
+    cells = proc.window_cells
+
+    def part(keep):
+        return {k: v[:, keep] if k == "covered" else v[np.repeat(keep, c)] for k, v in cells.items()}
+
+    window, cols = _rows(part(done), w["start"][done], w["end"][done])
+    rows = {"name": w["name"][done][window], "instances": np.ones(len(window), np.int64), **cols}
+    if proc.by_name is not None:
+        rows = {k: np.concatenate([proc.by_name[k], v]) for k, v in rows.items()}
+    names, code = np.unique(rows["name"], return_inverse=True)
+    groups = SortedGroups(code.reshape(-1) * len(CATEGORIES) + rows["category"])
+    proc.by_name = {k: v[groups.lead] if k in ("name", "category") else groups.sum(np.asarray(v, np.int64))
+                    for k, v in rows.items()}
+    open_ = ~done
+    proc.windows = {k: v[open_] for k, v in w.items()}
+    proc.window_cells = part(open_)
+
+
 def _max_by(keys: np.ndarray, values: np.ndarray) -> tuple[list, list]:
     groups = SortedGroups(keys)
     return groups.keys.tolist(), groups.max(values).tolist()
@@ -445,10 +476,10 @@ def _finish(state: dict, names: list) -> dict:
             share = _table({"device": np.array(devices, np.int64)[window], **cols}, {"category": CATEGORIES})
         by_range = None
         if proc.ranges:
-            w = proc.windows
-            window, cols = _rows(proc.window_cells, w["start"], w["end"])
-            codes = np.array([place[n] for n in w["name"].tolist()], np.int64)
-            by_range = _by_name(codes[window], words, cols)
+            _close_windows(proc, END_OF_TIME)
+            totals = proc.by_name
+            codes = np.array([place[n] for n in totals["name"].tolist()], np.int64)
+            by_range = _by_name(codes, words, {k: v for k, v in totals.items() if k != "name"})
         out[pid] = {"share": share, "by_range": by_range}
     return out
 
