@@ -8,6 +8,7 @@ module in `recipes/`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import json
 import os
 import shlex
@@ -89,6 +90,14 @@ def analyse(recipe: str, ranks: list, options: dict | None = None) -> tuple[dict
 
 # ---------------------------------------------------------------------------------------------------
 # reduce
+
+
+def _give_back_freed_memory() -> None:
+    """Hands the pages the maps freed back to the system before the reduce: glibc keeps what the read-ahead threads
+    freed in their own arenas, where the reduce cannot reuse it (a long capture's map: 0.4 GB of 1.1 GB)."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    pa.default_memory_pool().release_unused()
 
 
 def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[dict, dict]:
@@ -475,6 +484,7 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
             log(f"running {recipe} with the pack's runner on {len(files)} input(s)")
             version = _nsys_version_or_none(files, nsys_path)  # before the map: the workers inherit it
             mapped = run_pack_engine(recipe, files, {**options, SPILL_DIR: str(staged)}, mode, jobs, nsys_path)
+            _give_back_freed_memory()
             try:
                 tables, analysis = reduce_all(recipe, mapped, options)
                 analysis["engine"] = "pack"

@@ -306,10 +306,9 @@ def _component_causes(cell_iteration: np.ndarray, comp_cell: np.ndarray, comps: 
     column = np.full(len(words), -1)
     column[present[kept]] = np.arange(len(names))
     take = column[codes] >= 0
-    cell_col = comp_cell[take] * len(names) + column[codes][take]
-    ns = comps.values("ns")[take].astype(np.float64)
     n_cells = len(cell_iteration)
-    cell, col, excess, scale = _component_excess(cell_iteration, cell_col, ns, len(names))
+    cell, col, excess, scale = _component_excess(cell_iteration, comp_cell[take] * len(names) + column[codes][take],
+                                                 comps.values("ns")[take].astype(np.float64), len(names))
     scale = np.maximum(scale, max(1000.0, 0.001 * typical))
     explains = (excess >= EXPLAINS * cell_excess[cell]) & (excess / scale[col] > sigma)
     noise_ok = np.zeros(n_cells, bool)
@@ -343,6 +342,7 @@ def _component_excess(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.n
         cell_col, at = np.unique(cell_col, return_inverse=True)
         ns = np.bincount(at.reshape(-1), weights=ns)
     cell, col = np.divmod(cell_col, max(n_names, 1))
+    del sorted_cell_col, cell_col  # millions of rows each: no more columns of their length at once than needed
     # each (iteration, component)'s median over the iteration's cells, the cells without it counting 0
     per_iteration = np.bincount(cell_iteration)
     group_key = cell_iteration[cell] * n_names + col
@@ -354,21 +354,24 @@ def _component_excess(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.n
     cells_in = per_iteration[cell_iteration[cell[order[first]]]]
     lacking = cells_in - size
 
-    def nth(n):  # the n-th smallest of each group, its missing cells as zeros before its values
-        return np.where(n < lacking, 0.0, sorted_ns[first + np.maximum(n - lacking, 0)])
-
-    median = np.median(np.stack([nth((cells_in - 1) // 2), nth(cells_in // 2)]), axis=0)
+    # the middle two of each group, its missing cells as zeros before its values
+    median = np.median(np.stack([np.where(n < lacking, 0.0, sorted_ns[first + np.maximum(n - lacking, 0)])
+                                 for n in ((cells_in - 1) // 2, cells_in // 2)]), axis=0)
     excess = np.empty(len(ns))
     excess[order] = sorted_ns - np.repeat(median, size)
+    group_col = col[order[first]]
+    del order, sorted_ns, group_key, first, size
     # each component's excess over all cells: the cells that have it, those of the same iterations that
     # lack it (0 minus the median), and those of iterations where no cell has it (0)
-    group_col = col[order[first]]
     covered = np.bincount(group_col, weights=cells_in, minlength=n_names).astype(np.int64)
     x_col = np.concatenate([col, group_col, np.arange(n_names)])
     x = np.concatenate([excess, 0.0 - median, np.zeros(n_names)])
     weight = np.concatenate([np.ones(len(excess), np.int64), lacking, n_cells - covered])
     middle = [(n_cells - 1) // 2, n_cells // 2]
-    deviation = np.abs(x - np.median(_order_stats(x_col, x, weight, n_cells, middle, 2), axis=0)[x_col])
+    deviation = x
+    deviation -= np.median(_order_stats(x_col, x, weight, n_cells, middle, 2), axis=0)[x_col]
+    np.abs(deviation, out=deviation)
+    del x
     q90 = (n_cells - 1) * 0.90  # where np.quantile finds it: between two values
     around = [int(np.floor(q90)), min(int(np.floor(q90)) + 1, n_cells - 1)]
     dev = _order_stats(x_col, deviation, weight, n_cells, middle + around, 4)
@@ -385,7 +388,7 @@ def _order_stats(col: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, pos
     order = _by_group(col, x, step)
     ends = np.cumsum(weight[order])
     columns = np.arange(int(col.max()) + 1 if len(col) else 0) * n
-    return np.stack([x[order][np.searchsorted(ends, columns + p, side="right")] for p in positions])
+    return np.stack([x[order[np.searchsorted(ends, columns + p, side="right")]] for p in positions])
 
 
 def _by_group(group: np.ndarray, x: np.ndarray, step: int) -> np.ndarray:
@@ -397,7 +400,11 @@ def _by_group(group: np.ndarray, x: np.ndarray, step: int) -> np.ndarray:
         low = float(scaled.min())
         span = int(scaled.max() - low) + 1
         if span < 1 << 52 and (int(group.max()) + 1) * span < 1 << 62 and (scaled == np.floor(scaled)).all():
-            return np.argsort(group * span + (scaled - low).astype(np.int64))
+            scaled -= low
+            key = scaled.astype(np.int64)
+            del scaled
+            key += group * span
+            return np.argsort(key)
     return np.lexsort((x, group))
 
 
