@@ -231,15 +231,17 @@ def floor(path: Path, case: str, kernel: str = KERNEL) -> None:
 
 
 def _parquet_rows(f: Path, cols: list[str], tested: list[str], test) -> int:
-    """Rows of a Parquet file that pass `test`, read a row group at a time: the tested columns first (text as the
-    file's dictionary), the others only for the row groups with a row that passes."""
+    """Rows of a Parquet file that pass `test`, read a run of row groups at a time (`readers.row_group_runs`): the
+    tested columns first (text as the file's dictionary), the others only for the runs with a row that passes."""
+    from nsys_recipe_pack.inputs.readers import STREAM_BATCH_ROWS, row_group_runs
+
     names = pq.read_schema(f).names
     file = pq.ParquetFile(f, read_dictionary=[c for c in ("text",) if c in names])
     found = 0
-    for i in range(file.num_row_groups):
-        hit = test(file.read_row_group(i, columns=[c for c in tested if c in names]))
+    for run in row_group_runs(file.metadata, STREAM_BATCH_ROWS):
+        hit = test(file.read_row_groups(run, columns=[c for c in tested if c in names]))
         if hit is not None and pc.any(hit).as_py():
-            found += file.read_row_group(i, columns=cols).filter(hit).num_rows
+            found += file.read_row_groups(run, columns=cols).filter(hit).num_rows
     return found
 
 

@@ -587,9 +587,11 @@ def test_a_long_read_reports_rows_read_and_time_left(monkeypatch):
 
 
 @pytest.mark.parametrize("text_type", [pa.string(), pa.large_string(), "all null as int64"])
-def test_a_parquet_read_of_some_rows_gives_exactly_those_rows(tmp_path, text_type):
+@pytest.mark.parametrize("run_rows", [5, 12, 1 << 18])
+def test_a_parquet_read_of_some_rows_gives_exactly_those_rows(tmp_path, monkeypatch, text_type, run_rows):
     """Rows whose text contains a word, or whose text id is one of some ids, from a Parquet table of several row
-    groups (some with no such row, whose other columns are then not read): the rows a filter over every row keeps."""
+    groups read a run of groups at a time (some runs with no such row, whose other columns are then not read): the
+    rows a filter over every row keeps."""
     import pyarrow.parquet as pq
 
     rng = np.random.default_rng(5)
@@ -607,6 +609,7 @@ def test_a_parquet_read_of_some_rows_gives_exactly_those_rows(tmp_path, text_typ
     folder = tmp_path / "x_pqtdir"
     folder.mkdir()
     pq.write_table(table, folder / "NVTX_EVENTS.parquet", row_group_size=5)
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", run_rows)
     src = readers.ExportSource(folder, "parquetdir")
     got = src.read_arrow("NVTX_EVENTS", ["start", "text", "textId"], where=[("textId", [2, 7]), ("text", "rank")])
     with_word = np.array([isinstance(t, str) and "rank" in t.lower() for t in text], bool)
@@ -617,6 +620,17 @@ def test_a_parquet_read_of_some_rows_gives_exactly_those_rows(tmp_path, text_typ
     assert got.column("text").type == pa.string()
     expected_text = [None] * len(want) if text_type == "all null as int64" else text[want].tolist()
     assert got.column("text").to_pylist() == expected_text
+
+
+def test_row_groups_are_read_in_runs_of_about_the_rows_asked(tmp_path):
+    """Groups of 5 rows (the last of 3), runs of 12 rows: a group joins the run its first row falls in."""
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"x": np.arange(23)}), tmp_path / "t.parquet", row_group_size=5)
+    metadata = pq.ParquetFile(tmp_path / "t.parquet").metadata
+    assert readers.row_group_runs(metadata, 12) == [[0, 1, 2], [3, 4]]  # first rows 0, 5, 10 | 15, 20
+    assert readers.row_group_runs(metadata, 1) == [[0], [1], [2], [3], [4]]
+    assert readers.row_group_runs(metadata, 100) == [[0, 1, 2, 3, 4]]
 
 
 @pytest.mark.parametrize("needs,rows", [({"nvtx", "kernel", "memcpy", "memset", "runtime", "mpi"}, None),

@@ -268,18 +268,28 @@ class ExportSource:
         if where is None:
             return file.read(columns=cols)
         others = [c for c in cols if c not in tested]
-        parts = []  # a row group at a time, the tested columns first: only the matching rows are ever held, and a
-        for i in range(file.num_row_groups):  # group with none has nothing else read
-            group = file.read_row_group(i, columns=tested)
+        parts = []  # a run of row groups at a time, the tested columns first: only the matching rows are ever held,
+        for run in row_group_runs(file.metadata, STREAM_BATCH_ROWS):  # and a run with none has nothing else read
+            group = file.read_row_groups(run, columns=tested)
             keep = np.zeros(group.num_rows, bool)
             for column, test in where:
                 keep |= _meets(_tested(group.column(column), column in text), test)
             if keep.any():
                 if others:
-                    rest = file.read_row_group(i, columns=others)
+                    rest = file.read_row_groups(run, columns=others)
                     group = pa.table({c: (group if c in tested else rest).column(c) for c in cols})
                 parts.append(group.select(cols).filter(arrow_of(keep)))
         return pa.concat_tables(parts) if parts else file.schema_arrow.empty_table().select(cols)
+
+
+def row_group_runs(metadata: pq.FileMetaData, rows: int) -> list[list[int]]:
+    """A Parquet file's row groups in runs of consecutive groups of about `rows` rows (at least one group each):
+    Nsight Systems writes groups of 2,048 rows, and a read per group costs more than the reading (a 30 M-row
+    column: 1.9 s a group at a time, 0.4 s in runs of 16)."""
+    sizes = np.array([metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)], np.int64)
+    run = (np.cumsum(sizes) - sizes) // max(rows, 1)  # each group's run: where its first row falls
+    return [g.tolist() for g in np.split(np.arange(len(sizes)), np.flatnonzero(np.diff(run)) + 1)] if len(sizes) \
+        else []
 
 
 def _text_as_strings(raw: pa.Table, cols: list[str], text: set[str]) -> pa.Table:

@@ -444,7 +444,7 @@ def _close_windows(proc: _Process, until: int) -> None:
     rows = {"name": w["name"][done][window], "instances": np.ones(len(window), np.int64), **cols}
     if proc.by_name is not None:
         rows = {k: np.concatenate([proc.by_name[k], v]) for k, v in rows.items()}
-    names, code = np.unique(rows["name"], return_inverse=True)
+    _, code = np.unique(rows["name"], return_inverse=True)
     groups = SortedGroups(code.reshape(-1) * len(CATEGORIES) + rows["category"])
     proc.by_name = {k: v[groups.lead] if k in ("name", "category") else groups.sum(np.asarray(v, np.int64))
                     for k, v in rows.items()}
