@@ -165,9 +165,12 @@ def _tail_scale(x: pd.Series) -> float:
     return max(float(straggler.MAD_TO_SIGMA * np.median(dev)), float(np.quantile(dev, 0.90) / straggler.Q90_TO_SIGMA))
 
 
-def test_component_excess_and_noise_from_the_cells_own_components_match_the_whole_table():
+@pytest.mark.parametrize("chunk_rows", [3, straggler.EXCESS_CHUNK_ROWS])
+def test_component_excess_and_noise_from_the_cells_own_components_match_the_whole_table(monkeypatch, chunk_rows):
     # the cells' own components against the whole table: each cell's excess over its iteration's median, and
-    # each component's noise scale (_tail_scale over every cell, the cells lacking it at 0)
+    # each component's noise scale (_tail_scale over every cell, the cells lacking it at 0); worked on a few
+    # components at a time too
+    monkeypatch.setattr(straggler, "EXCESS_CHUNK_ROWS", chunk_rows)
     rng = np.random.default_rng(8)
     for _ in range(200):
         n_iter, n_names = int(rng.integers(1, 6)), int(rng.integers(1, 8))

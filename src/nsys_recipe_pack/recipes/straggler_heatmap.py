@@ -328,7 +328,32 @@ def _component_causes(cell_iteration: np.ndarray, comp_cell: np.ndarray, comps: 
     return noise_ok, cause, cause_side
 
 
+EXCESS_CHUNK_ROWS = 1_000_000  # component cells `_component_excess` works on at once (~170 B each at its peak)
+
+
 def _component_excess(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.ndarray, n_names: int):
+    """`_excess_by_component` over runs of components of about EXCESS_CHUNK_ROWS cells at a time: a component's
+    excess and scale depend on its own cells only, so that a long capture or many ranks (tens of millions of
+    cells) need not hold every column of the work at once. Rows come by component run."""
+    col = cell_col % max(n_names, 1)
+    per_col = np.bincount(col, minlength=n_names)
+    run = (np.cumsum(per_col) - per_col) // EXCESS_CHUNK_ROWS  # each component's run: where its first cell falls
+    if len(cell_col) <= EXCESS_CHUNK_ROWS or not run[-1]:
+        return _excess_by_component(cell_iteration, cell_col, ns, n_names)
+    by_col = np.argsort(col, kind="stable")
+    ends = np.cumsum(per_col)
+    parts, scale = [], np.zeros(n_names)
+    for low, high in zip(np.flatnonzero(np.r_[True, np.diff(run) > 0]).tolist(),
+                         np.r_[np.flatnonzero(np.diff(run) > 0) + 1, n_names].tolist(), strict=True):
+        rows = by_col[ends[low] - per_col[low]:ends[high - 1]]
+        width = high - low
+        cell, part_col, excess, scale[low:high] = _excess_by_component(
+            cell_iteration, cell_col[rows] // n_names * width + col[rows] - low, ns[rows], width)
+        parts.append((cell, part_col + low, excess))
+    return (*(np.concatenate([p[i] for p in parts]) for i in range(3)), scale)
+
+
+def _excess_by_component(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.ndarray, n_names: int):
     """The cell x component table's excess over each iteration's median and each component's noise scale
     (the larger of the MAD scale and the 90th percentile of the absolute deviation read as a normal
     quantile, over every cell: on a contended CPU a forward pass's time is heavy-tailed, and the MAD alone
