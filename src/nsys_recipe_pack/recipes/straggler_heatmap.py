@@ -198,23 +198,36 @@ def map_result(it, pieces: list[Piece], names, any_peer: bool, present: set) -> 
     recode = [None if list(p.names[:-1]) == names else np.array([place[w] for w in p.names[:-1]] or [0], np.int64)
               for p in pieces]
 
-    def part(what: str) -> tuple:
-        rows = [(p.first + getattr(p, what)[0], getattr(p, what)[1] if r is None else r[getattr(p, what)[1]],
-                 getattr(p, what)[2]) for p, r in zip(pieces, recode, strict=True)]
-        return tuple(np.concatenate([r[i] for r in rows]).astype(np.int64) for i in range(3))
+    def part(what: str) -> list:
+        """(iteration, name code, ns) of every piece, one column at a time (a long capture: millions of rows)."""
+        iteration = np.concatenate([getattr(p, what)[0] for p in pieces]).astype(np.int64, copy=False)
+        iteration += np.repeat([p.first for p in pieces], [len(getattr(p, what)[0]) for p in pieces])
+        name = np.concatenate([getattr(p, what)[1] if r is None else r[getattr(p, what)[1]]
+                               for p, r in zip(pieces, recode, strict=True)]).astype(np.int64, copy=False)
+        return [iteration, name, np.concatenate([getattr(p, what)[2] for p in pieces]).astype(np.int64, copy=False)]
 
     child, launched = part("child"), part("launched_in")
     order = np.lexsort((launched[1], launched[0]))  # by iteration, then name code, as a whole map has them
-    launched = tuple(v[order] for v in launched)
+    launched = [v[order] for v in launched]
+    del order
     n = sum(len(p.start_ns) for p in pieces)
+    counts = (len(child[0]), len(launched[0]))
     fixed = [np.concatenate([p.fixed.get(c, np.zeros(len(p.start_ns), np.int64)) for p in pieces]) for c in components]
     on_gpu = [int(c in GPU_COMPONENTS) for c in components]
+
+    def column(i: int, others: list) -> np.ndarray:
+        """A column of the child and launched rows, then of the fixed components', letting go of its parts."""
+        out = np.concatenate([child[i], launched[i], *others])
+        child[i] = launched[i] = None
+        return out
+
+    iteration = arrow_of(column(0, [np.arange(n, dtype=np.int64)] * len(components)))
+    name = dictionary_column(column(1, [np.full(n, len(names) + i) for i in range(len(components))]), words)
+    ns = arrow_of(column(2, fixed).astype(np.int64, copy=False))
+    del fixed
     comps = pa.Table.from_arrays([
-        arrow_of(np.concatenate([child[0], launched[0], *[np.arange(n, dtype=np.int64) for _ in components]])),
-        dictionary_column(np.concatenate([child[1], launched[1],
-                                          *[np.full(n, len(names) + i) for i in range(len(components))]]), words),
-        arrow_of(np.concatenate([child[2], launched[2], *fixed]).astype(np.int64)),
-        arrow_of(np.concatenate([np.zeros(len(child[0]), np.int64), np.ones(len(launched[0]), np.int64),
+        iteration, name, ns,
+        arrow_of(np.concatenate([np.zeros(counts[0], np.int64), np.ones(counts[1], np.int64),
                                  *[np.full(n, g, np.int64) for g in on_gpu]])),
     ], names=list(COMPONENT_DTYPES))
     start, end = (np.concatenate([getattr(p, c) for p in pieces]) for c in ("start_ns", "end_ns"))
@@ -342,15 +355,19 @@ def _component_excess(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.n
         return _excess_by_component(cell_iteration, cell_col, ns, n_names)
     by_col = np.argsort(col, kind="stable")
     ends = np.cumsum(per_col)
-    parts, scale = [], np.zeros(n_names)
+    cell, out_col, excess = np.empty(len(col), np.int64), np.empty(len(col), np.int64), np.empty(len(col))
+    scale, at = np.zeros(n_names), 0  # the runs' rows, one after another (fewer where a cell's repeats are summed)
     for low, high in zip(np.flatnonzero(np.r_[True, np.diff(run) > 0]).tolist(),
                          np.r_[np.flatnonzero(np.diff(run) > 0) + 1, n_names].tolist(), strict=True):
         rows = by_col[ends[low] - per_col[low]:ends[high - 1]]
         width = high - low
-        cell, part_col, excess, scale[low:high] = _excess_by_component(
-            cell_iteration, cell_col[rows] // n_names * width + col[rows] - low, ns[rows], width)
-        parts.append((cell, part_col + low, excess))
-    return (*(np.concatenate([p[i] for p in parts]) for i in range(3)), scale)
+        part = _excess_by_component(cell_iteration, cell_col[rows] // n_names * width + col[rows] - low, ns[rows],
+                                    width)
+        size = len(part[0])
+        cell[at:at + size], out_col[at:at + size], excess[at:at + size], scale[low:high] = part
+        out_col[at:at + size] += low
+        at += size
+    return cell[:at], out_col[:at], excess[:at], scale
 
 
 def _excess_by_component(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.ndarray, n_names: int):
