@@ -5,7 +5,7 @@ import pandas as pd
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nsys_recipe_pack.groups import SortedGroups, add_counts, distinct, factorize, stable_order
+from nsys_recipe_pack.groups import SortedGroups, add_counts, distinct, factorize, runs_of_about, stable_order
 
 
 def test_groups_of_a_small_case_by_hand():
@@ -85,3 +85,10 @@ def test_add_counts_agrees_with_add_at(places, step):
     add_counts(target, places, step)
     np.add.at(expected, places, step)
     assert target.tolist() == expected.tolist()
+
+
+def test_runs_of_about_some_size_never_split_an_item():
+    # first units at 0, 5, 10 | 15, 20 for runs of 12; an item larger than a run is a run of its own
+    assert runs_of_about(np.array([5, 5, 5, 5, 3]), 12) == [(0, 3), (3, 5)]
+    assert runs_of_about(np.array([1, 30, 1, 1]), 10) == [(0, 2), (2, 4)]
+    assert runs_of_about(np.array([], np.int64), 10) == []

@@ -28,6 +28,15 @@ def stable_order(values: np.ndarray) -> np.ndarray:
     return np.argsort(values, kind="stable")
 
 
+def runs_of_about(sizes: np.ndarray, about: int) -> list[tuple[int, int]]:
+    """Consecutive items (of these sizes) in runs of about `about` in all, as (first, stop) index ranges: an item
+    joins the run where its first unit falls, so a run holds at least one item and an item is never split."""
+    sizes = np.asarray(sizes, np.int64)
+    run = (np.cumsum(sizes) - sizes) // max(about, 1)
+    cut = np.flatnonzero(np.diff(run)) + 1
+    return list(zip(np.r_[0, cut].tolist(), np.r_[cut, len(sizes)].tolist(), strict=True)) if len(sizes) else []
+
+
 def add_counts(target: np.ndarray, places: np.ndarray, step: int = 1) -> None:
     """np.add.at(target, places, step), by counting the places in the window they span when it is narrow (a span's
     ops among every launch key: 60 k places, 0.13 ms against np.add.at's 2.5 ms on a 2-core machine)."""

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from ..errors import BadInputError
 from ..gpu import call_key, collective_ops, gpu_frames, gpu_intervals, launched_ops
-from ..groups import SortedGroups
+from ..groups import SortedGroups, runs_of_about
 from ..inputs import Frame, arrow_of, dictionary_column, sorted_place
 from ..inputs.chunks import END_OF_TIME
 from ..intervals import split_into_windows, union_lengths
@@ -350,15 +350,14 @@ def _component_excess(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.n
     cells) need not hold every column of the work at once. Rows come by component run."""
     col = cell_col % max(n_names, 1)
     per_col = np.bincount(col, minlength=n_names)
-    run = (np.cumsum(per_col) - per_col) // EXCESS_CHUNK_ROWS  # each component's run: where its first cell falls
-    if len(cell_col) <= EXCESS_CHUNK_ROWS or not run[-1]:
+    runs = runs_of_about(per_col, EXCESS_CHUNK_ROWS)
+    if len(cell_col) <= EXCESS_CHUNK_ROWS or len(runs) < 2:
         return _excess_by_component(cell_iteration, cell_col, ns, n_names)
     by_col = np.argsort(col, kind="stable")
     ends = np.cumsum(per_col)
     cell, out_col, excess = np.empty(len(col), np.int64), np.empty(len(col), np.int64), np.empty(len(col))
     scale, at = np.zeros(n_names), 0  # the runs' rows, one after another (fewer where a cell's repeats are summed)
-    for low, high in zip(np.flatnonzero(np.r_[True, np.diff(run) > 0]).tolist(),
-                         np.r_[np.flatnonzero(np.diff(run) > 0) + 1, n_names].tolist(), strict=True):
+    for low, high in runs:
         rows = by_col[ends[low] - per_col[low]:ends[high - 1]]
         width = high - low
         part = _excess_by_component(cell_iteration, cell_col[rows] // n_names * width + col[rows] - low, ns[rows],
