@@ -216,8 +216,8 @@ def _select(need: str, kept: dict):
 # name a rank whatever this keeps). Start/end ranges that cross on one thread can differ: the depth walk of
 # nvtx.innermost_of may miss, over all of them, a range the kept ones show around the call. GPU work outside
 # every call adds nothing to a call's GPU time.
-# Of copies and memsets only their times, launch keys and what `_classify` reads: from SQLite, fewer columns through
-# ADBC's conversion is most of the time saved (bench/RESULTS.md, huge reports).
+# Of copies and memsets only their times, launch keys and what `_classify` reads: each column read from SQLite goes
+# through ADBC's conversion (the 5.4 GB export of bench/RESULTS.md's huge reports: 28.7 s with every column, 22.6 s).
 SELECTION = Selection(tag="sync", order=("runtime", "memcpy", "memset", "kernel", "nvtx"), keep=_select,
                       columns={"kernel": ["start", "end", "globalPid"],
                                "memcpy": ["start", "end", "correlationId", "globalPid", "bytes", "copyKind", "srcKind",
