@@ -2,12 +2,16 @@
 the same tables as the map over whole tables, however the tables are cut, and the whole read wherever spans
 cannot give the same answer."""
 
+import collections
 import dataclasses
+import os
 import shutil
 import sqlite3
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from test_selection import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
 
@@ -118,3 +122,26 @@ def test_windows_are_let_go_once_no_op_can_land_in_them(tmp_path, always_spans, 
     assert steps.tolist() == [60]  # every step a window, each with its idle row
     assert len(held) > 20 and max(held) <= 2
     _same_maps(path)
+
+
+def test_a_parquet_tables_footer_is_read_once(synthetic, always_spans, monkeypatch):  # noqa: F811
+    """However often a table is read (counted, read ahead, then span by span), its footer is parsed once: Nsight
+    Systems writes row groups of 2,048 rows, so a long table's footer is large (readers.ExportSource._footer)."""
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 50)
+    parsed = collections.Counter()
+    read_metadata, parquet_file = pq.read_metadata, pq.ParquetFile.__init__
+
+    def counted(where, *args, **kwargs):
+        parsed[Path(where).name] += 1
+        return read_metadata(where, *args, **kwargs)
+
+    def opened(self, source, *args, metadata=None, **kwargs):
+        if metadata is None and isinstance(source, str | os.PathLike):  # a file opened so parses its footer
+            parsed[Path(source).name] += 1
+        parquet_file(self, source, *args, metadata=metadata, **kwargs)
+
+    monkeypatch.setattr(pq, "read_metadata", counted)
+    monkeypatch.setattr(pq.ParquetFile, "__init__", opened)
+    ranks = load_file(synthetic["parquetdir"][2], NEEDS, stream=share.STREAM)
+    assert ranks[0].streamed is not None
+    assert parsed["CUPTI_ACTIVITY_KIND_KERNEL.parquet"] == 1 and max(parsed.values()) == 1, parsed
