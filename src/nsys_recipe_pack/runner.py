@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import functools
 import json
 import os
 import shlex
@@ -57,7 +56,6 @@ IDENTITY = {"file": "file", "read_from": "read_from", "pid": "pid", "candidates"
 
 def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None) -> list[dict]:
     """Load one input and run the recipe's per-rank analysis on each rank it holds."""
-    _reuse_freed_memory()
     spec = recipes.get(recipe)
     out = []
     try:
@@ -70,24 +68,6 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
     except PackError as exc:  # a bad input: reported with all the others, or skipped with --skip-bad
         return [{"bad_file": str(path), "reason": str(exc)}]
     return out
-
-
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
-MMAP_THRESHOLD_BYTES = 32 << 20
-TRIM_THRESHOLD_BYTES = 256 << 20
-
-
-@functools.cache
-def _reuse_freed_memory() -> None:
-    """Let glibc keep the arrays a map frees for the next ones: by default it gives arrays over a few MB back to the
-    system as they are freed and takes fresh pages for the next, and a long capture's span-by-span map makes
-    thousands (compute_memory_share on the SYNTHETIC x4 Parquet export of bench/RESULTS.md's huge reports: 4.5 s of
-    system time against 1.4 s, 12.5 s against 10.2 s in all, the same peak). runner.run hands what is left back once
-    the maps end (`_give_back_freed_memory`)."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: its own defaults
-        libc = ctypes.CDLL("libc.so.6")
-        libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-        libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
 
 
 def map_rank_data(spec, rank_data, options: dict) -> dict:

@@ -100,6 +100,7 @@ class ExportSource:
             pool.shutdown(cancel_futures=True)
         with self._lock:
             readers, self._readers = list(self._readers.values()), {}
+            self._footers.clear()
         for reader in readers:
             reader.close()
 
