@@ -136,7 +136,7 @@ class ExportSource:
 
     def _footer(self, table: str) -> pq.FileMetaData:
         """A Parquet table's footer, read once for every read of the table: Nsight Systems writes row groups of
-        2,048 rows, and a table of 30 M kernels has a footer that takes 0.38 GB and 0.16 s each time it is read."""
+        2,048 rows, and the footer of a table of 30 M kernels is 40 MB in the file and 0.38 GB once parsed."""
         with self._lock:
             if table not in self._footers:
                 self._footers[table] = pq.read_metadata(self.path / f"{table}.parquet")
