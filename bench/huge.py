@@ -219,24 +219,25 @@ def floor(path: Path, case: str, kernel: str = KERNEL) -> None:
             f = path / f"{table}.parquet"
             if not f.exists():
                 continue
-            present = pq.read_schema(f).names
+            footer = pq.read_metadata(f)  # once a table, as the pack reads it (readers.ExportSource._footer)
+            present = footer.schema.to_arrow_schema().names
             cols = [c for c in cols if c in present]
             if table == "CUPTI_ACTIVITY_KIND_KERNEL" and rows.get("kernel"):
-                rows_read += _parquet_rows(f, cols, ["shortName"], _is_kernel(ids, kernel))
+                rows_read += _parquet_rows(f, footer, cols, ["shortName"], _is_kernel(ids, kernel))
             elif table == "NVTX_EVENTS" and "nvtx" not in needs:  # the events whose names hold "rank"
-                rows_read += _parquet_rows(f, cols, ["text", "textId"], _names_rank(ids))
+                rows_read += _parquet_rows(f, footer, cols, ["text", "textId"], _names_rank(ids))
             else:
-                rows_read += pq.ParquetFile(f).read(columns=cols).num_rows
+                rows_read += pq.ParquetFile(f, metadata=footer).read(columns=cols).num_rows
     print(f"read {rows_read} rows")
 
 
-def _parquet_rows(f: Path, cols: list[str], tested: list[str], test) -> int:
+def _parquet_rows(f: Path, footer: pq.FileMetaData, cols: list[str], tested: list[str], test) -> int:
     """Rows of a Parquet file that pass `test`, read a run of row groups at a time (`readers.row_group_runs`): the
     tested columns first (text as the file's dictionary), the others only for the runs with a row that passes."""
     from nsys_recipe_pack.inputs.readers import STREAM_BATCH_ROWS, row_group_runs
 
-    names = pq.read_schema(f).names
-    file = pq.ParquetFile(f, read_dictionary=[c for c in ("text",) if c in names])
+    names = footer.schema.to_arrow_schema().names
+    file = pq.ParquetFile(f, metadata=footer, read_dictionary=[c for c in ("text",) if c in names])
     found = 0
     for run in row_group_runs(file.metadata, STREAM_BATCH_ROWS):
         hit = test(file.read_row_groups(run, columns=[c for c in tested if c in names]))
