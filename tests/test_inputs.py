@@ -1,5 +1,6 @@
 """Reading inputs (nsys_recipe_pack.inputs) against Nsight Systems' own tools on real reports."""
 
+import ctypes
 import io
 import os
 import shutil
@@ -685,3 +686,39 @@ def test_pid_of_takes_bits_24_to_47_of_signed_ids_as_of_unsigned():
     unsigned = ((ids.astype(np.uint64) >> np.uint64(24)) & np.uint64(0xFFFFFF)).astype(np.int64)
     assert readers.pid_of(ids).tolist() == unsigned.tolist() == [0, 1, 7, 0xFFFFFF, 17527694 & 0xFFFFFF,
                                                                   0xFFFFFF, 0, 0xFFFFFF]
+
+
+MMAPPED_CHUNKS = """
+import ctypes, sys
+import numpy as np
+from nsys_recipe_pack import runner
+libc = ctypes.CDLL("libc.so.6")
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                                                "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = Info
+if sys.argv[1] == "set":
+    runner.reuse_freed_memory()
+before = libc.mallinfo2().hblks
+held = np.ones(3 << 20, np.uint8)
+print(libc.mallinfo2().hblks - before)
+"""
+
+
+def test_a_map_process_takes_arrays_of_a_few_mb_from_freed_heap_not_fresh_mappings():
+    """glibc maps a 3 MB array fresh from the system by default (one more mapped chunk); once a map has set the
+    allocator up (runner.reuse_freed_memory), it comes from the heap, where freed arrays are handed on."""
+    if not hasattr(ctypes.CDLL(None), "mallinfo2"):
+        pytest.skip("not glibc 2.33 or later")
+    counts = {how: subprocess.run([sys.executable, "-c", MMAPPED_CHUNKS, how], capture_output=True, text=True,
+                                  check=True, timeout=120).stdout.strip() for how in ("default", "set")}
+    assert counts == {"default": "1", "set": "0"}
+
+
+def test_every_map_sets_the_allocator_up_first(monkeypatch, tmp_path):
+    called = []
+    monkeypatch.setattr(runner, "reuse_freed_memory", lambda: called.append(True))
+    missing = tmp_path / "missing.sqlite"
+    missing.write_bytes(b"")
+    runner.map_file(str(missing), "kernel_pace", {})
+    assert called == [True]
