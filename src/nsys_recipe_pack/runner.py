@@ -83,7 +83,7 @@ def reuse_freed_memory() -> None:
     where by default it maps most of them fresh from the system and faults their pages in again: a long capture's
     span-by-span map makes thousands. Measured on bench/RESULTS.md's huge reports: compute_memory_share on the
     SYNTHETIC x4 Parquet export 12.5 s against 11.4 s (system time 4.8 s against 3.4 s), straggler_heatmap on the
-    5.4 GB SQLite export 54.8 s against 49.6 s, its peak 1.30 GB against 1.39 GB. Keeping 64 MB was faster still
+    5.4 GB SQLite export 54.8 s against 49.2 s, its peak 1.30 GB against 1.39 GB. Keeping 64 MB was faster still
     and took that peak to 1.45 GB: each read-ahead thread's arena keeps its own."""
     with contextlib.suppress(OSError, AttributeError):  # not glibc: its own defaults
         libc = ctypes.CDLL("libc.so.6")
