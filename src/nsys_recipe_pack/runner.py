@@ -85,10 +85,19 @@ def reuse_freed_memory() -> None:
     SYNTHETIC x4 Parquet export 12.5 s against 11.4 s (system time 4.8 s against 3.4 s), straggler_heatmap on the
     5.4 GB SQLite export 54.8 s against 49.2 s, its peak 1.30 GB against 1.39 GB. Keeping 64 MB was faster still
     and took that peak to 1.45 GB: each read-ahead thread's arena keeps its own."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: its own defaults
-        libc = ctypes.CDLL("libc.so.6")
+    libc = _glibc()
+    if libc is not None:  # else: its own defaults
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
         libc.mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES)
+
+
+@functools.cache
+def _glibc() -> ctypes.CDLL | None:
+    """glibc, whose allocator the maps tune and the runner trims; None where the C library is another."""
+    with contextlib.suppress(OSError):
+        libc = ctypes.CDLL("libc.so.6")
+        return libc if all(hasattr(libc, f) for f in ("mallopt", "malloc_trim")) else None
+    return None
 
 
 def map_rank_data(spec, rank_data, options: dict) -> dict:
@@ -116,8 +125,9 @@ def analyse(recipe: str, ranks: list, options: dict | None = None) -> tuple[dict
 def _give_back_freed_memory() -> None:
     """Hands the pages the maps freed back to the system before the reduce: glibc keeps what the read-ahead threads
     freed in their own arenas, where the reduce cannot reuse it (a long capture's map: 0.4 GB of 1.1 GB)."""
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to do
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
     pa.default_memory_pool().release_unused()
 
 
