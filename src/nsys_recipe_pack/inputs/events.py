@@ -128,7 +128,7 @@ def nvtx_frame(raw: pa.Table, strings: StringTable) -> Frame:
 
 GPU_COLUMNS = [("deviceId", "device"), ("streamId", "stream"), ("correlationId", "correlation_id"),
                ("bytes", "bytes"), ("copyKind", "copy_kind"), ("srcKind", "src_kind"), ("dstKind", "dst_kind"),
-               ("syncType", "sync_type"), ("graphNodeId", "graph_node_id"), ("srcDeviceId", "src_device"),
+               ("syncType", "sync_type"), ("srcDeviceId", "src_device"),
                ("dstDeviceId", "dst_device"), ("memKind", "mem_kind")]
 
 

@@ -26,10 +26,9 @@ PID_MASK = 0xFFFFFF
 
 # What each kind of data needs from an export: table -> columns (only those are read).
 TABLES = {
-    "nvtx": {"NVTX_EVENTS": ["start", "end", "eventType", "text", "textId", "globalTid", "endGlobalTid",
-                             "domainId"]},
+    "nvtx": {"NVTX_EVENTS": ["start", "end", "eventType", "text", "textId", "globalTid", "domainId"]},
     "kernel": {"CUPTI_ACTIVITY_KIND_KERNEL": ["start", "end", "deviceId", "streamId", "correlationId",
-                                              "globalPid", "shortName", "demangledName", "graphNodeId"]},
+                                              "globalPid", "shortName", "demangledName"]},
     "memcpy": {"CUPTI_ACTIVITY_KIND_MEMCPY": ["start", "end", "deviceId", "streamId", "correlationId",
                                               "globalPid", "bytes", "copyKind", "srcKind", "dstKind",
                                               "srcDeviceId", "dstDeviceId"]},
