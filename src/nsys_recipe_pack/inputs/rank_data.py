@@ -442,7 +442,7 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
 # the loaded frames of a cached report export, kept beside it as Arrow files: a warm run reads them
 # memory-mapped instead of decoding the export's Parquet and string ids again
 
-LOADED_FORMAT = 6  # bump when _read_frames or the layout below changes
+LOADED_FORMAT = 7  # bump when _read_frames or the layout below changes
 LOADED_FILE = "frames.arrows"
 
 
