@@ -717,6 +717,28 @@ def test_a_map_process_takes_arrays_of_a_few_mb_from_freed_heap_not_fresh_mappin
     assert mapped == ["0", "1"]
 
 
+ARROW_POOL = """
+import pyarrow as pa
+from nsys_recipe_pack import runner
+runner.reuse_freed_memory()
+print(pa.default_memory_pool().backend_name)
+"""
+
+
+@pytest.mark.parametrize("chosen", [None, "system"])
+def test_a_map_process_takes_arrows_buffers_from_jemalloc_unless_the_user_chose_a_pool(chosen):
+    try:
+        pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        pytest.skip("this pyarrow has no jemalloc")
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    if chosen:
+        env["ARROW_DEFAULT_MEMORY_POOL"] = chosen
+    backend = subprocess.run([sys.executable, "-c", ARROW_POOL], capture_output=True, text=True, check=True,
+                             timeout=120, env=env).stdout.strip()
+    assert backend == (chosen or "jemalloc")
+
+
 def test_every_map_sets_the_allocator_up_first(monkeypatch, tmp_path):
     called = []
     monkeypatch.setattr(runner, "reuse_freed_memory", lambda: called.append(True))

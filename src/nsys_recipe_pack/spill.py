@@ -20,6 +20,7 @@ import pyarrow.parquet as pq
 
 from .errors import PackError
 from .inputs.frames import arrow_of, numpy_of
+from .inputs.readers import read_ahead
 
 ROW_GROUP_ROWS = 1 << 20  # rows per Parquet row group of a table written in pieces
 SPILL_DIR = "_spill_dir"  # the option that names the folder a map writes such tables to (the output being written)
@@ -135,17 +136,22 @@ class RankedRows:
                 piece = piece.add_column(0, "rank", arrow_of(np.full(piece.num_rows, rank, np.int64)))
                 yield piece.select(self.schema.names).cast(self.schema)
 
+    def row_groups(self) -> Iterator[pa.Table]:
+        held: list[pa.Table] = []
+        for piece in self.tables():
+            held.append(piece)
+            if sum(t.num_rows for t in held) >= ROW_GROUP_ROWS:
+                yield pa.concat_tables(held)
+                held = []
+        if held or not self.parts:
+            yield pa.concat_tables(held) if held else self.schema.empty_table()
+
     def write_parquet(self, path) -> None:
+        """The next row group is read back (a spill's LZ4 undone) and put together in a thread of its own while
+        this one is encoded, which Arrow does letting go of Python."""
         with pq.ParquetWriter(str(path), self.schema, **parquet_options(self.schema)) as writer:
-            held: list[pa.Table] = []
-            for piece in self.tables():
-                held.append(piece)
-                if sum(t.num_rows for t in held) >= ROW_GROUP_ROWS:
-                    writer.write_table(pa.concat_tables(held), row_group_size=ROW_GROUP_ROWS)
-                    held = []
-            if held or not self.parts:
-                writer.write_table(pa.concat_tables(held) if held else self.schema.empty_table(),
-                                   row_group_size=ROW_GROUP_ROWS)
+            for rows in read_ahead(self.row_groups()):
+                writer.write_table(rows, row_group_size=ROW_GROUP_ROWS)
 
 
 def remove_spilled(mapped) -> None:
