@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import BadInputError
-from .frames import Frame, arrow_of, numpy_of
+from .frames import Frame, arrow_of, numpy_of, one_array
 from .readers import MPI_PREFIX, TABLES, ExportSource, StringTable, pid_of, small_table, valid_of
 
 
@@ -50,7 +50,7 @@ def _nullable(raw: pa.Table, column: str) -> pa.Array:
     """An integer column as int64 with its nulls (all null when missing): an `Int64` column of a Frame."""
     if column not in raw.column_names:
         return pa.nulls(raw.num_rows, pa.int64())
-    return raw.column(column).combine_chunks()
+    return one_array(raw.column(column))
 
 
 def _read_events(src: ExportSource, table: str, cols: list[str], times: tuple[str, ...],
@@ -71,7 +71,7 @@ def timed_rows(raw: pa.Table, cols: list[str], times: tuple[str, ...]) -> pa.Tab
     missing = np.zeros(raw.num_rows, bool)
     for c in times:
         if raw.column(c).null_count:
-            missing |= ~valid_of(raw.column(c).combine_chunks())
+            missing |= ~valid_of(one_array(raw.column(c)))
     return raw.filter(arrow_of(~missing)) if missing.any() else raw
 
 
@@ -90,7 +90,7 @@ def nvtx_frame(raw: pa.Table, strings: StringTable) -> Frame:
     """NVTX_EVENTS rows as the normalised frame (domain-create events, which name domains, left out)."""
     n = raw.num_rows
     if "text" in raw.column_names:
-        text = raw.column("text").combine_chunks().dictionary_encode()
+        text = one_array(raw.column("text")).dictionary_encode()
         text_words = np.array(text.dictionary.to_pylist(), object)
         has_text = ~numpy_of(text.is_null(), False)
         text_at = numpy_of(text.indices, 0).astype(np.int64)
@@ -146,7 +146,7 @@ def gpu_frame(raw: pa.Table, cols: list[str], strings: StringTable) -> Frame:
     dtypes = {"start_ns": "int64", "end_ns": "int64"}
     for src_col, dst in GPU_COLUMNS:
         if src_col in cols:
-            arrays[dst] = raw.column(src_col).combine_chunks() if src_col in have else pa.nulls(n, pa.int64())
+            arrays[dst] = one_array(raw.column(src_col)) if src_col in have else pa.nulls(n, pa.int64())
             dtypes[dst] = "Int64"
     arrays["pid"], dtypes["pid"] = arrow_of(pid_of(_ints(raw, "globalPid"))), "int64"
     if "shortName" in cols:

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 from ..errors import BadInputError
 from ..groups import runs_of_about
 from ..lazy import pd
-from .frames import arrow_of, numpy_of
+from .frames import arrow_of, numpy_of, one_array
 
 PID_SHIFT = 24
 PID_MASK = 0xFFFFFF
@@ -318,7 +318,7 @@ def _joined(batches: list[pa.RecordBatch]) -> pa.Table:
 
 def _tested(col: pa.ChunkedArray, text: bool) -> pa.Array:
     """A column as `_meets` tests it: text read as the file's dictionary kept so."""
-    col = col.combine_chunks()
+    col = one_array(col)
     return col if text and pa.types.is_dictionary(col.type) else _normalised(col, text)
 
 
@@ -365,7 +365,7 @@ def _sqlite_column(column: str, text: bool, guarded: bool) -> str:
 def _normalised(col: pa.ChunkedArray | pa.Array, text: bool) -> pa.Array:
     """Text as strings, anything else as int64 (unsigned ids keep their bits, as the export's readers do;
     floats are truncated and NaN is null; values that are no number are null)."""
-    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    col = one_array(col)
     kind = col.type
     if pa.types.is_dictionary(kind):
         col, kind = col.dictionary_decode(), kind.value_type
@@ -569,7 +569,7 @@ def string_table(src: ExportSource) -> StringTable:
     s = src.read_arrow("StringIds", ["id", "value"])
     if not {"id", "value"} <= set(s.column_names):
         return StringTable(np.zeros(0, np.int64), pa.array([], pa.string()))
-    return StringTable(numpy_of(s.column("id"), -1), s.column("value").combine_chunks())
+    return StringTable(numpy_of(s.column("id"), -1), one_array(s.column("value")))
 
 def small_table(src: ExportSource, table: str, cols: list[str]) -> dict[str, list]:
     """A few-row table's columns as Python lists (a missing column is left out)."""

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .events import DOMAIN_CREATE, NVTX_TIMES, gpu_frame, nvtx_frame, runtime_frame, timed_rows
-from .frames import Frame, arrow_of, numpy_of
+from .frames import Frame, arrow_of, numpy_of, one_array
 from .readers import SQLITE_READERS, TABLES, ExportSource, StringTable
 
 RANGE_EVENTS = (59, 60)  # push/pop and start/end ranges
@@ -219,7 +219,7 @@ class FirstRows:
         for c in self.distinct_cols:
             if c not in raw.column_names:
                 continue
-            col = raw.column(c).combine_chunks()
+            col = one_array(raw.column(c))
             text = pa.types.is_string(col.type)
             # the rows whose value is not seen yet (none, after the first batches), then the first of each
             if text:
