@@ -17,7 +17,7 @@ from conftest import MPI_SET, SAMPLES
 
 from nsys_recipe_pack import inputs, nsys_tool, recipes, runner
 from nsys_recipe_pack.errors import BadInputError, UsageError
-from nsys_recipe_pack.inputs import rank_data, readers
+from nsys_recipe_pack.inputs import frames, rank_data, readers
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "sync", "mpi"}
 
@@ -228,6 +228,18 @@ def test_a_task_s_arrow_tables_cross_the_spill_file_unchanged(nsys, tmp_path):
                 else:
                     assert repr(res[key]) == repr(value)
     assert tables == 6  # sync_summary's calls, nvtx_gpu_proj's ranges and their sums, of each report
+
+
+def test_a_column_of_one_chunk_is_taken_without_a_copy_and_chunks_are_joined():
+    values = pa.array(np.arange(10, dtype=np.int64), mask=np.arange(10) % 4 == 0)
+    one = frames.one_array(pa.chunked_array([values]))
+    assert one.buffers()[1].address == values.buffers()[1].address and one.equals(values)
+    part = frames.one_array(pa.chunked_array([values.slice(3, 5)]))  # a slice keeps its offset
+    assert part.to_pylist() == values.to_pylist()[3:8]
+    np.testing.assert_array_equal(inputs.numpy_of(part, -1), [3, -1, 5, 6, 7])
+    joined = frames.one_array(pa.chunked_array([values.slice(0, 4), values.slice(6)]))
+    assert joined.to_pylist() == values.to_pylist()[:4] + values.to_pylist()[6:]
+    assert frames.one_array(values) is values
 
 
 def test_numpy_and_arrow_conversions_from_buffers_match_pyarrow_s_own():
