@@ -136,7 +136,7 @@ class RankedRows:
                 piece = piece.add_column(0, "rank", arrow_of(np.full(piece.num_rows, rank, np.int64)))
                 yield piece.select(self.schema.names).cast(self.schema)
 
-    def row_groups(self) -> Iterator[pa.Table]:
+    def _row_groups(self) -> Iterator[pa.Table]:
         held: list[pa.Table] = []
         for piece in self.tables():
             held.append(piece)
@@ -150,7 +150,7 @@ class RankedRows:
         """The next row group is read back (a spill's LZ4 undone) and put together in a thread of its own while
         this one is encoded, which Arrow does letting go of Python."""
         with pq.ParquetWriter(str(path), self.schema, **parquet_options(self.schema)) as writer:
-            for rows in read_ahead(self.row_groups()):
+            for rows in read_ahead(self._row_groups()):
                 writer.write_table(rows, row_group_size=ROW_GROUP_ROWS)
 
 
