@@ -82,15 +82,16 @@ def whole_runs(inputs: Path, work: Path, env: dict, nsys: str, repeat: int, log:
     return runs, pack_tables, builtin_tables
 
 
-def export_cpu(nsys: str, tables: list[str], repeat: int) -> float:
-    """CPU s of exporting these tables of a report: the median over runs of each source report, their mean."""
+def export_cpu(nsys: str, tables: list[str], repeat: int, env: dict) -> float:
+    """CPU s of exporting these tables of a report, in the environment the tool exports in: the median over runs of
+    each source report, their mean."""
     per_report = []
     with tempfile.TemporaryDirectory() as tmp:
         for report in sorted(REAL_SOURCE.glob("*.qdrep")):
             runs = []
             for _ in range(repeat):
                 out = Path(tmp) / "x_pqtdir"
-                runs.append(cpu_of([nsys, *export_args(report, tables, out)])[1])
+                runs.append(cpu_of([nsys, *export_args(report, tables, out)], env)[1])
                 shutil.rmtree(out, ignore_errors=True)
             per_report.append(statistics.median(runs))
     return statistics.mean(per_report)
@@ -103,7 +104,8 @@ def write_section(results: Path, data: dict) -> None:
              f"Systems {meta['nsys_version']}). Inputs: the cold pair of the first table of this file, {RECIPE} "
              f"`{' '.join(RECIPE_ARGS)}` against {BUILTIN} `{' '.join(BUILTIN_ARGS)}` on {n} ranks. CPU: user + "
              "system seconds of the whole process tree (medians of "
-             f"{data['repeat']} runs); export: one `nsys export --type parquetdir` of a report's tables, the "
+             f"{data['repeat']} runs); export: one `nsys export --type parquetdir` of a report's tables, in the "
+             "environment the tool exports in (the pack's: `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`), the "
              f"median of {data['repeat']} runs of each of the {data['sources']} source reports, their mean, times "
              f"{n}.", "",
              "| tool | tables exported | wall s | CPU s | export CPU s per report | export CPU s, all reports | "
@@ -142,10 +144,11 @@ def main() -> None:
     data = {"ranks": args.ranks, "repeat": args.repeat, "sources": len(list(REAL_SOURCE.glob("*.qdrep"))),
             "meta": {**machine_meta(nsys, os.cpu_count() or 1, raw), "command": "python bench/cold_export.py "
                      + shlex.join(sys.argv[1:])}}
+    export_envs = {"pack": nsys_tool.nsys_env(), "built-in": dict(os.environ)}
     for tool, tables in (("pack", pack_tables), ("built-in", builtin_tables)):
         data[tool] = {"tables": tables, "wall_s": statistics.median(w for w, _ in runs[tool]),
                       "cpu_s": statistics.median(c for _, c in runs[tool]), "runs": runs[tool],
-                      "export_cpu_s": export_cpu(str(nsys.path), tables, args.repeat)}
+                      "export_cpu_s": export_cpu(str(nsys.path), tables, args.repeat, export_envs[tool])}
         print(f"{tool}: {data[tool]['wall_s']:.2f} s wall, {data[tool]['cpu_s']:.2f} CPU s; export "
               f"{data[tool]['export_cpu_s']:.3f} CPU s per report", flush=True)
     (raw / "cold_export.json").write_text(json.dumps(data, indent=1))

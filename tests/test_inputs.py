@@ -758,3 +758,21 @@ def test_every_map_sets_the_allocator_up_first(monkeypatch, tmp_path):
     empty.write_bytes(b"")
     runner.map_file(str(empty), "kernel_pace", {})
     assert called == [True]
+
+
+@pytest.mark.parametrize(("user_tunables", "seen"), [
+    (None, "glibc.malloc.hugetlb=1"),
+    ("glibc.malloc.arena_max=2", "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"),
+    ("glibc.malloc.hugetlb=0", "glibc.malloc.hugetlb=0"),
+])
+def test_nsys_runs_with_its_heap_in_huge_pages_unless_the_user_chose(user_tunables, seen, monkeypatch, tmp_path):
+    fake = tmp_path / "nsys"
+    fake.write_text('#!/bin/sh\nprintf "%s" "$GLIBC_TUNABLES"\n')
+    fake.chmod(0o755)
+    if user_tunables is None:
+        monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    else:
+        monkeypatch.setenv("GLIBC_TUNABLES", user_tunables)
+    res = nsys_tool.run_nsys(nsys_tool.Nsys(fake, "2023.4.4.54", "test"), ["export"])
+    assert res.stdout == seen
+    assert os.environ.get("GLIBC_TUNABLES") == user_tunables  # the pack's own environment is left alone
