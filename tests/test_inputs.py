@@ -2,6 +2,7 @@
 
 import ctypes
 import io
+import json
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ from conftest import MPI_SET, SAMPLES
 
 from nsys_recipe_pack import inputs, nsys_tool, recipes, runner
 from nsys_recipe_pack.errors import BadInputError, UsageError
-from nsys_recipe_pack.inputs import frames, rank_data, readers
+from nsys_recipe_pack.inputs import export, frames, rank_data, readers
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "sync", "mpi"}
 
@@ -126,9 +127,65 @@ def test_only_needed_tables_are_exported(nsys, mpi_copy, monkeypatch, tmp_path):
     report = mpi_copy / "report3.qdrep"
     inputs.load_file(report, {"nvtx"})
     entries = [p for p in inputs.export_cache_dir().iterdir() if p.is_dir() and not p.name.startswith(".")]
-    tables = {f.stem for e in entries for f in e.glob("*.parquet")}
+    tables = {f.stem for e in entries for f in e.glob("*.arrow")}
     assert "NVTX_EVENTS" in tables and "StringIds" in tables
     assert not any(t.startswith("CUPTI") for t in tables)
+
+
+def _cache_entry(report: Path, nsys) -> tuple[str, set[str]]:
+    """The kind of files a report's cache entry holds, by its manifest, and the suffixes of the files there."""
+    entry = export.export_entry(report, nsys_tool.Nsys(nsys.path, nsys.version, "test"))
+    manifest = json.loads((entry / "manifest.json").read_text())
+    return manifest["kind"], {f.suffix for f in entry.iterdir() if f.is_file() and f.name != "manifest.json"}
+
+
+def test_a_report_is_exported_as_arrow_up_to_a_size_and_as_parquet_above_it(nsys, mpi_copy, monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "arrow-cache"))
+    report = mpi_copy / "report1.qdrep"
+    (from_arrow,) = inputs.load_file(report, NEEDS)
+    assert _cache_entry(report, nsys) == ("arrowdir", {".arrow"})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "parquet-cache"))
+    monkeypatch.setattr(export, "ARROW_EXPORT_MAX_BYTES", report.stat().st_size - 1)
+    (from_parquet,) = inputs.load_file(report, {"nvtx"})
+    assert _cache_entry(report, nsys) == ("parquetdir", {".parquet"})
+    # tables a later recipe needs join the entry in its kind of files, whatever the size limit is now
+    monkeypatch.setattr(export, "ARROW_EXPORT_MAX_BYTES", report.stat().st_size)
+    (from_parquet,) = inputs.load_file(report, NEEDS)
+    assert _cache_entry(report, nsys) == ("parquetdir", {".parquet"})
+    for attr in ("nvtx", "kernels", "memcpy", "runtime", "sync", "mpi"):
+        x, y = (getattr(r, attr).reset_index(drop=True) for r in (from_arrow, from_parquet))
+        assert len(x)
+        pdt.assert_frame_equal(x, y)
+    assert (from_arrow.session_start_ns, from_arrow.env) == (from_parquet.session_start_ns, from_parquet.env)
+
+
+def test_an_arrow_export_reads_as_the_parquet_export_of_the_same_report(nsys, report_copy, tmp_path):
+    sources = {}
+    for kind in ("arrowdir", "parquetdir"):
+        out = tmp_path / kind
+        subprocess.run([str(nsys.path), *export.export_args(report_copy, export.table_names(NEEDS), out, kind)],
+                       check=True, capture_output=True)
+        sources[kind] = readers.ExportSource(out, kind)
+    arrow, parquet = sources["arrowdir"], sources["parquetdir"]
+    assert arrow.tables == parquet.tables and {"CUPTI_ACTIVITY_KIND_KERNEL", "NVTX_EVENTS"} <= arrow.tables
+    for table in sorted(parquet.tables):
+        cols = parquet.columns(table)
+        assert (arrow.columns(table), arrow.count(table)) == (cols, parquet.count(table))
+        assert arrow.read_arrow(table, cols).equals(parquet.read_arrow(table, cols)), table
+    kernels, cols = "CUPTI_ACTIVITY_KIND_KERNEL", ["start", "end", "shortName"]
+    whole = parquet.read_arrow(kernels, cols)
+    names = np.unique(whole["shortName"].to_numpy())
+    where = [("shortName", names[:1])]
+    some = arrow.read_arrow(kernels, cols, where)
+    assert some.num_rows == (whole["shortName"].to_numpy() == names[0]).sum() < whole.num_rows
+    assert some.equals(parquet.read_arrow(kernels, cols, where))
+    nvtx_where = [("text", "mpi")]
+    ranges = arrow.read_arrow("NVTX_EVENTS", ["start", "text"], nvtx_where)
+    assert ranges.num_rows and all("mpi" in t.lower() for t in ranges["text"].to_pylist())
+    assert ranges.equals(parquet.read_arrow("NVTX_EVENTS", ["start", "text"], nvtx_where))
+    batches = list(arrow.read_batches(kernels, cols, rows=500))
+    assert [b.num_rows for b in batches[:-1]] == [500] * (len(batches) - 1) and len(batches) > 1
+    assert pa.concat_tables(batches).equals(whole)
 
 
 def test_expand_inputs_folders_globs_and_dedup(tmp_path):

@@ -87,7 +87,7 @@ def test_two_runs_at_once_share_the_cache(tmp_path, nsys):
     for e in entries:
         manifest = json.loads((e / "manifest.json").read_text())
         assert {"CUPTI_ACTIVITY_KIND_RUNTIME", "NVTX_EVENTS"} <= set(manifest["requested"])
-        assert (e / "CUPTI_ACTIVITY_KIND_RUNTIME.parquet").exists()
+        assert (e / "CUPTI_ACTIVITY_KIND_RUNTIME.arrow").exists()
 
 
 def _wait_for(condition, proc, seconds=120):

@@ -1,5 +1,5 @@
-"""Exporting reports through nsys into the pack's cache (Parquet, only the tables a recipe needs), and opening
-what a run reads: the export of a report, the export beside it, or a user's export."""
+"""Exporting reports through nsys into the pack's cache (Arrow or Parquet files, only the tables a recipe needs),
+and opening what a run reads: the export of a report, the export beside it, or a user's export."""
 
 from __future__ import annotations
 
@@ -17,7 +17,13 @@ import pyarrow as pa
 from .. import nsys_tool, versions
 from ..errors import BadInputError
 from .discovery import EXPORTS_BESIDE, input_kind, report_stem
-from .readers import ALWAYS, MPI_PREFIX, TABLES, ExportSource, small_table
+from .readers import ALWAYS, FOLDER_SUFFIXES, MPI_PREFIX, TABLES, ExportSource, small_table
+
+# reports up to this size are exported as Arrow files: nsys writes them in about three quarters of the CPU time
+# Parquet takes, and they are read back memory-mapped, without decoding; a larger report is exported as
+# Parquet, compressed and in row groups, since nsys writes each Arrow table as one batch, which a long capture's
+# read would hold whole (bench/RESULTS.md, "Cold runs")
+ARROW_EXPORT_MAX_BYTES = 64 << 20
 
 
 def _report_key(report: Path, nsys: nsys_tool.Nsys) -> str:
@@ -46,48 +52,61 @@ def _check_report_file(report: Path) -> None:
         raise BadInputError(f"{report}: empty file; profile again or copy the report completely")
 
 
-def export_report(report: Path, tables: list[str], nsys: nsys_tool.Nsys) -> Path:
-    """Parquet export of the given tables, cached and reused while the report is unchanged.
+def export_report(report: Path, tables: list[str], nsys: nsys_tool.Nsys) -> ExportSource:
+    """An export of the given tables, cached and reused while the report is unchanged.
 
-    Tables are exported on demand: a later recipe needing more tables adds them to the same entry.
+    Tables are exported on demand: a later recipe needing more tables adds them to the same entry, in the entry's
+    kind of files.
     """
     _check_report_file(report)
     entry = export_entry(report, nsys)
     manifest_path = entry / "manifest.json"
-    if set(tables) <= set(_read_manifest(manifest_path).get("requested", [])):
-        return entry  # the usual warm case: the manifest is replaced whole, so it is read without the lock
+    manifest = _read_manifest(manifest_path)
+    if set(tables) <= set(manifest.get("requested", [])):  # the usual warm case: the manifest is replaced whole,
+        return ExportSource(entry, _entry_kind(manifest), origin=report)  # so it is read without the lock
     entry.parent.mkdir(parents=True, exist_ok=True)
     with _locked(entry.with_suffix(".lock")):
         manifest = _read_manifest(manifest_path)
+        kind = _entry_kind(manifest) if manifest else export_kind(report)
         requested = set(manifest.get("requested", []))
         missing = [t for t in tables if t not in requested]
         if not missing:
-            return entry
+            return ExportSource(entry, kind, origin=report)
         entry.mkdir(exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=entry.parent))
         try:
-            out = tmp / "x_pqtdir"
-            nsys_tool.run_nsys(nsys, export_args(report, missing, out), report=report)
-            for f in out.glob("*.parquet") if out.exists() else []:
+            out = tmp / "x"
+            nsys_tool.run_nsys(nsys, export_args(report, missing, out, kind), report=report)
+            for f in out.glob(f"*{FOLDER_SUFFIXES[kind]}") if out.exists() else []:
                 os.replace(f, entry / f.name)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         manifest = {
             "report": str(report.resolve()),
             "nsys_version": nsys.version,
+            "kind": kind,
             "requested": sorted(requested | set(missing)),
         }
         tmp_manifest = entry / f".manifest.{os.getpid()}.json"
         tmp_manifest.write_text(json.dumps(manifest, indent=1))
         os.replace(tmp_manifest, manifest_path)
-    return entry
+    return ExportSource(entry, kind, origin=report)
 
 
-def export_args(report: Path, tables: list[str], out: Path) -> list[str]:
+def export_kind(report: Path) -> str:
+    """The kind of files a report is exported to: Arrow up to ARROW_EXPORT_MAX_BYTES, Parquet above."""
+    return "arrowdir" if report.stat().st_size <= ARROW_EXPORT_MAX_BYTES else "parquetdir"
+
+
+def _entry_kind(manifest: dict) -> str:
+    return manifest.get("kind", "parquetdir")  # entries written before Arrow exports hold Parquet files
+
+
+def export_args(report: Path, tables: list[str], out: Path, kind: str = "parquetdir") -> list[str]:
     """The `nsys export` arguments that write these tables of a report (a trailing `*`: every table so named) to a
-    Parquet folder."""
+    folder of files of this kind."""
     patterns = ",".join(f"^{t}$" if not t.endswith("*") else f"^{t[:-1]}.*" for t in tables)
-    return ["export", "--type", "parquetdir", "--quiet", "true", "--force-overwrite", "true", "--tables", patterns,
+    return ["export", "--type", kind, "--quiet", "true", "--force-overwrite", "true", "--tables", patterns,
             "--output", str(out), str(report)]
 
 
@@ -128,8 +147,7 @@ def open_source(path: Path, needs: set[str], nsys_path: str | None = None) -> Ex
         made_by = versions.report_version(path)
         if versions.newer_than(made_by, nsys.version):  # nsys would fail, for some releases as if corrupt
             raise BadInputError(nsys_tool.too_new_message(path, made_by, nsys, why_not))
-        entry = export_report(path, table_names(needs), nsys)
-        return ExportSource(entry, "parquetdir", origin=path)
+        return export_report(path, table_names(needs), nsys)
     if kind == "sqlite":
         if path.stat().st_size == 0:
             raise BadInputError(f"{path}: empty file; re-export it with `nsys export --type sqlite`")

@@ -179,7 +179,7 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
                  stream: Stream | None = None) -> tuple[dict, dict]:
     """The normalised frames a recipe needs, and what identifies the file's ranks."""
     if not (src.has("StringIds") or src.has("NVTX_EVENTS") or src.has("TARGET_INFO_SESSION_START_TIME")
-            or src.kind == "parquetdir" and src.origin != src.path):
+            or src.origin != src.path):
         raise BadInputError(f"{path}: not an Nsight Systems export (no StringIds, NVTX_EVENTS or "
                             "TARGET_INFO_* tables); export the report with `nsys export`")
     # the event tables read whole (those read for a few rows only hold little); those a selection reads a batch
@@ -440,14 +440,14 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
 
 
 # the loaded frames of a cached report export, kept beside it as Arrow files: a warm run reads them
-# memory-mapped instead of decoding the export's Parquet and string ids again
+# memory-mapped instead of decoding the export's files and string ids again
 
 LOADED_FORMAT = 7  # bump when _read_frames or the layout below changes
 LOADED_FILE = "frames.arrows"
 
 
 def _loaded_dir(src: ExportSource, needs: set[str], selection: Selection | None = None) -> Path | None:
-    if src.kind != "parquetdir" or src.origin == src.path:
+    if src.origin == src.path:
         return None  # only report exports in the pack's cache; user exports are read as they are
     return _loaded_path(src.path, needs, selection)
 
@@ -458,7 +458,7 @@ def _loaded_path(entry: Path, needs: set[str], selection: Selection | None = Non
 
 def frames_cached(report: Path, needs: set[str], nsys_path: str | None = None,
                   selection: Selection | None = None) -> bool:
-    """Whether a warm read of this report needs neither nsys nor the export's Parquet: its loaded frames are
+    """Whether a warm read of this report needs neither nsys nor the export's files: its loaded frames are
     in the cache. False, never an error, when that cannot be told (no nsys, an unreadable report)."""
     try:
         nsys = nsys_tool.find_nsys(nsys_path, required=False)

@@ -55,9 +55,14 @@ STREAM_BATCH_ROWS = 1 << 18  # rows of a long table handled at a time when it is
 SQLITE_READERS = 2
 
 
+# a folder export's kind -> the file name ending of its tables
+FOLDER_SUFFIXES = {"parquetdir": ".parquet", "arrowdir": ".arrow"}
+
+
 class ExportSource:
     """Read-only access to an export's tables as Arrow: only the columns (and rows) asked for, integers as int64
-    and text as strings, the same whether the export is SQLite or Parquet."""
+    and text as strings, the same whether the export is SQLite, Parquet or Arrow files (`nsys export --type
+    arrowdir`: one Arrow IPC stream a table, read memory-mapped)."""
 
     def __init__(self, path: Path, kind: str, origin: Path | None = None):
         self.path = path
@@ -106,7 +111,8 @@ class ExportSource:
     @property
     def tables(self) -> set[str]:
         if self._tables is None:
-            self._tables = {f.name[: -len(".parquet")] for f in self.path.glob("*.parquet")}
+            suffix = FOLDER_SUFFIXES[self.kind]
+            self._tables = {f.name[: -len(suffix)] for f in self.path.glob(f"*{suffix}")}
         return self._tables
 
     def has(self, table: str) -> bool:
@@ -117,6 +123,8 @@ class ExportSource:
             if self.kind == "sqlite":
                 info = self._db.query(f"PRAGMA table_info({_quoted(table)})")
                 self._cols[table] = [str(c) for c in info.column("name").to_pylist()] if info.num_columns else []
+            elif self.kind == "arrowdir":
+                self._cols[table] = list(self._arrow_file(table).schema.names)
             else:
                 self._cols[table] = list(self._footer(table).schema.to_arrow_schema().names)
         return self._cols[table]
@@ -129,6 +137,8 @@ class ExportSource:
             elif self.kind == "sqlite":
                 self._counts[table] = int(self._db.query(f"SELECT count(*) FROM {_quoted(table)}").column(0)[0]
                                           .as_py())
+            elif self.kind == "arrowdir":
+                self._counts[table] = self._arrow_file(table).num_rows
             else:
                 self._counts[table] = self._footer(table).num_rows
         return self._counts[table]
@@ -140,6 +150,11 @@ class ExportSource:
             if table not in self._footers:
                 self._footers[table] = pq.read_metadata(self.path / f"{table}.parquet")
             return self._footers[table]
+
+    def _arrow_file(self, table: str) -> pa.Table:
+        """An Arrow table file, memory-mapped: its columns are read only where used, without a copy."""
+        with pa.memory_map(str(self.path / f"{table}.arrow")) as source:
+            return pa.ipc.open_stream(source).read_all()
 
     def read_arrow(self, table: str, columns: list[str], where: list[tuple[str, object]] | None = None) -> pa.Table:
         """The asked-for columns the table has, in that order, integers as int64 and text as strings (nulls kept).
@@ -154,7 +169,8 @@ class ExportSource:
         where = [(c, test) for c, test in where or [] if c in have] or None
         if not cols:
             return pa.table({})
-        raw = self._read_sqlite(table, cols, where) if self.kind == "sqlite" else self._read_parquet(table, cols, where)
+        read = {"sqlite": self._read_sqlite, "parquetdir": self._read_parquet, "arrowdir": self._read_arrow_file}
+        raw = read[self.kind](table, cols, where)
         return _normalised_table(raw, cols, TEXT_COLUMNS.get(table, set()))
 
     def read_batches(self, table: str, columns: list[str], rows: int | None = None, connections: int = 1):
@@ -170,6 +186,8 @@ class ExportSource:
         rows = rows or STREAM_BATCH_ROWS
         if self.kind == "sqlite":
             parts = self._sqlite_batches(table, cols, rows, connections)
+        elif self.kind == "arrowdir":
+            parts = (part for part in self._arrow_file(table).select(cols).to_batches(max_chunksize=rows))
         else:
             # without pre-buffering: it keeps every row group's pages read so far until the read ends (the whole
             # table's, at its end), and reads slower
@@ -291,6 +309,17 @@ class ExportSource:
                     group = pa.table({c: (group if c in tested else rest).column(c) for c in cols})
                 parts.append(group.select(cols).filter(arrow_of(keep)))
         return pa.concat_tables(parts) if parts else file.schema_arrow.empty_table().select(cols)
+
+
+    def _read_arrow_file(self, table: str, cols: list[str], where) -> pa.Table:
+        raw = self._arrow_file(table)
+        if where is None:
+            return raw.select(cols)
+        text = TEXT_COLUMNS.get(table, set())
+        keep = np.zeros(raw.num_rows, bool)
+        for column, test in where:
+            keep |= _meets(_tested(raw.column(column), column in text), test)
+        return raw.select(cols).filter(arrow_of(keep))
 
 
 def row_group_runs(metadata: pq.FileMetaData, rows: int) -> list[list[int]]:
