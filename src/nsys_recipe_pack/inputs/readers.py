@@ -300,9 +300,7 @@ class ExportSource:
         parts = []  # a run of row groups at a time, the tested columns first: only the matching rows are ever held,
         for run in row_group_runs(file.metadata, STREAM_BATCH_ROWS):  # and a run with none has nothing else read
             group = file.read_row_groups(run, columns=tested)
-            keep = np.zeros(group.num_rows, bool)
-            for column, test in where:
-                keep |= _meets(_tested(group.column(column), column in text), test)
+            keep = _meeting(group, where, text)
             if keep.any():
                 if others:
                     rest = file.read_row_groups(run, columns=others)
@@ -310,16 +308,11 @@ class ExportSource:
                 parts.append(group.select(cols).filter(arrow_of(keep)))
         return pa.concat_tables(parts) if parts else file.schema_arrow.empty_table().select(cols)
 
-
     def _read_arrow_file(self, table: str, cols: list[str], where) -> pa.Table:
         raw = self._arrow_file(table)
         if where is None:
             return raw.select(cols)
-        text = TEXT_COLUMNS.get(table, set())
-        keep = np.zeros(raw.num_rows, bool)
-        for column, test in where:
-            keep |= _meets(_tested(raw.column(column), column in text), test)
-        return raw.select(cols).filter(arrow_of(keep))
+        return raw.select(cols).filter(arrow_of(_meeting(raw, where, TEXT_COLUMNS.get(table, set()))))
 
 
 def row_group_runs(metadata: pq.FileMetaData, rows: int) -> list[list[int]]:
@@ -349,6 +342,14 @@ def _tested(col: pa.ChunkedArray, text: bool) -> pa.Array:
     """A column as `_meets` tests it: text read as the file's dictionary kept so."""
     col = one_array(col)
     return col if text and pa.types.is_dictionary(col.type) else _normalised(col, text)
+
+
+def _meeting(rows: pa.Table, where: list[tuple[str, object]], text: set[str]) -> np.ndarray:
+    """Which rows meet one of the (column, test) of `where`."""
+    keep = np.zeros(rows.num_rows, bool)
+    for column, test in where:
+        keep |= _meets(_tested(rows.column(column), column in text), test)
+    return keep
 
 
 def _meets(col: pa.Array, test) -> np.ndarray:
