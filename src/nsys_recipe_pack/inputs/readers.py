@@ -72,6 +72,7 @@ class ExportSource:
         self._cols: dict[str, list[str]] = {}
         self._counts: dict[str, int] = {}
         self._footers: dict[str, pq.FileMetaData] = {}  # Parquet: each table's, read once
+        self._mapped: dict[str, pa.Table] = {}  # Arrow files: each table, mapped once
         self._readers: dict[int, _SqliteReader] = {}  # SQLite: a connection per thread that reads
         self._pool: ThreadPoolExecutor | None = None  # SQLite: the threads that read a table's batches
         self._lock = threading.Lock()
@@ -105,6 +106,7 @@ class ExportSource:
         with self._lock:
             readers, self._readers = list(self._readers.values()), {}
             self._footers.clear()
+            self._mapped.clear()
         for reader in readers:
             reader.close()
 
@@ -152,9 +154,13 @@ class ExportSource:
             return self._footers[table]
 
     def _arrow_file(self, table: str) -> pa.Table:
-        """An Arrow table file, memory-mapped: its columns are read only where used, without a copy."""
-        with pa.memory_map(str(self.path / f"{table}.arrow")) as source:
-            return pa.ipc.open_stream(source).read_all()
+        """An Arrow table file, memory-mapped once for its columns, count and reads: its columns are read only
+        where used, without a copy."""
+        with self._lock:
+            if table not in self._mapped:
+                with pa.memory_map(str(self.path / f"{table}.arrow")) as source:
+                    self._mapped[table] = pa.ipc.open_stream(source).read_all()
+            return self._mapped[table]
 
     def read_arrow(self, table: str, columns: list[str], where: list[tuple[str, object]] | None = None) -> pa.Table:
         """The asked-for columns the table has, in that order, integers as int64 and text as strings (nulls kept).
@@ -186,7 +192,7 @@ class ExportSource:
         rows = rows or STREAM_BATCH_ROWS
         if self.kind == "sqlite":
             parts = self._sqlite_batches(table, cols, rows, connections)
-        elif self.kind == "arrowdir":
+        elif self.kind == "arrowdir":  # a generator, which read_ahead closes
             parts = (part for part in self._arrow_file(table).select(cols).to_batches(max_chunksize=rows))
         else:
             # without pre-buffering: it keeps every row group's pages read so far until the read ends (the whole
