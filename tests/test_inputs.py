@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -106,11 +107,7 @@ def test_export_cache_is_reused_across_copies_and_renewed_on_change(nsys, mpi_co
 
 def test_a_warm_load_reads_back_exactly_what_the_first_load_made(nsys, report_copy, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))
-    assert not inputs.frames_cached(report_copy, NEEDS)
     (cold,) = inputs.load_file(report_copy, NEEDS)
-    assert inputs.frames_cached(report_copy, NEEDS)  # what the runner asks before forking its workers
-    assert not inputs.frames_cached(report_copy, {"nvtx"})  # other needs, other frames
-    assert not inputs.frames_cached(tmp_path / "gone.nsys-rep", NEEDS)
     (entry,) = [p for p in inputs.export_cache_dir().iterdir() if p.is_dir() and not p.name.startswith(".")]
     (cache,) = entry.glob(f"loaded-v{rank_data.LOADED_FORMAT}-*")
     assert {p.name for p in cache.iterdir()} == {"meta.json", rank_data.LOADED_FILE}  # one file for all frames
@@ -351,28 +348,35 @@ def test_ranked_tables_share_one_dictionary_per_string_column_and_keep_every_val
     assert got == want
 
 
-def test_no_recipe_map_imports_pandas_on_a_warm_run(nsys, tmp_path):
-    # on a warm run the pool forks the workers before pandas is imported (it costs about 0.3 s of CPU) and
-    # the parent imports it while they map: that only pays if no per-rank work over a warm cache needs it
+def test_no_recipe_map_imports_pandas_cold_warm_or_from_an_export(nsys, tmp_path):
+    # the pool forks the workers before pandas is imported (it costs about 0.3 s of CPU) and the parent
+    # imports it for the reduce while they map: that only pays if no per-rank work needs it, whether it
+    # exports the report (cold), reads its loaded frames back (warm) or reads a user's SQLite export
     report = sorted(MPI_SET.glob("*.qdrep"))[0]
+    user_export = Path(__file__).resolve().parent / "data" / "nccl_2gpu_h100" / "mfu_2gpu_before.sqlite"
     assert set(recipes.all_recipes()) == {"straggler_heatmap", "kernel_pace", "compute_memory_share", "sync_summary",
                                           "nvtx_gpu_proj", "comm_overlap"}
-    runs = [(name, {}) for name in recipes.all_recipes()] + [("kernel_pace", {"kernel": "jacobi_kernel"})]
-    for recipe, options in runs:
-        args = (str(report), recipe, options, None)
-        runner.map_file(*args)  # exports and fills the loaded cache
-        code = "\n".join([
-            "import sys",
-            "from nsys_recipe_pack import cli, runner",
-            f"res = runner.map_file(*{args!r})[0]",
-            "assert 'missing' not in res and 'bad_file' not in res, res",
-            "assert any(getattr(v, 'num_rows', 0) or getattr(v, 'size', 0) for v in res.values()), res",
-            f"runner._map_files([{args!r}], {str(tmp_path)!r})",
-            "print(sorted(m for m in sys.modules if m.split('.')[0] == 'pandas')[:3])",
-        ])
-        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
-        assert res.returncode == 0, res.stderr
-        assert res.stdout.strip() == "[]", recipe
+    reads = [(str(report), "cold"), (str(report), "warm"), (str(user_export), "export")]
+    runs = [(name, {}, reads) for name in recipes.all_recipes()] + [
+        ("kernel_pace", {"kernel": "jacobi_kernel"}, reads[:2]),  # the report's kernel, then the export's
+        ("kernel_pace", {"kernel": "reduce_kernel"}, reads[2:])]
+    code = "\n".join([
+        "import os, sys",
+        "from nsys_recipe_pack import runner",
+        f"for i, (recipe, options, reads) in enumerate({runs!r}):",
+        f"    os.environ['XDG_CACHE_HOME'] = os.path.join({str(tmp_path)!r}, f'cache-{{i}}')",
+        "    for path, read in reads:",
+        "        res = runner.map_file(path, recipe, options, None)[0]",
+        "        assert 'missing' not in res and 'bad_file' not in res, res",
+        "        assert any(getattr(v, 'num_rows', 0) or getattr(v, 'size', 0) for v in res.values()), res",
+        f"        runner._map_files([(path, recipe, options, None)], {str(tmp_path)!r})",
+        "        print(recipe, options, read, sorted(m for m in sys.modules if m.split('.')[0] == 'pandas')[:3])",
+    ])
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=os.environ)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == sum(len(r) for _, _, r in runs)
+    assert [line for line in lines if not line.endswith(" []")] == []
 
 
 def _awkward_export(path: Path) -> Path:
@@ -540,7 +544,6 @@ def test_sqlite_batches_come_in_scan_order_whatever_the_rowids(tmp_path, monkeyp
     and in the order a scan of the table gives: rowids with gaps, rowids far apart (a few rows between 3 and
     2**62), an empty table; a read stopped early, then the source closed, leaves no reading thread behind."""
     import sqlite3
-    import threading
 
     path = tmp_path / "rowids.sqlite"
     con = sqlite3.connect(path)
@@ -710,6 +713,7 @@ def test_tables_read_side_by_side_are_those_read_one_after_another(monkeypatch, 
     source) give the frames and rank identity of one read after another."""
     path = SAMPLES / "h100_gloo_8rank" / "rank3.sqlite"  # real, beside its report (its README)
     got = {}
+    monkeypatch.setattr(rank_data, "THREADED_READ_MIN_ROWS", 0)  # however few rows
     for threads in (1, 4):
         monkeypatch.setattr(rank_data, "READ_THREADS", threads)
         src = inputs.ExportSource(path, "sqlite")
@@ -724,9 +728,37 @@ def test_tables_read_side_by_side_are_those_read_one_after_another(monkeypatch, 
     assert four_meta == one_meta and len(one["kernels"]) > 0
 
 
-def test_a_batched_read_reads_ahead_in_order_raises_its_errors_and_stops_with_its_caller():
-    import threading
+def test_reads_of_few_rows_start_no_thread_and_give_what_threaded_reads_give(monkeypatch):
+    path = SAMPLES / "h100_gloo_8rank" / "rank3.sqlite"  # real, beside its report (its README)
+    needs = {"nvtx", "kernel", "memcpy", "memset", "runtime", "mpi"}
+    started = []
+    start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda self: (started.append(self.name), start(self))[1])
+    got, few_rows = {}, readers.THREADED_READ_MIN_ROWS
+    for least in (few_rows, 0):
+        monkeypatch.setattr(rank_data, "THREADED_READ_MIN_ROWS", least)
+        monkeypatch.setattr(readers, "THREADED_READ_MIN_ROWS", least)
+        started.clear()
+        src = inputs.ExportSource(path, "sqlite")
+        rows = sum(src.count(t) for need in needs for t in readers.TABLES.get(need, {}))
+        assert 0 < rows < few_rows
+        got[least] = rank_data._read_frames(src, needs, path)
+        batches = list(src.read_batches("CUPTI_ACTIVITY_KIND_KERNEL", ["start", "end"], rows=1000))
+        src.close()
+        if least:
+            assert started == []
+        else:  # tables side by side, and the next batch read while one is handled
+            assert len(started) > 1 and "nsys-recipe-read-ahead" in started
+        got[least] = (got[least], pa.concat_tables(batches))
+    ((few, few_meta), few_batches), ((threaded, threaded_meta), threaded_batches) = got.values()
+    assert few.keys() == threaded.keys() == {"nvtx", "kernels", "memcpy", "memset", "runtime", "mpi"}
+    for attr, frame in few.items():
+        assert threaded[attr].table.equals(frame.table) and threaded[attr].dtypes == frame.dtypes, attr
+    assert few_meta == threaded_meta
+    assert few_batches.equals(threaded_batches) and few_batches.num_rows == len(few["kernels"]) > 0
 
+
+def test_a_batched_read_reads_ahead_in_order_raises_its_errors_and_stops_with_its_caller():
     closed = []
 
     def parts(n, fail_at=None):

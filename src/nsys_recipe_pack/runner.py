@@ -30,7 +30,6 @@ from .errors import BadInputError, MissingToolError, MissingTraceError, PackErro
 from .inputs import (
     expand_inputs,
     export_beside,
-    frames_cached,
     input_kind,
     load_file,
     read_arrow_streams,
@@ -316,22 +315,15 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
     if mode == "dask-futures":
         return _run_dask(args, options, jobs)
     workers = max(1, min(jobs or os.cpu_count() or 1, len(files)))
-    # pandas takes about 0.3 s of CPU to import. The maps work on Arrow and NumPy only, but reading an export
-    # (a cold run, or a user's export) uses pandas: then workers inherit it, imported before they fork.
-    # Over reports whose frames are cached (the first report tells) the parent imports it for the reduce
-    # while they map.
-    spec = recipes.get(recipe)
-    lazy_pandas = (all(input_kind(f) == "report" for f in files)
-                   and frames_cached(files[0], set(spec.needs_given(options)), nsys_path, spec.selection))
-    if not lazy_pandas:
-        pd.DataFrame  # noqa: B018
     results: list = [None] * len(args)
     spill = tempfile.mkdtemp(prefix="nsys-recipe-map-")
     try:
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = {pool.submit(_map_files, args[first:first + size], spill): first
                        for first, size in task_sizes(len(args), workers)}
-            pd.DataFrame  # noqa: B018 (imported now if not before: the reduce needs it)
+            # pandas takes about 0.3 s of CPU to import: the maps (reading exports included) work on Arrow and
+            # NumPy only, so the parent imports it for the reduce while they run
+            pd.DataFrame  # noqa: B018
             bar = progress.Counter(total=len(args), desc=recipe)
             for fut in as_completed(futures):
                 first = futures[fut]

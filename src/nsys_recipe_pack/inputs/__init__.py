@@ -21,12 +21,13 @@ from .frames import (
     ranked_tables,
     read_arrow_streams,
     sorted_place,
+    strings_of,
     write_arrow_streams,
 )
-from .rank_data import RankData, check_memory, frames_cached, load_file
+from .rank_data import RankData, check_memory, load_file
 from .readers import TABLES, ExportSource, StringTable
 
 __all__ = ["TABLES", "ExportSource", "Frame", "RankData", "StringTable", "arrow_of", "check_memory",
-           "dictionary_column", "expand_inputs", "export_beside", "export_cache_dir", "frames_cached", "input_kind",
+           "dictionary_column", "expand_inputs", "export_beside", "export_cache_dir", "input_kind",
            "load_file", "numpy_of", "ranked_tables", "read_arrow_streams", "report_stem", "sorted_place",
-           "write_arrow_streams"]
+           "strings_of", "write_arrow_streams"]

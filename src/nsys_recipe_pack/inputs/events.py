@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..errors import BadInputError
-from .frames import Frame, arrow_of, numpy_of, one_array
+from .frames import Frame, arrow_of, numpy_of, one_array, strings_of
 from .readers import MPI_PREFIX, TABLES, ExportSource, StringTable, pid_of, small_table, valid_of
 
 
@@ -67,7 +67,7 @@ def _read_events(src: ExportSource, table: str, cols: list[str], times: tuple[st
 def timed_rows(raw: pa.Table, cols: list[str], times: tuple[str, ...]) -> pa.Table:
     """The rows that have every one of the `times` columns; no rows: every column, empty."""
     if not raw.num_rows:
-        return pa.table({c: pa.array([], pa.string() if c == "text" else pa.int64()) for c in cols})
+        return pa.table({c: pa.nulls(0, pa.string() if c == "text" else pa.int64()) for c in cols})
     missing = np.zeros(raw.num_rows, bool)
     for c in times:
         if raw.column(c).null_count:
@@ -173,7 +173,7 @@ def gpu_frame(raw: pa.Table, cols: list[str], strings: StringTable) -> Frame:
 
 def _dictionary_of(words: np.ndarray, at: np.ndarray) -> pa.DictionaryArray:
     """words[at] as a dictionary column with each distinct string once."""
-    enc = pa.array(words, pa.string()).dictionary_encode()
+    enc = strings_of(words).dictionary_encode()
     codes = numpy_of(enc.indices).astype(np.int32)[at] if len(at) else np.zeros(0, np.int32)
     return pa.DictionaryArray.from_arrays(arrow_of(codes), enc.dictionary)
 

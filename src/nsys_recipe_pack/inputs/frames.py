@@ -91,16 +91,7 @@ def dictionary_column(codes: np.ndarray, words) -> pa.DictionaryArray:
     """Codes into a list of strings (-1 = null) as an Arrow dictionary column: per-event results keep
     their names as codes from the workers to the Parquet file. words: also an Arrow array of large strings (made once
     for several columns)."""
-    if isinstance(words, pa.Array):
-        dictionary = words
-    elif any(not isinstance(w, str) for w in words):
-        dictionary = pa.array(list(words), pa.large_string())
-    else:
-        data = [w.encode() for w in words]
-        offsets = np.zeros(len(data) + 1, np.int64)
-        np.cumsum([len(d) for d in data], out=offsets[1:])
-        dictionary = pa.Array.from_buffers(pa.large_string(), len(data),
-                                           [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(data))])
+    dictionary = words if isinstance(words, pa.Array) else strings_of(words, large=True)
     return pa.DictionaryArray.from_arrays(arrow_of(codes.astype(np.int32), valid=codes >= 0), dictionary)
 
 
@@ -167,6 +158,31 @@ def _bits(buf: pa.Buffer, at: int, n: int) -> np.ndarray:
 
 def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+def objects_of(arr: pa.Array) -> np.ndarray:
+    """Arrow strings as a NumPy object array, nulls as None. pyarrow's to_numpy of strings, like every
+    conversion of Python values in pa.array, imports pandas (0.3 s of CPU) that a map never needs."""
+    out = np.empty(len(arr), dtype=object)
+    out[:] = arr.to_pylist()
+    return out
+
+
+def strings_of(words, large: bool = False) -> pa.Array:
+    """Python strings (None a null) as an Arrow string array, large: with 64-bit offsets. Built from its
+    buffers (see objects_of)."""
+    words = np.asarray(words, dtype=object)
+    valid = np.not_equal(words, None)
+    data = [w.encode() for w in words[valid]]
+    sizes = np.zeros(len(words), np.int64)
+    sizes[valid] = [len(b) for b in data]
+    offsets = np.r_[0, np.cumsum(sizes)]
+    if not large and offsets[-1] > np.iinfo(np.int32).max:
+        raise ValueError(f"{offsets[-1]} bytes of strings: more than an Arrow string array holds")
+    validity = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
+    return pa.Array.from_buffers(pa.large_string() if large else pa.string(), len(words),
+                                 [validity, pa.py_buffer(offsets if large else offsets.astype(np.int32)),
+                                  pa.py_buffer(b"".join(data))])
 
 
 def arrow_of(values: np.ndarray, valid: np.ndarray | None = None) -> pa.Array:

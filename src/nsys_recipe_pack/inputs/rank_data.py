@@ -20,16 +20,15 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from .. import nsys_tool
-from ..errors import BadInputError, MissingTraceError, PackError
+from ..errors import BadInputError, MissingTraceError
 from ..lazy import pd
 from ..spill import remove_spilled
 from .chunks import STREAM_MIN_ROWS, Ahead, ReadWhole, Stream, first_read_label, time_chunks
 from .discovery import report_stem
 from .events import read_gpu, read_mpi, read_nvtx, read_runtime, recorded_env, session_start
-from .export import export_entry, open_source
+from .export import open_source
 from .frames import FRAME_NAMES, Frame, as_frame, read_arrow_streams, write_arrow_streams
-from .readers import TABLES, ExportSource, small_table, string_table
+from .readers import TABLES, THREADED_READ_MIN_ROWS, ExportSource, small_table, string_table
 from .selection import Extents, Selection, read_selected
 
 RANK_ENV_KEYS = ["RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK"]
@@ -233,7 +232,7 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
         reads["runtime"] = ("CUPTI_ACTIVITY_KIND_RUNTIME", functools.partial(read_runtime, src, strings))
     if "mpi" in needs and not spans:  # a stream that needs them reads them itself
         reads["mpi"] = (None, functools.partial(read_mpi, src, strings))
-    frames.update(_side_by_side(reads, done))
+    frames.update(_side_by_side(reads, sum(counts.values()), done))
     nvtx = frames.pop("nvtx") if nvtx is None else nvtx
     if "nvtx" in needs:
         frames["nvtx"] = nvtx
@@ -284,9 +283,10 @@ def _read_gpu_named(src: ExportSource, table: str, cols: list[str], strings, nam
     return read_gpu(src, table, cols, strings) if where is not None and not len(frame) else frame
 
 
-def _side_by_side(reads: dict, done: Callable[[str], None]) -> dict[str, Frame]:
+def _side_by_side(reads: dict, rows: int, done: Callable[[str], None]) -> dict[str, Frame]:
     """Whole tables read at once, a thread each: the readers let go of Python while they read (on the 5.4 GB export
-    of bench/RESULTS.md, kernel_pace --kernel reads its kernels while SQLite looks for the ranges naming the rank)."""
+    of bench/RESULTS.md, kernel_pace --kernel reads its kernels while SQLite looks for the ranges naming the rank).
+    rows: what the tables hold; a few are read one after another (THREADED_READ_MIN_ROWS)."""
     out = {}
 
     def finished(name: str, frame: Frame) -> None:
@@ -294,7 +294,7 @@ def _side_by_side(reads: dict, done: Callable[[str], None]) -> dict[str, Frame]:
         if reads[name][0]:
             done(reads[name][0])
 
-    if len(reads) <= 1 or READ_THREADS <= 1:
+    if len(reads) <= 1 or READ_THREADS <= 1 or rows < THREADED_READ_MIN_ROWS:
         for name, (_, read) in reads.items():
             finished(name, read())
         return out
@@ -449,22 +449,8 @@ LOADED_FILE = "frames.arrows"
 def _loaded_dir(src: ExportSource, needs: set[str], selection: Selection | None = None) -> Path | None:
     if src.origin == src.path:
         return None  # only report exports in the pack's cache; user exports are read as they are
-    return _loaded_path(src.path, needs, selection)
+    return src.path / f"loaded-v{LOADED_FORMAT}-{'-'.join(sorted(needs))}{f'-{selection.tag}' if selection else ''}"
 
-
-def _loaded_path(entry: Path, needs: set[str], selection: Selection | None = None) -> Path:
-    return entry / f"loaded-v{LOADED_FORMAT}-{'-'.join(sorted(needs))}{f'-{selection.tag}' if selection else ''}"
-
-
-def frames_cached(report: Path, needs: set[str], nsys_path: str | None = None,
-                  selection: Selection | None = None) -> bool:
-    """Whether a warm read of this report needs neither nsys nor the export's files: its loaded frames are
-    in the cache. False, never an error, when that cannot be told (no nsys, an unreadable report)."""
-    try:
-        nsys = nsys_tool.find_nsys(nsys_path, required=False)
-        return nsys is not None and _loaded_path(export_entry(report, nsys), needs, selection).is_dir()
-    except (OSError, PackError):
-        return False
 
 def _read_loaded(cache: Path) -> tuple[dict, dict] | None:
     try:

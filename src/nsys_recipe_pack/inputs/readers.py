@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 import queue
 import threading
@@ -19,7 +20,7 @@ import pyarrow.parquet as pq
 from ..errors import BadInputError
 from ..groups import runs_of_about
 from ..lazy import pd
-from .frames import arrow_of, numpy_of, one_array
+from .frames import arrow_of, numpy_of, objects_of, one_array
 
 PID_SHIFT = 24
 PID_MASK = 0xFFFFFF
@@ -50,6 +51,9 @@ TEXT_COLUMNS = {"NVTX_EVENTS": {"text"}, "StringIds": {"value"}, "TARGET_INFO_SY
                 "META_DATA_EXPORT": {"name", "value"}}
 SQLITE_BATCH_ROWS = 65536
 STREAM_BATCH_ROWS = 1 << 18  # rows of a long table handled at a time when it is read in batches
+# fewer rows than this are read without threads: starting one and handing parts over to it cost more than the
+# read (on the Jacobi reports of bench/RESULTS.md, about a third of the pack's CPU per report, cold)
+THREADED_READ_MIN_ROWS = STREAM_BATCH_ROWS
 # connections that read the batches of an SQLite table read alone: the driver lets go of Python while it reads,
 # so such a table takes about half the time on two cores (README, "Huge reports")
 SQLITE_READERS = 2
@@ -199,8 +203,12 @@ class ExportSource:
             # table's, at its end), and reads slower
             parts = pq.ParquetFile(self.path / f"{table}.parquet", metadata=self._footer(table),
                                    pre_buffer=False).iter_batches(batch_size=rows, columns=cols)
-        yield from read_ahead(parts, lambda part: _normalised_table(pa.table(part), cols,
-                                                                    TEXT_COLUMNS.get(table, set())))
+        made = functools.partial(_normalised_table, cols=cols, text=TEXT_COLUMNS.get(table, set()))
+        if self.count(table) < THREADED_READ_MIN_ROWS:
+            with contextlib.closing(parts):
+                yield from map(made, parts)
+        else:
+            yield from read_ahead(parts, made)
 
     def _sqlite_batches(self, table: str, cols: list[str], rows: int, connections: int):
         """The table's rows in batches of about `rows`, in the order of a scan of the table; a damaged export
@@ -335,13 +343,13 @@ def _text_as_strings(raw: pa.Table, cols: list[str], text: set[str]) -> pa.Table
                      for i, c in enumerate(cols)})
 
 
-def _normalised_table(raw: pa.Table, cols: list[str], text: set[str]) -> pa.Table:
+def _normalised_table(raw: pa.Table | pa.RecordBatch, cols: list[str], text: set[str]) -> pa.Table:
     return pa.table({c: _normalised(raw.column(c), c in text) for c in cols})
 
 
 def _joined(batches: list[pa.RecordBatch]) -> pa.Table:
     """Record batches as one table; a column the driver typed null in a batch of nulls takes the others' type."""
-    return pa.concat_tables([pa.table(b) for b in batches], promote_options="permissive")
+    return pa.concat_tables([pa.Table.from_batches([b]) for b in batches], promote_options="permissive")
 
 
 def _tested(col: pa.ChunkedArray, text: bool) -> pa.Array:
@@ -573,7 +581,7 @@ class StringTable:
         """Each id's string, in the order of the ids."""
         if not len(self._ids):
             return np.zeros(0, object)
-        return self._values.take(arrow_of(self._rows)).to_numpy(zero_copy_only=False)
+        return objects_of(self._values.take(arrow_of(self._rows)))
 
     def _words(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         distinct, where = _distinct(ids)
@@ -582,7 +590,7 @@ class StringTable:
             pos = np.minimum(np.searchsorted(self._ids, distinct), len(self._ids) - 1)
             known = self._ids[pos] == distinct
             if known.any():
-                words[known] = self._values.take(arrow_of(self._rows[pos[known]])).to_numpy(zero_copy_only=False)
+                words[known] = objects_of(self._values.take(arrow_of(self._rows[pos[known]])))
         return words, where
 
 
@@ -604,7 +612,7 @@ def _distinct(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def string_table(src: ExportSource) -> StringTable:
     s = src.read_arrow("StringIds", ["id", "value"])
     if not {"id", "value"} <= set(s.column_names):
-        return StringTable(np.zeros(0, np.int64), pa.array([], pa.string()))
+        return StringTable(np.zeros(0, np.int64), pa.nulls(0, pa.string()))
     return StringTable(numpy_of(s.column("id"), -1), one_array(s.column("value")))
 
 def small_table(src: ExportSource, table: str, cols: list[str]) -> dict[str, list]:

@@ -13,7 +13,7 @@ import pyarrow as pa
 from ..errors import BadInputError, MissingTraceError
 from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY, gpu_frames
 from ..groups import SortedGroups, factorize
-from ..inputs import Frame, arrow_of, dictionary_column, numpy_of, sorted_place
+from ..inputs import Frame, arrow_of, dictionary_column, numpy_of, sorted_place, strings_of
 from ..inputs.chunks import END_OF_TIME, Stream
 from ..intervals import outermost, prefix_union_lengths, split_into_windows
 from ..iterations import NCCL_KERNEL_RE, closed_range_mask, matching, range_arrays
@@ -294,7 +294,7 @@ def _view(need: str, frame) -> pa.Table:
         codes, words = frame.codes("name")
         return pa.table({**{c: arrow_of(frame.values(c)[closed]) for c in ("start_ns", "end_ns", "tid", "pid")},
                          "name": pa.DictionaryArray.from_arrays(arrow_of(codes[closed].astype(np.int32)),
-                                                                pa.array(words[:-1], pa.string()))})
+                                                                strings_of(words[:-1]))})
     ops = _op_columns(need, frame) or {c: np.zeros(0, bool if c in ("has_device", "has_bytes", "pageable")
                                                      else np.int64) for c in OP_COLUMNS}
     return pa.table({"start_ns": arrow_of(ops["start"]), **{c: ops[c] for c in OP_COLUMNS[1:]},
@@ -337,7 +337,7 @@ def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
 def _rows_of(table: pa.Table | None, pid: int, columns: list[str]) -> dict:
     """One process's rows of a span's table as arrays; names stay Arrow, made strings only for new windows."""
     if table is None or not table.num_rows:
-        return {c: pa.array([], pa.dictionary(pa.int32(), pa.string())) if c == "name" else np.zeros(0, np.int64)
+        return {c: pa.nulls(0, pa.dictionary(pa.int32(), pa.string())) if c == "name" else np.zeros(0, np.int64)
                 for c in columns}
     pids = numpy_of(table.column("pid"))
     on = slice(None) if pids[0] == pids[-1] and (pids == pid).all() else np.flatnonzero(pids == pid)
