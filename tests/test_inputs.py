@@ -713,7 +713,7 @@ def test_tables_read_side_by_side_are_those_read_one_after_another(monkeypatch, 
     source) give the frames and rank identity of one read after another."""
     path = SAMPLES / "h100_gloo_8rank" / "rank3.sqlite"  # real, beside its report (its README)
     got = {}
-    monkeypatch.setattr(rank_data, "THREADED_READ_MIN_ROWS", 0)  # however few rows
+    monkeypatch.setattr(readers, "THREADED_READ_MIN_ROWS", 0)  # however few rows
     for threads in (1, 4):
         monkeypatch.setattr(rank_data, "READ_THREADS", threads)
         src = inputs.ExportSource(path, "sqlite")
@@ -736,7 +736,6 @@ def test_reads_of_few_rows_start_no_thread_and_give_what_threaded_reads_give(mon
     monkeypatch.setattr(threading.Thread, "start", lambda self: (started.append(self.name), start(self))[1])
     got, few_rows = {}, readers.THREADED_READ_MIN_ROWS
     for least in (few_rows, 0):
-        monkeypatch.setattr(rank_data, "THREADED_READ_MIN_ROWS", least)
         monkeypatch.setattr(readers, "THREADED_READ_MIN_ROWS", least)
         started.clear()
         src = inputs.ExportSource(path, "sqlite")

@@ -28,7 +28,7 @@ from .discovery import report_stem
 from .events import read_gpu, read_mpi, read_nvtx, read_runtime, recorded_env, session_start
 from .export import open_source
 from .frames import FRAME_NAMES, Frame, as_frame, read_arrow_streams, write_arrow_streams
-from .readers import TABLES, THREADED_READ_MIN_ROWS, ExportSource, small_table, string_table
+from .readers import TABLES, ExportSource, small_table, string_table, threads_pay
 from .selection import Extents, Selection, read_selected
 
 RANK_ENV_KEYS = ["RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK"]
@@ -286,7 +286,7 @@ def _read_gpu_named(src: ExportSource, table: str, cols: list[str], strings, nam
 def _side_by_side(reads: dict, rows: int, done: Callable[[str], None]) -> dict[str, Frame]:
     """Whole tables read at once, a thread each: the readers let go of Python while they read (on the 5.4 GB export
     of bench/RESULTS.md, kernel_pace --kernel reads its kernels while SQLite looks for the ranges naming the rank).
-    rows: what the tables hold; a few are read one after another (THREADED_READ_MIN_ROWS)."""
+    rows: what the tables hold; a few are read one after another (readers.threads_pay)."""
     out = {}
 
     def finished(name: str, frame: Frame) -> None:
@@ -294,7 +294,7 @@ def _side_by_side(reads: dict, rows: int, done: Callable[[str], None]) -> dict[s
         if reads[name][0]:
             done(reads[name][0])
 
-    if len(reads) <= 1 or READ_THREADS <= 1 or rows < THREADED_READ_MIN_ROWS:
+    if len(reads) <= 1 or READ_THREADS <= 1 or not threads_pay(rows):
         for name, (_, read) in reads.items():
             finished(name, read())
         return out

@@ -54,6 +54,12 @@ STREAM_BATCH_ROWS = 1 << 18  # rows of a long table handled at a time when it is
 # fewer rows than this are read without threads: starting one and handing parts over to it cost more than the
 # read (on the Jacobi reports of bench/RESULTS.md, about a third of the pack's CPU per report, cold)
 THREADED_READ_MIN_ROWS = STREAM_BATCH_ROWS
+
+
+def threads_pay(rows: int) -> bool:
+    """Whether a read of this many rows is worth threads (THREADED_READ_MIN_ROWS)."""
+    return rows >= THREADED_READ_MIN_ROWS
+
 # connections that read the batches of an SQLite table read alone: the driver lets go of Python while it reads,
 # so such a table takes about half the time on two cores (README, "Huge reports")
 SQLITE_READERS = 2
@@ -204,7 +210,7 @@ class ExportSource:
             parts = pq.ParquetFile(self.path / f"{table}.parquet", metadata=self._footer(table),
                                    pre_buffer=False).iter_batches(batch_size=rows, columns=cols)
         made = functools.partial(_normalised_table, cols=cols, text=TEXT_COLUMNS.get(table, set()))
-        if self.count(table) < THREADED_READ_MIN_ROWS:
+        if not threads_pay(self.count(table)):
             with contextlib.closing(parts):
                 yield from map(made, parts)
         else:
