@@ -188,6 +188,32 @@ def test_component_excess_and_noise_from_the_cells_own_components_match_the_whol
         np.testing.assert_array_equal(scale, want.apply(_tail_scale).to_numpy())
 
 
+def test_one_long_capture_skips_the_component_work_whose_causes_it_cannot_have(monkeypatch):
+    # with one rank, each iteration's only cell is every component's median: _component_causes, given what the
+    # reduce would give it, finds no cause and no component beyond its noise; the reduce then does not call it and
+    # says the same (no cause, nothing flagged), while two ranks still go through it
+    rank = make(cpu_rank({2: 30, 5: 40}, iterations=8))
+    res = straggler.map_rank(rank, {})
+    comps = straggler.Frame(res["components"], straggler.COMPONENT_DTYPES)
+    n = res["iterations"].num_rows
+    assert len(comps) > n  # several components per iteration
+    noise_ok, cause, cause_side = straggler._component_causes(
+        np.arange(n), comps.values("iteration"), comps, set(), np.zeros(n), 100.0 * MS, straggler.DEFAULT_SIGMA)
+    assert not noise_ok.any() and all(c is None for c in cause) and all(c is None for c in cause_side)
+
+    calls = []
+    real = straggler._component_causes
+    monkeypatch.setattr(straggler, "_component_causes", lambda *a: calls.append(1) or real(*a))
+    _, out = run([make(cpu_rank({2: 30, 5: 40}, iterations=8))])
+    assert not calls
+    it = out["iterations"]
+    assert len(it) == n and it["cause"].isna().all() and it["cause_side"].isna().all()
+    assert not it["is_straggler"].any()
+    _, two = run([make(cpu_rank({2: 30, 5: 40}, iterations=8)), make(cpu_rank({}, iterations=8))])
+    assert calls == [1]
+    assert two["iterations"].query("rank == 0 and iteration == 2")["cause"].item() == "dataloader"
+
+
 def test_verdicts_say_the_answer_first_and_call_one_off_flags_incidental():
     from nsys_recipe_pack.recipes.straggler_heatmap import incidental, verdicts
 

@@ -477,7 +477,10 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     z_busy = iters["excess_ns"] / busy_scale
 
     key = ["rank", "iteration"]
-    if len(comps):
+    n_ranks = iters.groupby("iteration")["rank"].transform("nunique")
+    # an iteration of one rank is every component's median itself: no excess, no cause and never flagged (below),
+    # so where no iteration has two ranks (one long capture) the cell x component work is skipped
+    if len(comps) and (n_ranks >= 2).any():
         noise_ok, cause, cause_side = _component_causes(iters["iteration"].to_numpy(), comp_cell, comps,
                                                         sync_names, iters["excess_ns"].to_numpy(dtype=float),
                                                         typical, sigma)
@@ -490,7 +493,6 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     med_duration = iters.groupby("iteration")["duration_ns"].transform("median")
     iters["is_straggler"] = (iters["excess_ns"] > threshold * med_duration) & (
         (z_busy > sigma) | (noise_ok & (z_busy > COMPONENT_BUSY_SIGMA * sigma)))
-    n_ranks = iters.groupby("iteration")["rank"].transform("nunique")
     iters.loc[n_ranks < 2, "is_straggler"] = False
 
     cols = ["rank", "iteration", "start_ns", "start_aligned_ns", "duration_ns", "wait_ns", "busy_ns",
