@@ -78,7 +78,7 @@ class ExportSource:
         self.path = path
         self.kind = kind
         self.origin = origin or path
-        self._tables: set[str] | None = None  # a Parquet folder's are listed on first use
+        self._tables: set[str] | None = None  # a folder export's are listed on first use
         self._cols: dict[str, list[str]] = {}
         self._counts: dict[str, int] = {}
         self._footers: dict[str, pq.FileMetaData] = {}  # Parquet: each table's, read once
