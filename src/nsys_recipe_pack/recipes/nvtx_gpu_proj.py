@@ -225,8 +225,11 @@ class _Projection:
         self.called = np.zeros(len(keys), bool)  # a call with this key was read
         self.arrived = np.zeros(len(keys), bool)  # an op with this key was read
         self.live = {c: np.zeros(0, t) for c, t in LIVE.items()}
-        self.names = Vocabulary()  # names and domains of NVTX ranges, as `live` refers to them
+        self.names = _Names()
         self.pending_place, self.pending_at = np.zeros(0, np.int64), np.zeros(0, np.int64)
+        # the pairs this span's calls made, not yet counted in `live`'s pending: most of them end within the span (their
+        # ops come soon after their calls), and adding them up only to take them away again cost a tenth of a fold
+        self.pending_fresh = np.zeros(0, bool)
         self.next_id, self.unlinked, self.pids = 0, 0, set()
         self.spill = SpillWriter(pa.schema([("name", NAMES), ("domain", NAMES),
                                             *((c, pa.int64()) for c in list(RANGE_DTYPES)[2:])]), "range_id",
@@ -271,6 +274,8 @@ def _fold(state: _Projection, span_start: int, span_end: int, chunk: dict) -> No
     ops = [chunk[need] for need in GPU_NEEDS if chunk.get(need) is not None and chunk[need].num_rows]
     if ops:
         _add_ops(state, pa.concat_tables(ops))
+    _add_up(state.live, state.pending_at[state.pending_fresh], 1)  # the span's pairs still waiting for ops
+    state.pending_fresh[:] = False
     _write_finished(state, span_end)
 
 
@@ -283,7 +288,7 @@ def _add_ranges(state: _Projection, rows: pa.Table | None, span_start: int) -> N
     order = start_order(start, end)
     start, end = start[order], end[order]
     tid, pid = numpy_of(rows.column("tid"))[closed][order], numpy_of(rows.column("pid"))[closed][order]
-    name, domain = (_ids_in(state.names, rows.column(c))[closed][order] for c in ("name", "domain"))
+    name, domain = (state.names.ids_in(rows.column(c))[closed][order] for c in ("name", "domain"))
     ids = state.next_id + np.arange(len(start), dtype=np.int64)
     state.next_id += len(start)
     live = state.live
@@ -310,23 +315,41 @@ def _add_ranges(state: _Projection, rows: pa.Table | None, span_start: int) -> N
         live[c] = np.concatenate([live[c], np.broadcast_to(np.asarray(value, t), n)])
 
 
-def _ids_in(names: Vocabulary, column: pa.ChunkedArray) -> np.ndarray:
-    """A span's names (dictionary chunks) as ids into the names met so far (-1: none): each chunk's words are looked
-    up in Arrow, and only the words not met before in Python."""
-    ids = []
-    for chunk in column.chunks:
-        words = chunk.dictionary.cast(pa.large_string())
-        at = pc.index_in(words, value_set=pa.array(names.words, pa.large_string()))
-        if at.null_count:  # words not met before: they take the next ids
-            names.ids(words.filter(at.is_null()).to_pylist())
-            at = pc.index_in(words, value_set=pa.array(names.words, pa.large_string()))
-        ids.append(np.r_[numpy_of(at, -1).astype(np.int64), -1][numpy_of(chunk.indices, -1)])
-    return np.concatenate(ids or [np.zeros(0, np.int64)])
+class _Names(Vocabulary):
+    """The names and domains of NVTX ranges met so far, as `live` refers to them by id. A span's chunks mostly share
+    one dictionary (the export's strings): its words are looked up once, not once a chunk (with them as Arrow
+    rebuilt from Python each time, that took a quarter of adding a span's ranges)."""
+
+    def __init__(self):
+        super().__init__()
+        self._looked_up: tuple[pa.Array, np.ndarray] | None = None  # the last dictionary and its words' ids, then -1
+        self._arrow = pa.array([], pa.large_string())
+
+    def arrow(self) -> pa.Array:
+        """The words as an Arrow array, by id."""
+        if len(self._arrow) < len(self.words):
+            self._arrow = pa.concat_arrays([self._arrow, pa.array(self.words[len(self._arrow):], pa.large_string())])
+        return self._arrow
+
+    def ids_in(self, column: pa.ChunkedArray) -> np.ndarray:
+        """A span's names (dictionary chunks) as ids (-1: none); only words not met before are looked at in Python."""
+        ids = []
+        for chunk in column.chunks:
+            if self._looked_up is None or not chunk.dictionary.equals(self._looked_up[0]):
+                words = chunk.dictionary.cast(pa.large_string())
+                at = pc.index_in(words, value_set=self.arrow())
+                if at.null_count:  # words not met before: they take the next ids
+                    self.ids(words.filter(at.is_null()).to_pylist())
+                    at = pc.index_in(words, value_set=self.arrow())
+                self._looked_up = chunk.dictionary, np.r_[numpy_of(at, -1).astype(np.int64), -1]
+            ids.append(self._looked_up[1][numpy_of(chunk.indices, -1)])
+        return np.concatenate(ids or [np.zeros(0, np.int64)])
 
 
 def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> None:
     """A span's launching calls: each (key, range) pair of a call and the innermost range it counts for, kept until
-    the key's ops have all come; each range counts the pairs in it and below it (`pending`)."""
+    the key's ops have all come; each range counts the pairs in it and below it (`pending`), the new ones once the
+    span's ops are in (`_Projection.pending_fresh`)."""
     if rows is None or not rows.num_rows:
         return
     key = numpy_of(rows.column("key"))
@@ -364,8 +387,8 @@ def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> No
         known[(np.cumsum(first) - 1)[~fresh]] = True
         pairs = pairs[first]
     state.pending_place, state.pending_at = np.divmod(pairs, size)
+    state.pending_fresh = ~known
     _rule_out_two_paths(state)
-    _add_up(live, state.pending_at[~known], 1)
 
 
 def _rule_out_two_paths(state: _Projection) -> None:
@@ -424,8 +447,9 @@ def _add_ops(state: _Projection, rows: pa.Table) -> None:
     add_counts(state.remaining, at, -1)
     done = state.remaining[state.pending_place] == 0
     if done.any():
-        _add_up(live, state.pending_at[done], -1)
+        _add_up(live, state.pending_at[done & ~state.pending_fresh], -1)
         state.pending_place, state.pending_at = state.pending_place[~done], state.pending_at[~done]
+        state.pending_fresh = state.pending_fresh[~done]
 
 
 def _rolled_up(live: dict, where: np.ndarray, values: dict) -> tuple[np.ndarray, dict]:
@@ -437,15 +461,17 @@ def _rolled_up(live: dict, where: np.ndarray, values: dict) -> tuple[np.ndarray,
         figures[name] = np.full(n, empty, np.int64)
         ufunc.at(figures[name], where, v)
     held = np.zeros(n, bool)
-    up = where
+    held[where] = True
+    up = np.flatnonzero(held)  # from each innermost range once, however many ops it has
     while len(up):  # every range around the ops' innermost ones
-        held[up] = True
         up = live["parent_at"][up]
-        up = up[(up >= 0) & ~held[np.maximum(up, 0)]]
+        up = up[up >= 0]
+        up = up[~held[up]]
+        held[up] = True
     ranges = np.flatnonzero(held)
-    by_level = SortedGroups(-live["level"][ranges])
-    for g in range(len(by_level)):  # the deepest first: each range gives its figures to its parent
-        inner = ranges[by_level.rows(g)]
+    level = live["level"][ranges]
+    for depth in range(int(level.max(initial=0)), 0, -1):  # the deepest first: each gives its figures to its parent
+        inner = ranges[level == depth]
         parent = live["parent_at"][inner]
         inner, parent = inner[parent >= 0], parent[parent >= 0]
         for name, (_, ufunc, _) in values.items():
@@ -506,7 +532,7 @@ def _rows_of(state: _Projection, chosen: np.ndarray) -> pa.Table:
                "cpu_start_ns": live["start"][chosen], "cpu_end_ns": live["end"][chosen],
                "gpu_start_ns": live["gpu_start"][chosen], "gpu_end_ns": live["gpu_end"][chosen],
                "gpu_busy_ns": live["busy"][chosen], "gpu_ops": live["ops"][chosen]}
-    words = pa.array(state.names.words, pa.large_string())
+    words = state.names.arrow()
     name, domain = live["name"][chosen], live["domain"][chosen]
     state.sums.append(range_sums(name, words, domain, words, columns))
     if sum(t.num_rows for t in state.sums) > SUMS_ROWS:
