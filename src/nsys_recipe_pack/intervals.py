@@ -117,10 +117,11 @@ def prefix_union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray
         reach = running_max_by_group(gi, ei)
         new = np.ones(len(si), bool)
         new[1:] = (gi[1:] != gi[:-1]) | (si[1:] > reach[:-1])
-        firsts = np.flatnonzero(new)
-        lengths = np.zeros(n, np.int64)
-        np.add.at(lengths, gi[firsts], reach[np.r_[firsts[1:] - 1, len(si) - 1]] - si[firsts])
-        covered[i + 1] = lengths
+        firsts = np.flatnonzero(new)  # each disjoint piece's first interval, in order of group
+        group_of, piece = gi[firsts], reach[np.r_[firsts[1:] - 1, len(si) - 1]] - si[firsts]
+        lead = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]])
+        covered[i + 1] = 0
+        covered[i + 1][group_of[lead]] = np.add.reduceat(piece, lead)
     return covered
 
 
