@@ -15,6 +15,7 @@ from .discovery import expand_inputs, input_kind, report_stem
 from .export import export_beside, export_cache_dir
 from .frames import (
     Frame,
+    NameIds,
     arrow_of,
     dictionary_column,
     numpy_of,
@@ -27,7 +28,7 @@ from .frames import (
 from .rank_data import RankData, check_memory, load_file
 from .readers import TABLES, ExportSource, StringTable
 
-__all__ = ["TABLES", "ExportSource", "Frame", "RankData", "StringTable", "arrow_of", "check_memory",
+__all__ = ["TABLES", "ExportSource", "Frame", "NameIds", "RankData", "StringTable", "arrow_of", "check_memory",
            "dictionary_column", "expand_inputs", "export_beside", "export_cache_dir", "input_kind",
            "load_file", "numpy_of", "ranked_tables", "read_arrow_streams", "report_stem", "sorted_place",
            "strings_of", "write_arrow_streams"]

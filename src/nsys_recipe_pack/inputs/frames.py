@@ -6,8 +6,10 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
+from ..groups import Vocabulary
 from ..lazy import pd
 
 FRAME_NAMES = ("nvtx", "kernels", "memcpy", "memset", "runtime", "sync", "mpi")
@@ -158,6 +160,38 @@ def _bits(buf: pa.Buffer, at: int, n: int) -> np.ndarray:
 
 def _concat(parts: list[np.ndarray], dtype) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, dtype)
+
+
+class NameIds(Vocabulary):
+    """Names met so far, by id, for maps that read a long capture span by span and refer to names by id (NVTX range
+    names and domains). A span's dictionary chunks mostly share one dictionary (the export's strings): its words are
+    looked up once, not once a chunk (with them as Arrow rebuilt from Python each time, that took a quarter of
+    nvtx_gpu_proj's adding of a span's ranges)."""
+
+    def __init__(self):
+        super().__init__()
+        self._looked_up: tuple[pa.Array, np.ndarray] | None = None  # the last dictionary and its words' ids, then -1
+        self._arrow = pa.array([], pa.large_string())
+
+    def arrow(self) -> pa.Array:
+        """The words as an Arrow array, by id."""
+        if len(self._arrow) < len(self.words):
+            self._arrow = pa.concat_arrays([self._arrow, pa.array(self.words[len(self._arrow):], pa.large_string())])
+        return self._arrow
+
+    def ids_in(self, column: pa.ChunkedArray) -> np.ndarray:
+        """A span's names (dictionary chunks) as ids (-1: none); only words not met before are looked at in Python."""
+        ids = []
+        for chunk in column.chunks:
+            if self._looked_up is None or not chunk.dictionary.equals(self._looked_up[0]):
+                words = chunk.dictionary.cast(pa.large_string())
+                at = pc.index_in(words, value_set=self.arrow())
+                if at.null_count:  # words not met before: they take the next ids
+                    self.ids(words.filter(at.is_null()).to_pylist())
+                    at = pc.index_in(words, value_set=self.arrow())
+                self._looked_up = chunk.dictionary, np.r_[numpy_of(at, -1).astype(np.int64), -1]
+            ids.append(self._looked_up[1][numpy_of(chunk.indices, -1)])
+        return np.concatenate(ids or [np.zeros(0, np.int64)])
 
 
 def objects_of(arr: pa.Array) -> np.ndarray:

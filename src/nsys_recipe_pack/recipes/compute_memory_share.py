@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..errors import BadInputError, MissingTraceError
 from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY, gpu_frames
-from ..groups import SortedGroups, Vocabulary, distinct, factorize
-from ..inputs import Frame, arrow_of, dictionary_column, numpy_of, sorted_place, strings_of
+from ..groups import SortedGroups, factorize
+from ..inputs import Frame, NameIds, arrow_of, dictionary_column, numpy_of, sorted_place, strings_of
 from ..inputs.chunks import END_OF_TIME, Stream
 from ..intervals import outermost, prefix_union_lengths, split_into_windows
 from ..iterations import NCCL_KERNEL_RE, closed_range_mask, matching, range_arrays
@@ -311,7 +310,7 @@ class _Process:
         self.thread_reach: dict[int, int] = {}
         self.reach = INT64_MIN  # of the top-level candidates across threads
         self.ranges = 0  # closed ranges seen
-        self.names = Vocabulary()  # the windows' names, which `windows` and `by_name` hold as ids
+        self.names = NameIds()  # the windows' names, which `windows` and `by_name` hold as ids (-1: none)
         self.windows = {"start": np.zeros(0, np.int64), "end": np.zeros(0, np.int64), "name": np.zeros(0, np.int64)}
         self.window_cells: dict | None = None  # of the windows still open
         self.by_name: dict | None = None  # the closed windows' rows summed per (name, category)
@@ -325,8 +324,7 @@ def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
     pids = set()
     for t in (ops, ranges):
         if t is not None and t.num_rows:
-            pid = numpy_of(t.column("pid"))
-            pids.update([int(pid[0])] if pid.min() == pid.max() else distinct(pid).tolist())
+            pids.update(factorize(numpy_of(t.column("pid")))[0].tolist())
     pids.update(p for p, proc in state.items() if len(proc.carry["start"]))
     for pid in sorted(pids):
         proc = state.setdefault(pid, _Process())
@@ -418,7 +416,7 @@ def _top_level_windows(proc: _Process, ranges: dict) -> None:
     proc.reach = max(proc.reach, int(e.max())) if len(e) else proc.reach
     new = top[s >= before]
     w = proc.windows
-    names = _name_ids(proc.names, ranges["name"].take(new))
+    names = proc.names.ids_in(ranges["name"].take(new))
     proc.windows = {"start": np.r_[w["start"], start[new]], "end": np.r_[w["end"], end[new]],
                     "name": np.concatenate([w["name"], names])}
     c = len(PRIORITY)
@@ -427,14 +425,6 @@ def _top_level_windows(proc: _Process, ranges: dict) -> None:
                                   "covered": np.zeros((c + 1, 0), np.int64)}
     proc.window_cells = {**{k: np.r_[cells[k], np.zeros(len(new) * c, np.int64)] for k in grown},
                          "covered": np.concatenate([cells["covered"], np.zeros((c + 1, len(new)), np.int64)], axis=1)}
-
-
-def _name_ids(names: Vocabulary, column: pa.ChunkedArray) -> np.ndarray:
-    """New windows' names as ids into `names`: their few distinct words are looked up in Python, not every window's
-    (a span may start thousands of iterations)."""
-    strings = column.cast(pa.large_string()).combine_chunks()
-    words = pc.unique(strings)
-    return names.ids(words.to_pylist())[numpy_of(pc.index_in(strings, value_set=words)).astype(np.intp)]
 
 
 def _close_windows(proc: _Process, until: int) -> None:
@@ -489,7 +479,8 @@ def _finish(state: dict, names: list) -> dict:
         if proc.ranges:
             _close_windows(proc, END_OF_TIME)
             totals = proc.by_name
-            codes = np.array([place[proc.names.words[i]] for i in totals["name"].tolist()], np.int64)
+            words_of = [*proc.names.words, None]  # -1: none
+            codes = np.array([place[words_of[i]] for i in totals["name"].tolist()], np.int64)
             by_range = _by_name(codes, words, {k: v for k, v in totals.items() if k != "name"})
         out[pid] = {"share": share, "by_range": by_range}
     return out

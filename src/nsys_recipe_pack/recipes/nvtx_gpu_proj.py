@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, launched_ops, pair_launches
-from ..groups import SortedGroups, Vocabulary, add_counts, distinct, factorize, stable_order
-from ..inputs import arrow_of, dictionary_column, numpy_of, ranked_tables
+from ..groups import SortedGroups, add_counts, distinct, factorize, stable_order
+from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.chunks import NotSorted, ReadWhole, Stream
 from ..inputs.selection import RANGE_EVENTS
 from ..intervals import consecutive_union_lengths, union_lengths
@@ -225,7 +224,7 @@ class _Projection:
         self.called = np.zeros(len(keys), bool)  # a call with this key was read
         self.arrived = np.zeros(len(keys), bool)  # an op with this key was read
         self.live = {c: np.zeros(0, t) for c, t in LIVE.items()}
-        self.names = _Names()
+        self.names = NameIds()  # names and domains of NVTX ranges, as `live` refers to them
         self.pending_place, self.pending_at = np.zeros(0, np.int64), np.zeros(0, np.int64)
         # the pairs this span's calls made, not yet counted in `live`'s pending: most of them end within the span (their
         # ops come soon after their calls), and adding them up only to take them away again cost a tenth of a fold
@@ -268,7 +267,7 @@ def _fold(state: _Projection, span_start: int, span_end: int, chunk: dict) -> No
     for rows in chunk.values():
         if rows is not None and rows.num_rows:
             pid = numpy_of(rows.column("pid"))
-            state.pids.update([int(pid[0])] if pid.min() == pid.max() else np.unique(pid).tolist())
+            state.pids.update(factorize(pid)[0].tolist())
     _add_ranges(state, chunk.get("nvtx"), span_start)
     _add_calls(state, chunk.get("runtime"), span_start)
     ops = [chunk[need] for need in GPU_NEEDS if chunk.get(need) is not None and chunk[need].num_rows]
@@ -313,37 +312,6 @@ def _add_ranges(state: _Projection, rows: pa.Table | None, span_start: int) -> N
         value = new.get(c, {"gpu_start": np.iinfo(np.int64).max, "gpu_end": np.iinfo(np.int64).min,
                             "reach": np.iinfo(np.int64).min}.get(c, 0))
         live[c] = np.concatenate([live[c], np.broadcast_to(np.asarray(value, t), n)])
-
-
-class _Names(Vocabulary):
-    """The names and domains of NVTX ranges met so far, as `live` refers to them by id. A span's chunks mostly share
-    one dictionary (the export's strings): its words are looked up once, not once a chunk (with them as Arrow
-    rebuilt from Python each time, that took a quarter of adding a span's ranges)."""
-
-    def __init__(self):
-        super().__init__()
-        self._looked_up: tuple[pa.Array, np.ndarray] | None = None  # the last dictionary and its words' ids, then -1
-        self._arrow = pa.array([], pa.large_string())
-
-    def arrow(self) -> pa.Array:
-        """The words as an Arrow array, by id."""
-        if len(self._arrow) < len(self.words):
-            self._arrow = pa.concat_arrays([self._arrow, pa.array(self.words[len(self._arrow):], pa.large_string())])
-        return self._arrow
-
-    def ids_in(self, column: pa.ChunkedArray) -> np.ndarray:
-        """A span's names (dictionary chunks) as ids (-1: none); only words not met before are looked at in Python."""
-        ids = []
-        for chunk in column.chunks:
-            if self._looked_up is None or not chunk.dictionary.equals(self._looked_up[0]):
-                words = chunk.dictionary.cast(pa.large_string())
-                at = pc.index_in(words, value_set=self.arrow())
-                if at.null_count:  # words not met before: they take the next ids
-                    self.ids(words.filter(at.is_null()).to_pylist())
-                    at = pc.index_in(words, value_set=self.arrow())
-                self._looked_up = chunk.dictionary, np.r_[numpy_of(at, -1).astype(np.int64), -1]
-            ids.append(self._looked_up[1][numpy_of(chunk.indices, -1)])
-        return np.concatenate(ids or [np.zeros(0, np.int64)])
 
 
 def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> None:
