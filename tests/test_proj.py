@@ -105,8 +105,8 @@ def test_launched_ops_counts_ops_without_a_call():
 
 def test_launch_keys_count_the_ops_of_each_key():
     """Every op's launch key read ahead, a batch at a time: the distinct keys in order and how many ops hold each,
-    with one op per key (the usual case) and with keys several ops share (a CUDA graph's); ops without times are
-    not counted, as the spans never give them."""
+    with one op per key (the usual case) and with keys several ops share (a CUDA graph's: more than a byte counts);
+    ops without times are not counted, as the spans never give them."""
     import pyarrow as pa
 
     class Ahead:
@@ -117,7 +117,7 @@ def test_launch_keys_count_the_ops_of_each_key():
             return [pa.table({c: pa.array(b[c], pa.int64()) for c in columns}) for b in self.given.get(need, [])]
 
     pid = 7 << 24  # a globalPid: the process in bits 24 to 47
-    for corr in ([5, 1, 9, 3], [5, 1, 5, 3, 5, 1]):
+    for corr in ([5, 1, 9, 3], [5, 1, 5, 3, 5, 1], [5] * 100 + [1] + [5] * 100):
         half = len(corr) // 2
         batches = {"kernel": [{"start": [0] * half, "end": [1] * half, "globalPid": [pid] * half,
                                "correlationId": corr[:half]}],

@@ -100,8 +100,9 @@ KEY_COLUMNS = ["start", "end", "globalPid", "correlationId"]
 
 def launch_keys(ahead, needs: tuple = GPU_NEEDS) -> tuple[np.ndarray, np.ndarray]:
     """Every launch key (`call_key`) of the GPU ops of `needs`, read ahead of the spans (inputs.chunks.Ahead): the
-    distinct keys in order, and how many ops hold each. A span-by-span map then knows which calls launch work still
-    to come."""
+    distinct keys in order, and how many ops hold each (in the least signed integer type that holds the most: a byte
+    per key as usual, held for the whole map with the key's 8). A span-by-span map then knows which calls launch
+    work still to come."""
     keys = []
     for need in needs:
         for raw in ahead.batches(need, KEY_COLUMNS):
@@ -112,16 +113,15 @@ def launch_keys(ahead, needs: tuple = GPU_NEEDS) -> tuple[np.ndarray, np.ndarray
     new = np.ones(len(keys), bool)
     np.not_equal(keys[1:], keys[:-1], out=new[1:])
     if new.all():  # an op per key, as usual (a CUDA graph's kernels share their launch's)
-        return keys, np.ones(len(keys), np.int32)
+        return keys, np.ones(len(keys), np.int8)
     first = np.flatnonzero(new)
     del new
     distinct = keys[first]
     ops = len(keys)
     del keys
-    counts = np.empty(len(first), np.int32)
-    np.subtract(first[1:], first[:-1], out=counts[:-1], casting="unsafe")
-    counts[-1:] = ops - first[-1:]
-    return distinct, counts
+    counts = np.diff(first, append=ops)
+    del first
+    return distinct, counts.astype(np.min_scalar_type(-int(counts.max()) - 1))
 
 
 def key_places(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

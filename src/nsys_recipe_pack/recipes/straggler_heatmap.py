@@ -188,7 +188,8 @@ def iteration_rows(rank_data, ranges, it, options: dict, before: int = END_OF_TI
 def map_result(it, pieces: list[Piece], names, any_peer: bool, present: set) -> dict:
     """The map's result from the pieces of all a rank's iterations, in order: the iteration table, and the
     component table with its names coded into the rank's NVTX names (`names`, as its whole table gives them)
-    followed by the FIXED components it has."""
+    followed by the FIXED components it has. The pieces let go of their child, launched and fixed parts once those
+    are put together (a long capture's: as many rows as the component table)."""
     names = list(names)
     components = [c for c in FIXED if c in present]
     words = [*names, *components]
@@ -207,12 +208,16 @@ def map_result(it, pieces: list[Piece], names, any_peer: bool, present: set) -> 
         return [iteration, name, np.concatenate([getattr(p, what)[2] for p in pieces]).astype(np.int64, copy=False)]
 
     child, launched = part("child"), part("launched_in")
+    for p in pieces:
+        p.child = p.launched_in = None
     order = np.lexsort((launched[1], launched[0]))  # by iteration, then name code, as a whole map has them
     launched = [v[order] for v in launched]
     del order
     n = sum(len(p.start_ns) for p in pieces)
     counts = (len(child[0]), len(launched[0]))
     fixed = [np.concatenate([p.fixed.get(c, np.zeros(len(p.start_ns), np.int64)) for p in pieces]) for c in components]
+    for p in pieces:
+        p.fixed = {}
     on_gpu = [int(c in GPU_COMPONENTS) for c in components]
 
     def column(i: int, others: list) -> np.ndarray:
@@ -248,12 +253,14 @@ def map_result(it, pieces: list[Piece], names, any_peer: bool, present: set) -> 
 
 def _measure(*args) -> tuple[Piece, dict]:
     """`iteration_rows` of a few iterations of a long capture (iteration_slices), and the launch keys of the ops
-    launched inside child ranges, to carry."""
+    launched inside child ranges, to carry: the piece kept until the end lets go of them (a key for every such op,
+    more than the iterations' rows of the result)."""
     piece = iteration_rows(*args[:-1], args[-1]["key"])
     carry = {"key": piece.covered_keys}
+    empty = np.zeros(0, np.int64)
     if len(piece.start_ns):
-        return piece, carry
-    empty = np.zeros(0, np.int64)  # no iteration: only what it tells of the rank is kept
+        return replace(piece, covered_keys=empty), carry
+    # no iteration: only what it tells of the rank is kept
     return replace(piece, child=(empty,) * 3, launched_in=(empty,) * 3, names=None, fixed={},
                    covered_keys=empty), carry
 
