@@ -123,10 +123,15 @@ def innermost_nested(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, 
 def start_order(start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Ranges by start, the longer first at one start, else in input order; without a sort when they come so (as
     an export's rows do)."""
-    step = np.diff(start)
-    if (step >= 0).all() and ((step > 0) | (end[:-1] >= end[1:])).all():
+    if in_start_order(start, end):
         return np.arange(len(start))
     return np.lexsort((start - end, start))
+
+
+def in_start_order(start: np.ndarray, end: np.ndarray) -> bool:
+    """Whether ranges come by start, the longer first at one start (start_order would keep them as they are)."""
+    step = np.diff(start)
+    return bool((step >= 0).all() and ((step > 0) | (end[:-1] >= end[1:])).all())
 
 
 def parents_of(tid: np.ndarray, start: np.ndarray, levels: np.ndarray) -> np.ndarray:

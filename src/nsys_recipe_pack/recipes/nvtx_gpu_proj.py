@@ -25,7 +25,15 @@ from ..inputs.selection import RANGE_EVENTS
 from ..intervals import consecutive_union_lengths, union_lengths
 from ..iterations import closed_range_mask, closed_ranges
 from ..lazy import pd
-from ..nvtx import innermost_nested, innermost_of, op_name, parents_of, stack_levels_of, start_order
+from ..nvtx import (
+    in_start_order,
+    innermost_nested,
+    innermost_of,
+    op_name,
+    parents_of,
+    stack_levels_of,
+    start_order,
+)
 from ..spill import SPILL_DIR, RankedRows, SpillWriter
 from . import Metric, Recipe, indented, ms, ms_cell
 
@@ -283,11 +291,18 @@ def _add_ranges(state: _Projection, rows: pa.Table | None, span_start: int) -> N
     if rows is None or not rows.num_rows:
         return
     closed = ~numpy_of(rows.column("end_ns").is_null(), True)
-    start, end = numpy_of(rows.column("start_ns"))[closed], numpy_of(rows.column("end_ns"))[closed]
-    order = start_order(start, end)
-    start, end = start[order], end[order]
-    tid, pid = numpy_of(rows.column("tid"))[closed][order], numpy_of(rows.column("pid"))[closed][order]
-    name, domain = (state.names.ids_in(rows.column(c))[closed][order] for c in ("name", "domain"))
+    start, end = numpy_of(rows.column("start_ns")), numpy_of(rows.column("end_ns"))
+    take = None  # the closed ranges in range order: the rows as they come (a span's usually are), else one take
+    if not closed.all() or not in_start_order(start, end):
+        take = np.flatnonzero(closed)
+        take = take[start_order(start[take], end[take])]
+
+    def ordered(values: np.ndarray) -> np.ndarray:
+        return values if take is None else values[take]
+
+    start, end = ordered(start), ordered(end)
+    tid, pid = (ordered(numpy_of(rows.column(c))) for c in ("tid", "pid"))
+    name, domain = (ordered(state.names.ids_in(rows.column(c))) for c in ("name", "domain"))
     ids = state.next_id + np.arange(len(start), dtype=np.int64)
     state.next_id += len(start)
     live = state.live
@@ -477,6 +492,9 @@ def _write_finished(state: _Projection, span_end: int) -> None:
     finished = (live["end"] < span_end) & (live["pending"] == 0)
     if np.count_nonzero(~live["late"]) > HOLD_ROWS:
         live["late"] |= (np.arange(len(finished)) < len(finished) - HOLD_ROWS // 2) & ~finished
+    if not live["late"].any():  # as usual: the finished ranges before the first unfinished one, a prefix
+        _write_prefix(state, int(np.argmin(finished)) if not finished.all() else len(finished))
+        return
     blocking = np.flatnonzero(~finished & ~live["late"])
     in_order = finished & ~live["late"] & (np.arange(len(finished)) < (blocking[0] if len(blocking) else len(finished)))
     late = finished & live["late"]
@@ -492,7 +510,19 @@ def _write_finished(state: _Projection, span_end: int) -> None:
         state.live = {c: v[~gone] for c, v in live.items()}
 
 
-def _rows_of(state: _Projection, chosen: np.ndarray) -> pa.Table:
+def _write_prefix(state: _Projection, count: int) -> None:
+    """Write the first `count` live ranges (finished, none late) and keep the rest: slices, where a mask takes copies
+    of every column."""
+    if not count:
+        return
+    state.spill.write(_rows_of(state, slice(0, count)))
+    live = state.live
+    live["parent_at"] = np.where(live["parent_at"] >= count, live["parent_at"] - count, -1)
+    state.pending_at = state.pending_at - count  # a range a pair names is not finished, so still there
+    state.live = {c: v[count:] for c, v in live.items()}
+
+
+def _rows_of(state: _Projection, chosen: np.ndarray | slice) -> pa.Table:
     """Some live ranges as the per-range table; their sums are added to the rank's."""
     live = state.live
     columns = {"pid": live["pid"][chosen], "tid": live["tid"][chosen], "range_id": live["id"][chosen],
