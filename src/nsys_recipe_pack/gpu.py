@@ -139,13 +139,24 @@ def key_places(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.nda
 def pair_launches(op_key: np.ndarray, call_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(op, call) index pairs of each GPU op and the runtime call(s) with its key, in op order (ops without
     a call dropped; a key held by several calls pairs the op with each, in call order)."""
-    by_key = np.argsort(call_keys, kind="stable")
-    sorted_keys = call_keys[by_key]
-    lo = np.searchsorted(sorted_keys, op_key, side="left")
-    if len(sorted_keys) and (sorted_keys[1:] != sorted_keys[:-1]).all():  # each key held once, as usual
-        op = np.flatnonzero(sorted_keys.take(lo, mode="clip") == op_key)
-        return op, by_key[lo[op]]
-    hits = np.searchsorted(sorted_keys, op_key, side="right") - lo
-    op = np.repeat(np.arange(len(op_key)), hits)
-    within = np.arange(len(op)) - np.repeat(np.cumsum(hits) - hits, hits)
-    return op, by_key[np.repeat(lo, hits) + within]
+    return CallIndex(call_keys).pairs(op_key)
+
+
+class CallIndex:
+    """Calls' launch keys sorted once, for pairing ops with them a batch of ops at a time (`pair_launches`)."""
+
+    def __init__(self, call_keys: np.ndarray):
+        self.by_key = np.argsort(call_keys, kind="stable")
+        self.keys = call_keys[self.by_key]
+        self.each_once = bool((self.keys[1:] != self.keys[:-1]).all())  # as usual
+
+    def pairs(self, op_key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        lo = np.searchsorted(self.keys, op_key, side="left")
+        if self.each_once:
+            op = np.flatnonzero(self.keys.take(lo, mode="clip") == op_key) if len(self.keys) else \
+                np.zeros(0, np.int64)
+            return op, self.by_key[lo[op]]
+        hits = np.searchsorted(self.keys, op_key, side="right") - lo
+        op = np.repeat(np.arange(len(op_key)), hits)
+        within = np.arange(len(op)) - np.repeat(np.cumsum(hits) - hits, hits)
+        return op, self.by_key[np.repeat(lo, hits) + within]

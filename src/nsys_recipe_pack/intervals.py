@@ -142,9 +142,17 @@ def union_segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np
 def touching(seg_start: np.ndarray, seg_end: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Whether each [start, end] meets one of the disjoint sorted segments [seg_start, seg_end] (from
     `union_segments`), a shared instant included."""
-    i = np.searchsorted(seg_start, np.asarray(ends, np.int64), side="right") - 1
-    return (i >= 0) & (seg_end[np.maximum(i, 0)] >= np.asarray(starts, np.int64)) if len(seg_start) else \
-        np.zeros(len(starts), bool)
+    if not len(seg_start) or not len(starts):
+        return np.zeros(len(starts), bool)
+    starts, ends = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+    # only the segments between the earliest start and the latest end: a batch of a long capture's rows meets few,
+    # and searching those few stays in cache
+    low = int(np.searchsorted(seg_end, starts.min(), side="left"))
+    seg_start, seg_end = seg_start[low:int(np.searchsorted(seg_start, ends.max(), side="right"))], seg_end[low:]
+    if not len(seg_start):
+        return np.zeros(len(starts), bool)
+    i = np.searchsorted(seg_start, ends, side="right") - 1
+    return (i >= 0) & (seg_end[np.maximum(i, 0)] >= starts)
 
 
 def covered_length(seg_start: np.ndarray, seg_end: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:

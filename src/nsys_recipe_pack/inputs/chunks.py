@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from .events import DOMAIN_CREATE
-from .frames import numpy_of
+from .frames import Frame, numpy_of
 from .readers import SQLITE_READERS, TABLES, ExportSource, StringTable, read_ahead
 from .selection import RANGE_EVENTS, Extents, KeptRows, batch_frames
 
@@ -85,6 +85,15 @@ class Ahead:
                                        {need: cols} if cols else None):
             if chunk[need] is not None and chunk[need].num_rows:
                 yield chunk[need]
+
+    def frames(self, need: str, cols: list[str]) -> Iterator[Frame]:
+        """The frames of a new read of one need's table, a batch at a time in the export's order, sorted or not (cols:
+        the export columns read); its first read adds up its extents, as `spans` does."""
+        label, first = self._start(need)
+        extents = self.extents if first and need not in self.stream.needs else Extents()
+        for _, frame in batch_frames(self.src, need, cols, self.strings, extents,
+                                     lambda _table, rows: self.progress(label, rows), SQLITE_READERS):
+            yield frame
 
     def batches(self, need: str, cols: list[str]) -> Iterator[pa.Table]:
         """Some columns of a new read of one need's table, a batch at a time as the export holds them."""

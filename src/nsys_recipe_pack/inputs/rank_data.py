@@ -183,11 +183,11 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
                             "TARGET_INFO_* tables); export the report with `nsys export`")
     # the event tables read whole (those read for a few rows only hold little); those a selection reads a batch
     # at a time hold what it keeps
-    streamed = [need for need in selection.order if need in needs] if selection else []
     spans = list(stream.needs) if stream and set(stream.needs) | set(stream.ahead) <= needs else []
     ahead = [need for need in stream.ahead if need not in spans] if spans else []  # read ahead only
     if sum(src.count(t) for need in spans + ahead for t in TABLES[need]) < STREAM_MIN_ROWS:
         spans, ahead = [], []
+    streamed = [need for need in selection.order if need in needs] if selection and not spans else []
     whole = [t for need in sorted(needs) if not (rows or {}).get(need) and need not in streamed + spans + ahead
              for t in TABLES.get(need, {})]
     counts = {t: src.count(t) for t in whole}
@@ -228,7 +228,7 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
             reads[attr] = (table, functools.partial(_read_gpu_named, src, table, cols, strings, (rows or {}).get(need)))
     if "runtime" in kept:
         frames["runtime"] = kept["runtime"]
-    elif "runtime" in needs and "runtime" not in spans:
+    elif "runtime" in needs and "runtime" not in spans + ahead:
         reads["runtime"] = ("CUPTI_ACTIVITY_KIND_RUNTIME", functools.partial(read_runtime, src, strings))
     if "mpi" in needs and not spans:  # a stream that needs them reads them itself
         reads["mpi"] = (None, functools.partial(read_mpi, src, strings))

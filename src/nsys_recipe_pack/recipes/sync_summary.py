@@ -15,13 +15,14 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import PAGEABLE, gpu_intervals, key_places, pair_launches
+from ..gpu import GPU_NEEDS, PAGEABLE, CallIndex, gpu_intervals, key_places
 from ..gpu import call_key as _call_key
-from ..groups import SortedGroups, distinct
-from ..inputs import arrow_of, dictionary_column, ranked_tables, sorted_place
+from ..groups import SortedGroups, distinct, factorize
+from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables, sorted_place
+from ..inputs.chunks import END_OF_TIME, Stream
 from ..inputs.selection import Selection
 from ..intervals import covered_length, touching, union_segments
-from ..iterations import range_arrays
+from ..iterations import closed_range_mask, range_arrays
 from ..lazy import pd
 from ..nvtx import innermost_of
 from . import Recipe, indented, ms, ms_cell
@@ -72,42 +73,83 @@ def _column(frame, col: str, fill) -> np.ndarray:
     return frame.values(col, dtype=type(fill), fill=fill)
 
 
-def _classify(runtime, mem, mset) -> np.ndarray:
+def _copy_rows(need: str, frame) -> pa.Table:
+    """What `_classify` and `_waited` read of each copy or memset: its launch key and start, and for a copy whether
+    it lets the call return before it ends (at most SMALL_HTOD_BYTES host to device, or within one device) and
+    whether it touched pageable memory, for a memset whether it set host (pinned or managed) memory."""
+    n = len(frame)
+    early, pageable, host = np.zeros(n, bool), np.zeros(n, bool), np.zeros(n, bool)
+    if need == "memcpy":
+        small_htod = (_column(frame, "bytes", 0.0) <= SMALL_HTOD_BYTES) & (_column(frame, "copy_kind", -1) == 1)
+        src, dst = _column(frame, "src_device", -1), _column(frame, "dst_device", -1)
+        early = small_htod | (src >= 0) & (src == dst)
+        pageable = (_column(frame, "src_kind", -1) == PAGEABLE) | (_column(frame, "dst_kind", -1) == PAGEABLE)
+    else:
+        host = np.isin(_column(frame, "mem_kind", -1), HOST_MEMSET_KINDS)
+    return pa.table({"start_ns": arrow_of(frame.values("start_ns")), "key": arrow_of(_call_key(frame)),
+                     "memcpy": arrow_of(np.full(n, need == "memcpy")), "early": arrow_of(early),
+                     "pageable": arrow_of(pageable), "host": arrow_of(host)})
+
+
+class _Copies:
+    """What the copies and memsets each call launched show about it, added up a table or a batch at a time:
+    whether it launched a copy, whether any of them lets it return early or touched pageable memory, whether any
+    memset of it set host memory, and when the first of them started."""
+
+    NEVER = np.iinfo(np.int64).max
+
+    def __init__(self, call_keys: np.ndarray):
+        self.calls = CallIndex(call_keys)
+        n = len(call_keys)
+        self.copied, self.early, self.pageable, self.host = (np.zeros(n, bool) for _ in range(4))
+        self.first_start = np.full(n, self.NEVER)
+
+    def add(self, rows: pa.Table) -> None:
+        """rows: `_copy_rows` of some copies or memsets."""
+        op, call = self.calls.pairs(numpy_of(rows.column("key")))
+        if not len(op):
+            return
+        for have, col in ((self.copied, "memcpy"), (self.early, "early"), (self.pageable, "pageable"),
+                          (self.host, "host")):
+            have[call[numpy_of(rows.column(col))[op]]] = True
+        np.minimum.at(self.first_start, call, numpy_of(rows.column("start_ns"))[op])
+
+
+def _copies_of(rank_data, call_keys: np.ndarray) -> _Copies:
+    copies = _Copies(call_keys)
+    for need, attr in (("memcpy", "memcpy"), ("memset", "memset")):
+        frame = rank_data.frame(attr)
+        if frame is not None and len(frame):
+            copies.add(_copy_rows(need, frame))
+    return copies
+
+
+def _classify(api_codes: np.ndarray, api_words, copies: _Copies) -> np.ndarray:
     """Kind of each runtime call as an index into KINDS, -1 when it is not a host-blocking call."""
     # string tests on the few distinct API names, then spread to every call by its name's code
-    codes, words = runtime.codes("name")
-    traits = np.array([_api_traits("" if w is None else str(w)) for w in words], np.int64).reshape(-1, 4)
-    kind = traits[:, 0][codes]
-    # copies and memsets block depending on the memory they touched: only those calls are joined with it
-    copy_call = np.flatnonzero((traits[:, 1] | traits[:, 3])[codes] == 1)
-    if not len(copy_call):
-        return kind
-    is_memcpy, is_async, is_memset = (traits[codes[copy_call], 1:] == 1).T
-    key = _call_key(runtime)[copy_call]
-    # "any copy of this call has the property" = the call's key is among the keys of copies that have it
-    if mem is not None and len(mem):
-        mkey = _call_key(mem)
-        small_htod = (_column(mem, "bytes", 0.0) <= SMALL_HTOD_BYTES) & (_column(mem, "copy_kind", -1) == 1)
-        src, dst = _column(mem, "src_device", -1), _column(mem, "dst_device", -1)
-        same_device = (src >= 0) & (src == dst)
-        pageable = (_column(mem, "src_kind", -1) == PAGEABLE) | (_column(mem, "dst_kind", -1) == PAGEABLE)
-        has_copy, returns_early, touched_pageable = _any_row(key, mkey, small_htod | same_device, pageable)
-        kind[copy_call[is_memcpy & ~is_async & has_copy & ~returns_early]] = _KIND["memcpy_sync"]
-        kind[copy_call[is_memcpy & is_async & touched_pageable]] = _KIND["memcpy_pageable"]
-    if mset is not None and len(mset):
-        host = np.isin(_column(mset, "mem_kind", -1), HOST_MEMSET_KINDS)
-        kind[copy_call[is_memset & ~is_async & np.isin(key, _call_key(mset)[host])]] = _KIND["memset_sync"]
+    traits = _traits_of(api_words)
+    kind = traits[:, 0][api_codes]
+    # copies and memsets block depending on the memory they touched
+    copy_call = np.flatnonzero((traits[:, 1] | traits[:, 3])[api_codes] == 1)
+    is_memcpy, is_async, is_memset = (traits[api_codes[copy_call], 1:] == 1).T
+    launched = (copies.copied & ~copies.early)[copy_call]
+    kind[copy_call[is_memcpy & ~is_async & launched]] = _KIND["memcpy_sync"]
+    kind[copy_call[is_memcpy & is_async & copies.pageable[copy_call]]] = _KIND["memcpy_pageable"]
+    kind[copy_call[is_memset & ~is_async & copies.host[copy_call]]] = _KIND["memset_sync"]
     return kind
 
 
-def _any_row(key: np.ndarray, row_key: np.ndarray, *traits: np.ndarray) -> list[np.ndarray]:
-    """For each key: whether any row has it, and for each trait whether any row with that key has the
-    trait (one sort of the rows, not one np.isin per trait)."""
-    order = np.argsort(row_key, kind="stable")
-    sorted_key = row_key[order]
-    low, high = np.searchsorted(sorted_key, key, "left"), np.searchsorted(sorted_key, key, "right")
-    counts = [np.r_[0, np.cumsum(t[order])] for t in traits]
-    return [high > low, *(c[high] - c[low] > 0 for c in counts)]
+def _traits_of(words) -> np.ndarray:
+    """`_api_traits` of each API name (a null name: none), a row each."""
+    return np.array([_api_traits("" if w is None else str(w)) for w in words], np.int64).reshape(-1, 4)
+
+
+def _may_block(frame) -> np.ndarray:
+    """Which runtime calls `_classify` may find blocking, from their API names alone (an asynchronous memset never
+    blocks)."""
+    codes, words = frame.codes("name")
+    sync, memcpy, asynchronous, memset = _traits_of(words).T
+    return ((sync >= 0) | (memcpy == 1) | ((memset == 1) & (asynchronous == 0)))[codes]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -135,13 +177,17 @@ def _gpu_busy(rank_data, start: np.ndarray, end: np.ndarray) -> np.ndarray:
 
 def map_rank(rank_data, options: dict) -> dict:
     rank_data.require("runtime", "sync_summary")
-    runtime = rank_data.frame("runtime")
     calls, first_start, last_end = rank_data.extent("runtime")
+    wall = last_end - first_start  # of all the rank's calls, also where only the blocking ones were read
+    if rank_data.streamed is not None:  # a long capture: its calls found ahead, the rest added span by span (STREAM)
+        found = rank_data.streamed
+        return _map_result(*found["api"], *found["range"], found["cols"], wall, _flavour(rank_data.env))
+    runtime = rank_data.frame("runtime")
     if runtime is None or not calls:
-        return _map_result(np.zeros(0, np.int64), [], np.zeros(0, np.int64), [], {c: np.zeros(0, np.int64) for c in
-                                                                              ("pid", "tid", "start_ns", "end_ns",
-                                                                               "gpu_idle_ns", "kind")}, 0)
-    kind = _classify(runtime, rank_data.frame("memcpy"), rank_data.frame("memset"))
+        return _map_result(np.zeros(0, np.int64), [], np.zeros(0, np.int64), [], _no_calls(), 0)
+    api_codes, api_words = runtime.codes("name")
+    copies = _copies_of(rank_data, _call_key(runtime))
+    kind = _classify(api_codes, api_words, copies)
     start_all, end_all = runtime.values("start_ns"), runtime.values("end_ns")
     blocking = np.flatnonzero(kind >= 0)
     sel = blocking
@@ -149,32 +195,26 @@ def map_rank(rank_data, options: dict) -> dict:
         sel = blocking[np.argsort(start_all[blocking], kind="stable")]
     cols = {"pid": runtime.values("pid")[sel], "tid": runtime.values("tid")[sel], "start_ns": start_all[sel],
             "end_ns": end_all[sel], "kind": kind[sel]}
-    api_codes, api_words = runtime.codes("name")
     range_codes, range_words = _innermost_ranges(rank_data, cols["tid"], cols["start_ns"], cols["end_ns"])
     # GPU time left idle while the host was blocked: the call's duration minus the union of GPU work in it
     busy = _gpu_busy(rank_data, cols["start_ns"], cols["end_ns"])
     cols["gpu_idle_ns"] = cols["end_ns"] - cols["start_ns"] - busy
-    cols["waited_ns"] = _waited(rank_data, runtime, sel, cols)
-    wall = last_end - first_start  # of all the rank's calls, also where only the blocking ones were read
+    cols["waited_ns"] = _waited(cols, copies.first_start[sel])
     return _map_result(api_codes[sel], list(api_words[:-1]), range_codes, range_words, cols, wall,
                        _flavour(rank_data.env))
 
 
-def _waited(rank_data, runtime, sel: np.ndarray, cols: dict) -> np.ndarray:
+def _no_calls() -> dict:
+    return {c: np.zeros(0, np.int64) for c in ("pid", "tid", "start_ns", "end_ns", "gpu_idle_ns", "kind")}
+
+
+def _waited(cols: dict, first_op_start: np.ndarray) -> np.ndarray:
     """How long each blocking call waited for GPU work queued before it: a sync, all of it; a copy or
     memset, until its own operation started on the GPU (the rest is the copy's own cost)."""
     duration = cols["end_ns"] - cols["start_ns"]
     waited = np.where(np.isin(cols["kind"], _SYNC_CALLS), duration, 0)
-    ops = [f for f in (rank_data.frame("memcpy"), rank_data.frame("memset")) if f is not None and len(f)]
-    own_op = np.flatnonzero(np.isin(cols["kind"], _OWN_OP_CALLS))
-    if ops and len(own_op):
-        op_start = np.concatenate([f.values("start_ns") for f in ops])
-        op, call = pair_launches(np.concatenate([_call_key(f) for f in ops]), _call_key(runtime)[sel][own_op])
-        never = np.iinfo(np.int64).max
-        started = np.full(len(own_op), never)
-        np.minimum.at(started, call, op_start[op])  # a call's earliest operation
-        hit = started < never
-        waited[own_op[hit]] = np.clip(started[hit] - cols["start_ns"][own_op[hit]], 0, duration[own_op[hit]])
+    own_op = np.flatnonzero(np.isin(cols["kind"], _OWN_OP_CALLS) & (first_op_start < _Copies.NEVER))
+    waited[own_op] = np.clip(first_op_start[own_op] - cols["start_ns"][own_op], 0, duration[own_op])
     return waited
 
 
@@ -182,12 +222,7 @@ def _select(need: str, kept: dict):
     """The rows the map uses (see `SELECTION`): the calls that may block; the copies and memsets they made;
     the GPU work during them; the NVTX ranges around them on their threads."""
     if need == "runtime":
-        def blocking_api(batch):
-            codes, words = batch.codes("name")
-            traits = np.array([_api_traits("" if w is None else str(w)) for w in words], np.int64).reshape(-1, 4)
-            sync, memcpy, asynchronous, memset = traits.T  # an asynchronous memset never blocks (_classify)
-            return ((sync >= 0) | (memcpy == 1) | ((memset == 1) & (asynchronous == 0)))[codes]
-        return blocking_api
+        return _may_block
     calls = kept["runtime"]
     start, end = calls.values("start_ns"), calls.values("end_ns")
     during = union_segments(start, end)
@@ -197,18 +232,22 @@ def _select(need: str, kept: dict):
                               | touching(*during, batch.values("start_ns"), batch.values("end_ns")))
     if need == "kernel":
         return lambda batch: touching(*during, batch.values("start_ns"), batch.values("end_ns"))
-    tid = calls.values("tid")
+    around = _around_calls(calls.values("tid"), start, end)
+    return lambda batch: around(batch.values("tid"), batch.values("start_ns"), batch.values("end_ns"))
+
+
+def _around_calls(tid: np.ndarray, start: np.ndarray, end: np.ndarray):
+    """A test of which ranges (thread, start, end) touch one of these calls on their thread: the only ranges that
+    can be around one."""
     on_thread = {t: union_segments(start[tid == t], end[tid == t]) for t in distinct(tid).tolist()}  # a few threads
 
-    def around_calls(batch):
-        out = np.zeros(len(batch), bool)
-        range_tid = batch.values("tid")
-        range_start, range_end = batch.values("start_ns"), batch.values("end_ns")
+    def around(range_tid: np.ndarray, range_start: np.ndarray, range_end: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(range_tid), bool)
         for t, segments in on_thread.items():
             on = np.flatnonzero(range_tid == t)
             out[on] = touching(*segments, range_start[on], range_end[on])
         return out
-    return around_calls
+    return around
 
 
 # Ranges that nest (push/pop ranges always do): a range that touches no call is neither around one nor around
@@ -223,6 +262,150 @@ SELECTION = Selection(tag="sync", order=("runtime", "memcpy", "memset", "kernel"
                                "memcpy": ["start", "end", "correlationId", "globalPid", "bytes", "copyKind", "srcKind",
                                           "dstKind", "srcDeviceId", "dstDeviceId"],
                                "memset": ["start", "end", "correlationId", "globalPid", "memKind"]})
+
+
+# A long capture, span by span (inputs.chunks): the calls that may block are read ahead of the spans, and with the
+# copies and memsets they launched they give the blocking calls, the rows of the output. The GPU work and the NVTX
+# ranges then pass span by span, adding to each call the GPU time inside it and finding the range around it, so
+# neither is held: a selection holds every row touching a call, on a capture that syncs every step most of them.
+# As with a selection, ranges that ended before a call are not among those around it: only start/end ranges that
+# cross on one thread can then give another innermost range.
+RUNTIME_COLUMNS = ["start", "end", "globalTid", "correlationId", "nameId"]
+CALL_COLUMNS = ("start_ns", "end_ns", "tid", "pid")
+
+
+def _call_view(need: str, frame) -> pa.Table:
+    """The runtime calls of a batch that may block: their times, thread, process, launch key and API name."""
+    keep = np.flatnonzero(_may_block(frame))
+    codes, words = frame.codes("name")
+    return pa.table({**{c: arrow_of(frame.values(c)[keep]) for c in CALL_COLUMNS},
+                     "key": arrow_of(_call_key(frame)[keep]), "api": dictionary_column(codes[keep], words[:-1])})
+
+
+def _span_view(need: str, frame) -> pa.Table:
+    """A span's GPU work (times and process), or its closed NVTX ranges (times, thread, process and name)."""
+    if need != "nvtx":
+        return pa.table({c: arrow_of(frame.values(c)) for c in ("start_ns", "end_ns", "pid")})
+    closed = np.flatnonzero(closed_range_mask(frame))
+    codes, words = frame.codes("name")
+    return pa.table({**{c: arrow_of(frame.values(c)[closed]) for c in CALL_COLUMNS},
+                     "name": dictionary_column(codes[closed], words[:-1])})
+
+
+def _prepare(ahead, options: dict) -> dict:
+    """The blocking calls in time order, with what each waited for its own copy; their GPU time and range are
+    left to the spans."""
+    parts = [_call_view("runtime", frame) for frame in ahead.frames("runtime", RUNTIME_COLUMNS)]
+    api = NameIds()
+    api_ids = np.concatenate([api.ids_in(t.column("api")) for t in parts] or [np.zeros(0, np.int64)])
+    cols = {c: np.concatenate([numpy_of(t.column(c)) for t in parts] or [np.zeros(0, np.int64)])
+            for c in (*CALL_COLUMNS, "key")}
+    del parts
+    if np.any(np.diff(cols["start_ns"]) < 0):  # in time order, as `map_rank` puts them (usually exported so)
+        order = np.argsort(cols["start_ns"], kind="stable")
+        cols, api_ids = {c: v[order] for c, v in cols.items()}, api_ids[order]
+    copies = _Copies(cols.pop("key"))
+    for need in ("memcpy", "memset"):
+        for frame in ahead.frames(need, SELECTION.columns[need]):
+            copies.add(_copy_rows(need, frame))
+    kind = _classify(api_ids, [*api.words, None], copies)
+    blocking = np.flatnonzero(kind >= 0)
+    calls = {c: v[blocking] for c, v in cols.items()}
+    calls["kind"], calls["api"] = kind[blocking], api_ids[blocking]
+    calls["waited_ns"] = _waited(calls, copies.first_start[blocking])
+    n = len(blocking)
+    # only GPU work and ranges that touch a call can add to one: the rest is let go as soon as it is read
+    return {"calls": calls, "api_words": api.words, "busy": np.zeros(n, np.int64), "range": np.full(n, -1),
+            "during": union_segments(calls["start_ns"], calls["end_ns"]),
+            "around": _around_calls(calls["tid"], calls["start_ns"], calls["end_ns"]),
+            "names": NameIds(), "live": {c: np.zeros(0, np.int64) for c in ("tid", "start_ns", "end_ns", "name")},
+            "asked": 0, "gpu": {}, "pids": ahead.extents.pids("runtime")}
+
+
+class _GpuTime:
+    """One process's GPU work so far: the union segment still open, and its calls (positions `at`, by start) that
+    a segment still to close may overlap, from `passed` on."""
+
+    def __init__(self, at: np.ndarray, start: np.ndarray, end: np.ndarray):
+        self.at, self.start, self.end = at, start, end
+        self.passed = 0
+        self.open: tuple[int, int] | None = None
+
+    def add(self, start: np.ndarray, end: np.ndarray, span_end: int, busy: np.ndarray) -> None:
+        """A span's ops into the union; the segments it closes into `busy` of the calls they overlap."""
+        if self.open is not None:
+            start, end = np.r_[self.open[0], start], np.r_[self.open[1], end]
+        seg_start, seg_end = union_segments(start, end)
+        self.open = None
+        if span_end < END_OF_TIME and len(seg_start) and seg_end[-1] >= span_end:  # a later op may extend it
+            self.open = int(seg_start[-1]), int(seg_end[-1])
+            seg_start, seg_end = seg_start[:-1], seg_end[:-1]
+        if not len(seg_start):
+            return
+        upto = int(np.searchsorted(self.start, seg_end[-1], side="left"))  # calls starting before the last end
+        near = slice(self.passed, upto)
+        busy[self.at[near]] += covered_length(seg_start, seg_end, self.start[near], self.end[near])
+        frontier = self.open[0] if self.open is not None else span_end  # where segments still to close start
+        later = np.flatnonzero(self.end[near] > frontier)
+        self.passed = (self.passed + int(later[0])) if len(later) else max(self.passed, upto)
+
+
+def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
+    ops = [chunk[need] for need in GPU_NEEDS if chunk.get(need) is not None and chunk[need].num_rows]
+    ops = pa.concat_tables(ops) if ops else None
+    calls = state["calls"]
+    if ops is not None or state["gpu"]:
+        pid, start, end = ((numpy_of(ops.column(c)) for c in ("pid", "start_ns", "end_ns")) if ops is not None
+                           else (np.zeros(0, np.int64),) * 3)
+        touch = np.flatnonzero(touching(*state["during"], start, end))
+        pid, start, end = pid[touch], start[touch], end[touch]
+        for p in sorted(set(factorize(pid)[0].tolist()) | {p for p, g in state["gpu"].items() if g.open}):
+            if p not in state["gpu"]:
+                at = np.flatnonzero(calls["pid"] == p)
+                state["gpu"][p] = _GpuTime(at, calls["start_ns"][at], calls["end_ns"][at])
+            on = pid == p
+            state["gpu"][p].add(start[on], end[on], span_end, state["busy"])
+    _add_ranges(state, span_end, chunk.get("nvtx"))
+
+
+def _add_ranges(state: dict, span_end: int, ranges: pa.Table | None) -> None:
+    """The innermost range around each call starting in the span: every range around it has started by then. Kept
+    after it: the ranges that may still be around a later call."""
+    live = state["live"]
+    if ranges is not None and ranges.num_rows:
+        new = {c: numpy_of(ranges.column(c)) for c in ("tid", "start_ns", "end_ns")}
+        new["name"] = state["names"].ids_in(ranges.column("name"))
+        around = np.flatnonzero(state["around"](new["tid"], new["start_ns"], new["end_ns"]))
+        live = {c: np.concatenate([live[c], new[c][around]]) for c in live}
+    calls, first = state["calls"], state["asked"]
+    upto = len(calls["start_ns"]) if span_end == END_OF_TIME else \
+        int(np.searchsorted(calls["start_ns"], span_end, side="left"))
+    if upto > first and len(live["tid"]):
+        asked = slice(first, upto)
+        pos = innermost_of(live["tid"], live["start_ns"], live["end_ns"], calls["tid"][asked],
+                           calls["start_ns"][asked], calls["end_ns"][asked])
+        state["range"][asked] = np.where(pos >= 0, live["name"][np.maximum(pos, 0)], -1)
+    state["asked"] = upto
+    still = live["end_ns"] >= span_end
+    state["live"] = live if still.all() else {c: v[still] for c, v in live.items()}
+
+
+def _finish(state: dict, names: list) -> dict:
+    """Each process's calls, as `map_rank` makes them from a whole read."""
+    calls = state["calls"]
+    out = {}
+    for p in sorted(set(state["pids"]) | set(state["gpu"])):
+        on = np.flatnonzero(calls["pid"] == p)
+        cols = {c: calls[c][on] for c in (*CALL_COLUMNS, "kind", "waited_ns")}
+        cols["gpu_idle_ns"] = cols["end_ns"] - cols["start_ns"] - state["busy"][on]
+        out[p] = {"api": (calls["api"][on], state["api_words"]), "range": (state["range"][on], state["names"].words),
+                  "cols": cols}
+    return out
+
+
+# its spans read times and processes (and the kernels' devices, which give the rank's GPU)
+STREAM = Stream(needs=(*GPU_NEEDS, "nvtx"), view=_span_view, fold=_fold, finish=_finish, prepare=_prepare,
+                ahead=("runtime",), columns=dict.fromkeys(GPU_NEEDS, ["start", "end", "globalPid", "deviceId"]))
 
 
 MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "MPI_LOCALRANKID")
@@ -395,6 +578,7 @@ RECIPE = Recipe(
     map_rank=map_rank,
     reduce=reduce,
     selection=SELECTION,
+    stream=STREAM,
     summary=summary,
     headline=headline,
     figures="nsys_recipe_pack.plots.sync_summary",
