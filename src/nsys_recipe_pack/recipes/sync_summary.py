@@ -117,8 +117,8 @@ class _Copies:
 
 def _copies_of(rank_data, call_keys: np.ndarray) -> _Copies:
     copies = _Copies(call_keys)
-    for need, attr in (("memcpy", "memcpy"), ("memset", "memset")):
-        frame = rank_data.frame(attr)
+    for need in ("memcpy", "memset"):  # a need and its frame share the name
+        frame = rank_data.frame(need)
         if frame is not None and len(frame):
             copies.add(_copy_rows(need, frame))
     return copies
