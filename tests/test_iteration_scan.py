@@ -24,7 +24,7 @@ def _rank(rows, ks=None) -> RankData:
 def _reader(rank: RankData, instants: int, table: str = "nvtx"):
     """read() -> spans of `instants` distinct starts each of the rank's closed ranges (or kernels), and the reads."""
     frame = rank.frame(table)
-    view = iteration_scan.range_view if table == "nvtx" else iteration_scan.kernel_view
+    view = iterations.closed_range_view if table == "nvtx" else iteration_scan.kernel_view
     rows = view(table, frame)
     start = rows.column("start_ns").to_numpy()
     instant = np.cumsum(np.r_[0, start[1:] != start[:-1]]) if len(start) else start

@@ -31,7 +31,7 @@ from .iterations import (
     NCCL_API_RE,
     Delimiter,
     Iterations,
-    closed_range_mask,
+    closed_range_view,
     kernel_windows,
     most_common,
     no_iterations_text,
@@ -450,10 +450,10 @@ def iterations_ahead(ahead, options: dict) -> tuple[dict, bool]:
     windows: dict = {}
     try:
         if options.get("iteration_kernel"):
-            for _ in ahead.spans("nvtx", range_view):  # read once all the same: the rank's identity is in it
+            for _ in ahead.spans("nvtx", closed_range_view):  # read once all the same: the rank's identity is in it
                 pass
         else:
-            windows = nvtx_iterations(lambda: ahead.spans("nvtx", range_view), options.get("iteration"),
+            windows = nvtx_iterations(lambda: ahead.spans("nvtx", closed_range_view), options.get("iteration"),
                                       options.get(SPILL_DIR))
     except TooManyNames:
         raise ReadWhole("more NVTX threads, names or domains than a scan holds") from None
@@ -477,16 +477,6 @@ def no_windows_text(options: dict, kernels_read: bool) -> str:
     if not kernels_read:
         raise ReadWhole("GPU work of a process whose kernels were not read ahead")
     return no_iterations_text(False, False)
-
-
-def range_view(need: str, frame) -> pa.Table:
-    """The columns a span of NVTX events carries for the scans: its closed ranges' times, thread, name and domain."""
-    closed = closed_range_mask(frame)
-    columns = {c: arrow_of(frame.values(c)[closed]) for c in ("start_ns", "end_ns", "tid", "pid")}
-    for c in ("name", "domain"):
-        codes, words = frame.codes(c)
-        columns[c] = dictionary_column(codes[closed], words[:-1])
-    return pa.table(columns)
 
 
 def kernel_view(need: str, frame) -> pa.Table:

@@ -8,8 +8,10 @@ import re
 from dataclasses import dataclass
 
 import numpy as np
+import pyarrow as pa
 
 from .errors import BadInputError
+from .inputs.frames import arrow_of, dictionary_column
 from .intervals import outermost
 from .lazy import pd
 
@@ -52,6 +54,17 @@ def closed_range_mask(nvtx) -> np.ndarray:
     """Which rows of an inputs.Frame of NVTX events are the ranges `closed_ranges` keeps, without pandas."""
     start, end = nvtx.values("start_ns"), nvtx.values("end_ns")
     return np.isin(nvtx.values("event_type"), [59, 60]) & ~nvtx.is_null("end_ns") & (end >= start)
+
+
+def closed_range_view(need: str, frame) -> pa.Table:
+    """A span's closed ranges (inputs.chunks: a Stream's view of NVTX events): times, thread, process, name and
+    domain."""
+    closed = closed_range_mask(frame)
+    columns = {c: arrow_of(frame.values(c)[closed]) for c in ("start_ns", "end_ns", "tid", "pid")}
+    for c in ("name", "domain"):
+        codes, words = frame.codes(c)
+        columns[c] = dictionary_column(codes[closed], words[:-1])
+    return pa.table(columns)
 
 
 def parse_name_domain(text: str) -> tuple[str, str | None]:

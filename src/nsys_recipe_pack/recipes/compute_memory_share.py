@@ -13,10 +13,10 @@ import pyarrow as pa
 from ..errors import BadInputError, MissingTraceError
 from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY, gpu_frames
 from ..groups import SortedGroups, factorize
-from ..inputs import Frame, NameIds, arrow_of, dictionary_column, numpy_of, sorted_place, strings_of
+from ..inputs import Frame, NameIds, arrow_of, dictionary_column, numpy_of, sorted_place
 from ..inputs.chunks import END_OF_TIME, Stream
 from ..intervals import outermost, prefix_union_lengths, split_into_windows
-from ..iterations import NCCL_KERNEL_RE, closed_range_mask, matching, range_arrays
+from ..iterations import NCCL_KERNEL_RE, closed_range_view, matching, range_arrays
 from ..lazy import pd
 from . import Metric, Recipe, indented, ms_cell
 
@@ -290,11 +290,7 @@ INT64_MIN = np.iinfo(np.int64).min
 def _view(need: str, frame) -> pa.Table:
     """The columns a span's rows carry: an op's `_op_columns`, a closed NVTX range's times, thread and name."""
     if need == "nvtx":
-        closed = closed_range_mask(frame)
-        codes, words = frame.codes("name")
-        return pa.table({**{c: arrow_of(frame.values(c)[closed]) for c in ("start_ns", "end_ns", "tid", "pid")},
-                         "name": pa.DictionaryArray.from_arrays(arrow_of(codes[closed].astype(np.int32)),
-                                                                strings_of(words[:-1]))})
+        return closed_range_view(need, frame)
     ops = _op_columns(need, frame) or {c: np.zeros(0, bool if c in ("has_device", "has_bytes", "pageable")
                                                      else np.int64) for c in OP_COLUMNS}
     return pa.table({"start_ns": arrow_of(ops["start"]), **{c: ops[c] for c in OP_COLUMNS[1:]},

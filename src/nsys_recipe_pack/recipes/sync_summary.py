@@ -22,7 +22,7 @@ from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tabl
 from ..inputs.chunks import END_OF_TIME, Stream
 from ..inputs.selection import Selection
 from ..intervals import covered_length, touching, union_segments
-from ..iterations import closed_range_mask, range_arrays
+from ..iterations import closed_range_view, range_arrays
 from ..lazy import pd
 from ..nvtx import innermost_of
 from . import Recipe, indented, ms, ms_cell
@@ -283,13 +283,10 @@ def _call_view(need: str, frame) -> pa.Table:
 
 
 def _span_view(need: str, frame) -> pa.Table:
-    """A span's GPU work (times and process), or its closed NVTX ranges (times, thread, process and name)."""
-    if need != "nvtx":
-        return pa.table({c: arrow_of(frame.values(c)) for c in ("start_ns", "end_ns", "pid")})
-    closed = np.flatnonzero(closed_range_mask(frame))
-    codes, words = frame.codes("name")
-    return pa.table({**{c: arrow_of(frame.values(c)[closed]) for c in CALL_COLUMNS},
-                     "name": dictionary_column(codes[closed], words[:-1])})
+    """A span's GPU work (times and process), or its closed NVTX ranges."""
+    if need == "nvtx":
+        return closed_range_view(need, frame)
+    return pa.table({c: arrow_of(frame.values(c)) for c in ("start_ns", "end_ns", "pid")})
 
 
 def _prepare(ahead, options: dict) -> dict:
