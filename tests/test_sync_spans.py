@@ -59,3 +59,29 @@ def test_gpu_time_of_calls_across_spans_by_hand():
     assert busy.tolist() == [90, 60]
     whole = union_segments(np.array([10, 15, 200]), np.array([20, 160, 250]))
     assert busy.tolist() == covered_length(*whole, call_start, call_end).tolist()
+
+
+def test_copies_added_up_per_launch_key_by_hand():
+    """Copies of keys 5, 3, 5 (out of order, 5 twice: one pageable, one early) in two batches, a memset of key 3
+    setting host memory, read before the calls: call keys 3, 5, 9 and 5 again get what their ops show, and the first
+    op's start (key 3: the copy at 40 before the memset at 70; key 5: 10; key 9, no op: never)."""
+    def rows(key, start, *flags):
+        return pa.table({"start_ns": np.array(start, np.int64), "key": np.array(key, np.int64),
+                         **{f: np.array(v, bool) for f, v in zip(sync_summary.FLAGS, flags, strict=True)}})
+
+    copies = sync_summary._Copies()
+    copies.add(rows([5, 3], [20, 40], [True, True], [False, False], [True, False], [False, False]))
+    copies.add(rows([5], [10], [True], [True], [False], [False]))
+    copies.done()
+    copies.add(rows([3], [70], [False], [False], [False], [True]))
+    copies.done()
+    got = copies.of(np.array([3, 5, 9, 5]))
+    assert got["memcpy"].tolist() == [True, True, False, True]
+    assert got["early"].tolist() == [False, True, False, True]
+    assert got["pageable"].tolist() == [False, True, False, True]
+    assert got["host"].tolist() == [True, False, False, False]
+    assert got["first_start"].tolist() == [40, 10, sync_summary._Copies.NEVER, 10]
+    empty = sync_summary._Copies()  # a table whose batches hold no row
+    empty.add(rows([], [], [], [], [], []))
+    empty.done()
+    assert not empty.of(np.array([3]))["memcpy"].any() and empty.of(np.array([3]))["first_start"][0] == empty.NEVER

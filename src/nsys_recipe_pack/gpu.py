@@ -139,24 +139,13 @@ def key_places(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.nda
 def pair_launches(op_key: np.ndarray, call_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(op, call) index pairs of each GPU op and the runtime call(s) with its key, in op order (ops without
     a call dropped; a key held by several calls pairs the op with each, in call order)."""
-    return CallIndex(call_keys).pairs(op_key)
-
-
-class CallIndex:
-    """Calls' launch keys sorted once, for pairing ops with them a batch of ops at a time (`pair_launches`)."""
-
-    def __init__(self, call_keys: np.ndarray):
-        self.by_key = np.argsort(call_keys, kind="stable")
-        self.keys = call_keys[self.by_key]
-        self.each_once = bool((self.keys[1:] != self.keys[:-1]).all())  # as usual
-
-    def pairs(self, op_key: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        lo = np.searchsorted(self.keys, op_key, side="left")
-        if self.each_once:
-            op = np.flatnonzero(self.keys.take(lo, mode="clip") == op_key) if len(self.keys) else \
-                np.zeros(0, np.int64)
-            return op, self.by_key[lo[op]]
-        hits = np.searchsorted(self.keys, op_key, side="right") - lo
-        op = np.repeat(np.arange(len(op_key)), hits)
-        within = np.arange(len(op)) - np.repeat(np.cumsum(hits) - hits, hits)
-        return op, self.by_key[np.repeat(lo, hits) + within]
+    by_key = np.argsort(call_keys, kind="stable")
+    keys = call_keys[by_key]
+    lo = np.searchsorted(keys, op_key, side="left")
+    if (keys[1:] != keys[:-1]).all():  # each key once, as usual
+        op = np.flatnonzero(keys.take(lo, mode="clip") == op_key) if len(keys) else np.zeros(0, np.int64)
+        return op, by_key[lo[op]]
+    hits = np.searchsorted(keys, op_key, side="right") - lo
+    op = np.repeat(np.arange(len(op_key)), hits)
+    within = np.arange(len(op)) - np.repeat(np.cumsum(hits) - hits, hits)
+    return op, by_key[np.repeat(lo, hits) + within]

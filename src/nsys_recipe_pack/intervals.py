@@ -129,9 +129,10 @@ def union_segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np
     """The disjoint segments covering a set of intervals (one group)."""
     if len(starts) == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    order = np.argsort(starts, kind="mergesort")
-    s = np.asarray(starts, np.int64)[order]
-    e = np.asarray(ends, np.int64)[order]
+    s, e = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+    if np.any(s[1:] < s[:-1]):  # else in order already, as a long capture's calls mostly are: no sorted copies
+        order = np.argsort(s, kind="mergesort")
+        s, e = s[order], e[order]
     reach = np.maximum.accumulate(e)
     new = np.ones(len(s), dtype=bool)
     new[1:] = s[1:] > reach[:-1]

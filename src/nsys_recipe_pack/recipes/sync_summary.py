@@ -15,7 +15,7 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import GPU_NEEDS, PAGEABLE, CallIndex, gpu_intervals, key_places
+from ..gpu import GPU_NEEDS, PAGEABLE, gpu_intervals, key_places
 from ..gpu import call_key as _call_key
 from ..groups import SortedGroups, distinct, factorize
 from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables, sorted_place
@@ -91,51 +91,78 @@ def _copy_rows(need: str, frame) -> pa.Table:
                      "pageable": arrow_of(pageable), "host": arrow_of(host)})
 
 
+FLAGS = ("memcpy", "early", "pageable", "host")  # what `_copy_rows` tells of each copy or memset, as bits
+
+
 class _Copies:
-    """What the copies and memsets each call launched show about it, added up a table or a batch at a time:
-    whether it launched a copy, whether any of them lets it return early or touched pageable memory, whether any
-    memset of it set host memory, and when the first of them started."""
+    """What the copies and memsets of each launch key show, gathered a batch at a time and added up per key when a
+    table is done (`done`); `of` gives it for calls: whether a call launched a copy, whether any of them lets it
+    return early or touched pageable memory, whether any memset of it set host memory, and when the first of them
+    started. Kept by the ops' keys, not the calls': the calls can then be read after them a batch at a time, and
+    only the blocking ones kept."""
 
     NEVER = np.iinfo(np.int64).max
 
-    def __init__(self, call_keys: np.ndarray):
-        self.calls = CallIndex(call_keys)
-        n = len(call_keys)
-        self.copied, self.early, self.pageable, self.host = (np.zeros(n, bool) for _ in range(4))
-        self.first_start = np.full(n, self.NEVER)
+    def __init__(self):
+        self.batches: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (key, start, flag bits) not yet done
+        self.tables: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (distinct keys, first start, bits)
 
     def add(self, rows: pa.Table) -> None:
         """rows: `_copy_rows` of some copies or memsets."""
-        op, call = self.calls.pairs(numpy_of(rows.column("key")))
-        if not len(op):
+        bits = np.zeros(rows.num_rows, np.uint8)
+        for i, col in enumerate(FLAGS):
+            bits |= numpy_of(rows.column(col)).astype(np.uint8) << i
+        self.batches.append((numpy_of(rows.column("key")), numpy_of(rows.column("start_ns")), bits))
+
+    def done(self) -> None:
+        """Add up the batches of one table per key (a table's keys mostly come in order, each once: no sort then)."""
+        if not self.batches:
             return
-        for have, col in ((self.copied, "memcpy"), (self.early, "early"), (self.pageable, "pageable"),
-                          (self.host, "host")):
-            have[call[numpy_of(rows.column(col))[op]]] = True
-        np.minimum.at(self.first_start, call, numpy_of(rows.column("start_ns"))[op])
+        key, start, bits = (np.concatenate(part) for part in zip(*self.batches, strict=True))
+        self.batches = []
+        if len(key) > 1 and not (key[1:] > key[:-1]).all():
+            groups = SortedGroups(key)
+            key, start = groups.keys, groups.min(start)
+            bits = np.bitwise_or.reduceat(bits[groups.order], groups.first)
+        if len(key):
+            self.tables.append((key, start, bits))
+
+    def of(self, call_keys: np.ndarray) -> dict:
+        """Per call: "memcpy", "early", "pageable", "host" (bools) and "first_start" (NEVER: no copy or memset)."""
+        bits, first_start = np.zeros(len(call_keys), np.uint8), np.full(len(call_keys), self.NEVER)
+        for key, start, flags in self.tables:
+            at = np.minimum(np.searchsorted(key, call_keys), len(key) - 1)
+            found = np.flatnonzero(key[at] == call_keys)
+            bits[found] |= flags[at[found]]
+            first_start[found] = np.minimum(first_start[found], start[at[found]])
+        out = {col: (bits >> i) & 1 == 1 for i, col in enumerate(FLAGS)}
+        out["first_start"] = first_start
+        return out
 
 
-def _copies_of(rank_data, call_keys: np.ndarray) -> _Copies:
-    copies = _Copies(call_keys)
+def _copies_of(rank_data) -> _Copies:
+    copies = _Copies()
     for need in ("memcpy", "memset"):  # a need and its frame share the name
         frame = rank_data.frame(need)
         if frame is not None and len(frame):
             copies.add(_copy_rows(need, frame))
+            copies.done()
     return copies
 
 
-def _classify(api_codes: np.ndarray, api_words, copies: _Copies) -> np.ndarray:
-    """Kind of each runtime call as an index into KINDS, -1 when it is not a host-blocking call."""
+def _classify(api_codes: np.ndarray, api_words, copies: dict) -> np.ndarray:
+    """Kind of each runtime call as an index into KINDS, -1 when it is not a host-blocking call (copies: what
+    `_Copies.of` gives of the calls)."""
     # string tests on the few distinct API names, then spread to every call by its name's code
     traits = _traits_of(api_words)
     kind = traits[:, 0][api_codes]
     # copies and memsets block depending on the memory they touched
     copy_call = np.flatnonzero((traits[:, 1] | traits[:, 3])[api_codes] == 1)
     is_memcpy, is_async, is_memset = (traits[api_codes[copy_call], 1:] == 1).T
-    launched = (copies.copied & ~copies.early)[copy_call]
+    launched = (copies["memcpy"] & ~copies["early"])[copy_call]
     kind[copy_call[is_memcpy & ~is_async & launched]] = _KIND["memcpy_sync"]
-    kind[copy_call[is_memcpy & is_async & copies.pageable[copy_call]]] = _KIND["memcpy_pageable"]
-    kind[copy_call[is_memset & ~is_async & copies.host[copy_call]]] = _KIND["memset_sync"]
+    kind[copy_call[is_memcpy & is_async & copies["pageable"][copy_call]]] = _KIND["memcpy_pageable"]
+    kind[copy_call[is_memset & ~is_async & copies["host"][copy_call]]] = _KIND["memset_sync"]
     return kind
 
 
@@ -186,7 +213,7 @@ def map_rank(rank_data, options: dict) -> dict:
     if runtime is None or not calls:
         return _map_result(np.zeros(0, np.int64), [], np.zeros(0, np.int64), [], _no_calls(), 0)
     api_codes, api_words = runtime.codes("name")
-    copies = _copies_of(rank_data, _call_key(runtime))
+    copies = _copies_of(rank_data).of(_call_key(runtime))
     kind = _classify(api_codes, api_words, copies)
     start_all, end_all = runtime.values("start_ns"), runtime.values("end_ns")
     blocking = np.flatnonzero(kind >= 0)
@@ -199,7 +226,7 @@ def map_rank(rank_data, options: dict) -> dict:
     # GPU time left idle while the host was blocked: the call's duration minus the union of GPU work in it
     busy = _gpu_busy(rank_data, cols["start_ns"], cols["end_ns"])
     cols["gpu_idle_ns"] = cols["end_ns"] - cols["start_ns"] - busy
-    cols["waited_ns"] = _waited(cols, copies.first_start[sel])
+    cols["waited_ns"] = _waited(cols, copies["first_start"][sel])
     return _map_result(api_codes[sel], list(api_words[:-1]), range_codes, range_words, cols, wall,
                        _flavour(rank_data.env))
 
@@ -232,14 +259,19 @@ def _select(need: str, kept: dict):
                               | touching(*during, batch.values("start_ns"), batch.values("end_ns")))
     if need == "kernel":
         return lambda batch: touching(*during, batch.values("start_ns"), batch.values("end_ns"))
-    around = _around_calls(calls.values("tid"), start, end)
+    around = _around_calls(calls.values("tid"), start, end, during)
     return lambda batch: around(batch.values("tid"), batch.values("start_ns"), batch.values("end_ns"))
 
 
-def _around_calls(tid: np.ndarray, start: np.ndarray, end: np.ndarray):
+def _around_calls(tid: np.ndarray, start: np.ndarray, end: np.ndarray, during: tuple | None = None):
     """A test of which ranges (thread, start, end) touch one of these calls on their thread: the only ranges that
-    can be around one."""
-    on_thread = {t: union_segments(start[tid == t], end[tid == t]) for t in distinct(tid).tolist()}  # a few threads
+    can be around one. during: the calls' `union_segments`, where made already (the one thread's, where all the calls
+    are on one)."""
+    threads = distinct(tid).tolist()  # a few
+    if len(threads) == 1:
+        on_thread = {threads[0]: during if during is not None else union_segments(start, end)}
+    else:
+        on_thread = {t: union_segments(start[tid == t], end[tid == t]) for t in threads}
 
     def around(range_tid: np.ndarray, range_start: np.ndarray, range_end: np.ndarray) -> np.ndarray:
         out = np.zeros(len(range_tid), bool)
@@ -291,30 +323,36 @@ def _span_view(need: str, frame) -> pa.Table:
 
 def _prepare(ahead, options: dict) -> dict:
     """The blocking calls in time order, with what each waited for its own copy; their GPU time and range are
-    left to the spans."""
-    parts = [_call_view("runtime", frame) for frame in ahead.frames("runtime", RUNTIME_COLUMNS)]
-    api = NameIds()
-    api_ids = np.concatenate([api.ids_in(t.column("api")) for t in parts] or [np.zeros(0, np.int64)])
-    cols = {c: np.concatenate([numpy_of(t.column(c)) for t in parts] or [np.zeros(0, np.int64)])
-            for c in (*CALL_COLUMNS, "key")}
-    del parts
-    if np.any(np.diff(cols["start_ns"]) < 0):  # in time order, as `map_rank` puts them (usually exported so)
-        order = np.argsort(cols["start_ns"], kind="stable")
-        cols, api_ids = {c: v[order] for c, v in cols.items()}, api_ids[order]
-    copies = _Copies(cols.pop("key"))
+    left to the spans. The copies and memsets are read first: each batch of calls then keeps its blocking ones only."""
+    copies = _Copies()
     for need in ("memcpy", "memset"):
         for frame in ahead.frames(need, SELECTION.columns[need]):
             copies.add(_copy_rows(need, frame))
-    kind = _classify(api_ids, [*api.words, None], copies)
-    blocking = np.flatnonzero(kind >= 0)
-    calls = {c: v[blocking] for c, v in cols.items()}
-    calls["kind"], calls["api"] = kind[blocking], api_ids[blocking]
-    calls["waited_ns"] = _waited(calls, copies.first_start[blocking])
-    n = len(blocking)
+        copies.done()
+    api = NameIds()
+    parts = []
+    for frame in ahead.frames("runtime", RUNTIME_COLUMNS):
+        view = _call_view("runtime", frame)
+        api_ids = api.ids_in(view.column("api"))
+        launched = copies.of(numpy_of(view.column("key")))
+        kind = _classify(api_ids, [*api.words, None], launched)
+        blocking = np.flatnonzero(kind >= 0)
+        parts.append({**{c: numpy_of(view.column(c))[blocking] for c in CALL_COLUMNS}, "kind": kind[blocking],
+                      "api": api_ids[blocking], "first_start": launched["first_start"][blocking]})
+    del copies
+    # a column at a time, each let go of as soon as it is made: no moment holds every column twice
+    calls = {c: np.concatenate([part.pop(c) for part in parts] or [np.zeros(0, np.int64)])
+             for c in (*CALL_COLUMNS, "kind", "api", "first_start")}
+    if np.any(np.diff(calls["start_ns"]) < 0):  # in time order, as `map_rank` puts them (usually exported so)
+        order = np.argsort(calls["start_ns"], kind="stable")
+        for c in calls:
+            calls[c] = calls[c][order]
+    calls["waited_ns"] = _waited(calls, calls.pop("first_start"))
+    n = len(calls["start_ns"])
     # only GPU work and ranges that touch a call can add to one: the rest is let go as soon as it is read
+    during = union_segments(calls["start_ns"], calls["end_ns"])
     return {"calls": calls, "api_words": api.words, "busy": np.zeros(n, np.int64), "range": np.full(n, -1),
-            "during": union_segments(calls["start_ns"], calls["end_ns"]),
-            "around": _around_calls(calls["tid"], calls["start_ns"], calls["end_ns"]),
+            "during": during, "around": _around_calls(calls["tid"], calls["start_ns"], calls["end_ns"], during),
             "names": NameIds(), "live": {c: np.zeros(0, np.int64) for c in ("tid", "start_ns", "end_ns", "name")},
             "asked": 0, "gpu": {}, "pids": ahead.extents.pids("runtime")}
 
@@ -358,8 +396,9 @@ def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
         pid, start, end = pid[touch], start[touch], end[touch]
         for p in sorted(set(factorize(pid)[0].tolist()) | {p for p, g in state["gpu"].items() if g.open}):
             if p not in state["gpu"]:
-                at = np.flatnonzero(calls["pid"] == p)
-                state["gpu"][p] = _GpuTime(at, calls["start_ns"][at], calls["end_ns"][at])
+                at = _calls_of(calls, p)
+                state["gpu"][p] = _GpuTime(np.arange(len(calls["pid"]))[at], calls["start_ns"][at],
+                                           calls["end_ns"][at])
             on = pid == p
             state["gpu"][p].add(start[on], end[on], span_end, state["busy"])
     _add_ranges(state, span_end, chunk.get("nvtx"))
@@ -387,12 +426,18 @@ def _add_ranges(state: dict, span_end: int, ranges: pa.Table | None) -> None:
     state["live"] = live if still.all() else {c: v[still] for c, v in live.items()}
 
 
+def _calls_of(calls: dict, pid: int) -> np.ndarray | slice:
+    """Where a process's calls are: all of them, as usual, a slice, so that its columns are views, not copies."""
+    on = calls["pid"] == pid
+    return slice(None) if on.all() else np.flatnonzero(on)
+
+
 def _finish(state: dict, names: list) -> dict:
     """Each process's calls, as `map_rank` makes them from a whole read."""
     calls = state["calls"]
     out = {}
     for p in sorted(set(state["pids"]) | set(state["gpu"])):
-        on = np.flatnonzero(calls["pid"] == p)
+        on = _calls_of(calls, p)
         cols = {c: calls[c][on] for c in (*CALL_COLUMNS, "kind", "waited_ns")}
         cols["gpu_idle_ns"] = cols["end_ns"] - cols["start_ns"] - state["busy"][on]
         out[p] = {"api": (calls["api"][on], state["api_words"]), "range": (state["range"][on], state["names"].words),
