@@ -288,7 +288,7 @@ INT64_MIN = np.iinfo(np.int64).min
 
 
 def _view(need: str, frame) -> pa.Table:
-    """The columns a span's rows carry: an op's `_op_columns`, a closed NVTX range's times, thread and name."""
+    """The columns a span's rows carry: an op's `_op_columns`, or `iterations.closed_range_view`."""
     if need == "nvtx":
         return closed_range_view(need, frame)
     ops = _op_columns(need, frame) or {c: np.zeros(0, bool if c in ("has_device", "has_bytes", "pageable")
