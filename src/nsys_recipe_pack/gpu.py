@@ -140,12 +140,12 @@ def pair_launches(op_key: np.ndarray, call_keys: np.ndarray) -> tuple[np.ndarray
     """(op, call) index pairs of each GPU op and the runtime call(s) with its key, in op order (ops without
     a call dropped; a key held by several calls pairs the op with each, in call order)."""
     by_key = np.argsort(call_keys, kind="stable")
-    keys = call_keys[by_key]
-    lo = np.searchsorted(keys, op_key, side="left")
-    if (keys[1:] != keys[:-1]).all():  # each key once, as usual
-        op = np.flatnonzero(keys.take(lo, mode="clip") == op_key) if len(keys) else np.zeros(0, np.int64)
+    sorted_keys = call_keys[by_key]
+    lo = np.searchsorted(sorted_keys, op_key, side="left")
+    if len(sorted_keys) and (sorted_keys[1:] != sorted_keys[:-1]).all():  # each key held once, as usual
+        op = np.flatnonzero(sorted_keys.take(lo, mode="clip") == op_key)
         return op, by_key[lo[op]]
-    hits = np.searchsorted(keys, op_key, side="right") - lo
+    hits = np.searchsorted(sorted_keys, op_key, side="right") - lo
     op = np.repeat(np.arange(len(op_key)), hits)
     within = np.arange(len(op)) - np.repeat(np.cumsum(hits) - hits, hits)
     return op, by_key[np.repeat(lo, hits) + within]

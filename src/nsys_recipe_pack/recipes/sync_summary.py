@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from ..gpu import GPU_NEEDS, PAGEABLE, gpu_intervals, key_places
 from ..gpu import call_key as _call_key
-from ..groups import SortedGroups, distinct, factorize
+from ..groups import SortedGroups, Vocabulary, distinct, factorize
 from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables, sorted_place
 from ..inputs.chunks import END_OF_TIME, Stream
 from ..inputs.selection import Selection
@@ -296,22 +296,14 @@ SELECTION = Selection(tag="sync", order=("runtime", "memcpy", "memset", "kernel"
                                "memset": ["start", "end", "correlationId", "globalPid", "memKind"]})
 
 
-# A long capture, span by span (inputs.chunks): the calls that may block are read ahead of the spans, and with the
-# copies and memsets they launched they give the blocking calls, the rows of the output. The GPU work and the NVTX
+# A long capture, span by span (inputs.chunks): the copies and memsets, then the calls that may block are read ahead
+# of the spans, and give the blocking calls, the rows of the output. The GPU work and the NVTX
 # ranges then pass span by span, adding to each call the GPU time inside it and finding the range around it, so
 # neither is held: a selection holds every row touching a call, on a capture that syncs every step most of them.
 # As with a selection, ranges that ended before a call are not among those around it: only start/end ranges that
 # cross on one thread can then give another innermost range.
 RUNTIME_COLUMNS = ["start", "end", "globalTid", "correlationId", "nameId"]
 CALL_COLUMNS = ("start_ns", "end_ns", "tid", "pid")
-
-
-def _call_view(need: str, frame) -> pa.Table:
-    """The runtime calls of a batch that may block: their times, thread, process, launch key and API name."""
-    keep = np.flatnonzero(_may_block(frame))
-    codes, words = frame.codes("name")
-    return pa.table({**{c: arrow_of(frame.values(c)[keep]) for c in CALL_COLUMNS},
-                     "key": arrow_of(_call_key(frame)[keep]), "api": dictionary_column(codes[keep], words[:-1])})
 
 
 def _span_view(need: str, frame) -> pa.Table:
@@ -329,15 +321,16 @@ def _prepare(ahead, options: dict) -> dict:
         for frame in ahead.frames(need, SELECTION.columns[need]):
             copies.add(_copy_rows(need, frame))
         copies.done()
-    api = NameIds()
+    api = Vocabulary()  # API names by id across the batches
     parts = []
     for frame in ahead.frames("runtime", RUNTIME_COLUMNS):
-        view = _call_view("runtime", frame)
-        api_ids = api.ids_in(view.column("api"))
-        launched = copies.of(numpy_of(view.column("key")))
+        may_block = np.flatnonzero(_may_block(frame))
+        codes, words = frame.codes("name")
+        api_ids = np.r_[api.ids(words[:-1]), -1][codes[may_block]]
+        launched = copies.of(_call_key(frame)[may_block])
         kind = _classify(api_ids, [*api.words, None], launched)
         blocking = np.flatnonzero(kind >= 0)
-        parts.append({**{c: numpy_of(view.column(c))[blocking] for c in CALL_COLUMNS}, "kind": kind[blocking],
+        parts.append({**{c: frame.values(c)[may_block[blocking]] for c in CALL_COLUMNS}, "kind": kind[blocking],
                       "api": api_ids[blocking], "first_start": launched["first_start"][blocking]})
     del copies
     # a column at a time, each let go of as soon as it is made: no moment holds every column twice
