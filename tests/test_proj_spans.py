@@ -3,6 +3,7 @@ ranges written to a file as they are finished (spill.py): the same output folder
 however the tables are cut, and the whole read wherever spans cannot give the same answer."""
 
 import gc
+import os
 import shutil
 import sqlite3
 import tempfile
@@ -18,7 +19,7 @@ import pytest
 from test_selection import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
 
 from nsys_recipe_pack import recipes, runner
-from nsys_recipe_pack.inputs import load_file, rank_data, readers
+from nsys_recipe_pack.inputs import NameIds, load_file, rank_data, readers
 from nsys_recipe_pack.inputs.chunks import ReadWhole
 from nsys_recipe_pack.recipes import nvtx_gpu_proj as proj
 from nsys_recipe_pack.spill import SpilledRows, SpillWriter
@@ -56,8 +57,8 @@ def _same_output(path, tmp_path, monkeypatch, attribution="process"):
     written = []
 
     class Recorded(SpillWriter):
-        def __init__(self, *args):
-            super().__init__(*args)
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
             written.append(Path(self.path))
 
     monkeypatch.setattr(proj, "SpillWriter", Recorded)
@@ -177,13 +178,14 @@ def test_calls_of_one_key_in_two_ranges_of_a_span_are_read_whole(spill_dir):
     state = proj._Projection(np.array([10, 20]), np.array([1, 1], np.int32), {})
     names = pa.DictionaryArray.from_arrays(pa.array([0, 1], pa.int32()), pa.array(["A", "B"]))
     domains = pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), pa.array([""]))
-    proj._add_ranges(state, pa.table({"start_ns": [0, 0], "end_ns": [100, 50], "tid": [1, 1], "pid": [1, 1],
-                                      "name": names, "domain": domains}), 0)
+    ranges = pa.table({"start_ns": [0, 0], "end_ns": [100, 50], "tid": [1, 1], "pid": [1, 1], "name": names,
+                       "domain": domains})
+    proj._add_ranges(state, proj._ranges_of({}, NameIds(), ranges, 0, 1000))
     assert state.live["parent_at"].tolist() == [-1, 0]
     calls = pa.table({"start_ns": [10, 60, 70], "end_ns": [11, 61, 71], "tid": [1, 1, 1], "pid": [1, 1, 1],
                       "key": [20, 10, 20]})
     with pytest.raises(ReadWhole, match="two NVTX ranges of one thread"):
-        proj._add_calls(state, calls, 0)
+        proj._add_calls(state, proj._calls_of(state.keys, calls), 0)
     state.spill.close().remove()
 
 
@@ -240,6 +242,46 @@ def test_a_spilled_table_is_written_in_row_groups(spill_dir, tmp_path, monkeypat
     rows.write_parquet(tmp_path / "t.parquet")
     got = pd.read_parquet(tmp_path / "t.parquet")
     assert got["rank"].tolist() == [0, 0] + [1] * 10 and got["range_id"].tolist() == [0, 1, *range(10)]
+
+
+def test_a_spill_written_as_the_output_is_the_file_of_a_run_whose_only_rank_it_is(spill_dir, tmp_path, monkeypatch):
+    """Rows spilled as the output itself (rank 0, row groups of 4 here) become the file as they are. For rank 1, or
+    beside another rank's rows, or with rows finished late, they are read back and written again, in key order."""
+    from nsys_recipe_pack import spill
+
+    monkeypatch.setattr(spill, "SPILLED_GROUP_ROWS", 4)
+    monkeypatch.setattr(spill, "ROW_GROUP_ROWS", 5)
+    output = pa.schema([("rank", pa.int64()), ("range_id", pa.int64()), ("name", pa.large_string())])
+    names = pa.dictionary(pa.int32(), pa.large_string())
+
+    def spilled(late=None):
+        writer = SpillWriter(pa.schema([("range_id", pa.int64()), ("name", names)]), "range_id", output=output)
+        for first in range(0, 10, 2):
+            writer.write(pa.table({"range_id": np.arange(first, first + 2), "name": pa.array(["a", "b"]).cast(names)}))
+        return writer.close(late)
+
+    late = pa.table({"range_id": [11, 10], "name": pa.array(["d", "c"]).cast(names)})
+    cases = [([(0, spilled())], [0] * 10, list(range(10)), True),
+             ([(1, spilled())], [1] * 10, list(range(10)), False),
+             ([(0, spilled()), (1, pa.table({"range_id": [0], "name": ["x"]}))], [0] * 10 + [1], [*range(10), 0],
+              False),
+             ([(0, spilled(late))], [0] * 12, list(range(12)), False)]
+    for i, (parts, ranks, ids, moved) in enumerate(cases):
+        path = tmp_path / f"{i}.parquet"
+        spill.RankedRows(output, parts).write_parquet(path)
+        got = pd.read_parquet(path)
+        assert got["rank"].tolist() == ranks and got["range_id"].tolist() == ids, i
+        assert got["name"].tolist()[:10] == ["a", "b"] * 5 and got["name"].dtype == "str"
+        meta = pq.ParquetFile(path).metadata
+        groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        assert os.path.exists(parts[0][1].path) != moved and (groups == [4, 4, 2]) == moved, (i, groups)
+        parts[0][1].remove()
+    assert got["name"].tolist()[10:] == ["c", "d"]
+    assert not list(spill_dir.iterdir())
+    SpillWriter(pa.schema([("range_id", pa.int64())]), "range_id", output=output.remove(2)).write(
+        pa.table({"range_id": [0]}))  # given up: never closed
+    gc.collect()
+    assert not list(spill_dir.iterdir())
 
 
 def test_output_columns_are_encoded_by_what_they_hold(spill_dir, tmp_path):

@@ -1,11 +1,13 @@
 """Per-event output too long to hold (one row per NVTX range of an hour-long capture): written a piece at a time to
 a file while the map reads the capture, read back a piece at a time when the output folder is written
-(`RankedRows.write_parquet`, from runner.write_tables). Outputs of usual size stay in memory as Arrow tables.
+(`RankedRows.write_parquet`, from runner.write_tables), or already written as the output of a run of one rank, as
+its file. Outputs of usual size stay in memory as Arrow tables.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 import weakref
 from collections import deque
@@ -23,18 +25,28 @@ from .inputs.frames import arrow_of, numpy_of
 from .inputs.readers import read_ahead
 
 ROW_GROUP_ROWS = 1 << 20  # rows per Parquet row group of a table written in pieces
+# a run of one report gives its process this rank unless the report names another: what a spill written as the output
+# itself holds (SpillWriter's `output`)
+SPILLED_RANK = 0
 SPILL_DIR = "_spill_dir"  # the option that names the folder a map writes such tables to (the output being written)
 
 
 @dataclass
 class SpilledRows:
-    """Rows in the order of an integer `key` column, in a file of Arrow IPC batches, and `late`: rows that were
-    finished after rows with a greater key had been written, merged back into their places on reading."""
+    """Rows in the order of an integer `key` column, in a file (of Arrow IPC batches, or with `output`, the Parquet
+    file of a table's output, its rank SPILLED_RANK), and `late`: rows that were finished after rows with a greater
+    key had been written, merged back into their places on reading."""
 
     path: str
     key: str
     late: pa.Table
     num_rows: int = 0
+    output: pa.Schema | None = None
+
+    def is_output(self, schema: pa.Schema, rank: int) -> bool:
+        """Whether the file is already the output of one rank in this schema, all its rows in place."""
+        return (self.output is not None and self.output.equals(schema, check_metadata=True) and rank == SPILLED_RANK
+                and not self.late.num_rows)
 
     def batches(self) -> Iterator[pa.Table]:
         if not os.path.exists(self.path):
@@ -42,18 +54,27 @@ class SpilledRows:
                             "see; write the output to a folder every node sees (--output on a shared filesystem)")
         late_keys = numpy_of(self.late.column(self.key)) if self.late.num_rows else np.zeros(0, np.int64)
         taken = 0
-        with pa.OSFile(self.path, "rb") as source:
-            for batch in ipc.open_stream(source):
-                rows = pa.Table.from_batches([batch])
-                if not rows.num_rows:
-                    continue
-                cut = int(np.searchsorted(late_keys, numpy_of(rows.column(self.key))[-1], side="right"))
-                if cut > taken:
-                    rows = _in_key_order(pa.concat_tables([rows, self.late.slice(taken, cut - taken)]), self.key)
-                    taken = cut
-                yield rows
+        for rows in self._pieces():
+            if not rows.num_rows:
+                continue
+            cut = int(np.searchsorted(late_keys, numpy_of(rows.column(self.key))[-1], side="right"))
+            if cut > taken:
+                rows = _in_key_order(pa.concat_tables([rows, self.late.slice(taken, cut - taken)]), self.key)
+                taken = cut
+            yield rows
         if taken < self.late.num_rows:
             yield self.late.slice(taken)
+
+    def _pieces(self) -> Iterator[pa.Table]:
+        """The file's rows as written, without the output's rank."""
+        if self.output is not None:
+            file = pq.ParquetFile(self.path)
+            for group in range(file.num_row_groups):
+                yield file.read_row_group(group, columns=self.late.column_names)
+            return
+        with pa.OSFile(self.path, "rb") as source:
+            for batch in ipc.open_stream(source):
+                yield pa.Table.from_batches([batch])
 
     def remove(self) -> None:
         _remove(self.path)
@@ -75,20 +96,27 @@ def _in_key_order(rows: pa.Table, key: str) -> pa.Table:
 
 
 WRITES_AHEAD = 2  # pieces a SpillWriter holds while its thread compresses and writes the ones before
+SPILLED_GROUP_ROWS = 1 << 18  # rows per row group of a spill written as an output (held until written)
 
 
 class SpillWriter:
-    """Writes a table's rows a piece at a time, in `key` order, LZ4-compressed, to a temporary file in `folder`
-    (the run's output folder being written, where the runner gives one; else TMPDIR, which is often memory). A
-    thread of its own compresses and writes each piece (Arrow lets go of Python meanwhile) while the map goes on."""
+    """Writes a table's rows a piece at a time, in `key` order, to a temporary file in `folder` (the run's output
+    folder being written, where the runner gives one; else TMPDIR, which is often memory): LZ4-compressed Arrow, or
+    with `output` (the schema of the table's output, its first column the rank), the output's Parquet file for
+    SPILLED_RANK, which a run whose only rank that is takes as it is (RankedRows.write_parquet) and any other reads
+    back. A thread of its own writes each piece (Arrow lets go of Python meanwhile) while the map goes on."""
 
-    def __init__(self, schema: pa.Schema, key: str, folder: str | None = None):
-        fd, self.path = tempfile.mkstemp(prefix=".nsys-recipe-spill-", suffix=".arrows",
-                                         dir=folder if folder and os.path.isdir(folder) else None)
+    def __init__(self, schema: pa.Schema, key: str, folder: str | None = None, output: pa.Schema | None = None):
+        fd, self.path = tempfile.mkstemp(prefix=".nsys-recipe-spill-", suffix=".arrows" if output is None else
+                                         ".parquet", dir=folder if folder and os.path.isdir(folder) else None)
         os.close(fd)
-        self.key, self.schema, self.rows = key, schema, 0
+        self.key, self.schema, self.output, self.rows = key, schema, output, 0
         self._sink = pa.OSFile(self.path, "wb")
-        self._writer = ipc.new_stream(self._sink, schema, options=ipc.IpcWriteOptions(compression="lz4"))
+        if output is None:
+            self._writer = ipc.new_stream(self._sink, schema, options=ipc.IpcWriteOptions(compression="lz4"))
+        else:
+            self._writer = pq.ParquetWriter(self._sink, output, **parquet_options(output))
+        self._held: list[pa.Table] = []  # pieces of the next row group of a Parquet file, the writing thread's
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="nsys-recipe-spill")
         self._written: deque[Future] = deque()
         # a map given up half way (its read failed, or its tables are read whole instead) leaves no file behind
@@ -98,18 +126,41 @@ class SpillWriter:
         if rows.num_rows:
             while len(self._written) >= WRITES_AHEAD:
                 self._written.popleft().result()  # what the write raised, raised here
-            self._written.append(self._thread.submit(self._writer.write_table, rows.cast(self.schema)))
+            self._written.append(self._thread.submit(_write_piece, self._writer, self._held, rows, self.schema,
+                                                     self.output))
             self.rows += rows.num_rows
 
     def close(self, late: pa.Table | None = None) -> SpilledRows:
+        if self.output is not None:  # the last row group
+            self._written.append(self._thread.submit(_write_piece, self._writer, self._held, self.schema.empty_table(),
+                                                     self.schema, self.output, True))
         while self._written:
             self._written.popleft().result()
         self._thread.shutdown()
         self._writer.close()
         self._sink.close()
         self._unclosed.detach()
-        late = (self.schema.empty_table() if late is None else _in_key_order(late.cast(self.schema), self.key))
-        return SpilledRows(self.path, self.key, late, self.rows + late.num_rows)
+        late = self.schema.empty_table() if late is None else _in_key_order(late.cast(self.schema), self.key)
+        if self.output is not None:  # read back as the file holds them
+            late = late.cast(pa.schema([self.output.field(c) for c in self.schema.names]))
+        return SpilledRows(self.path, self.key, late, self.rows + late.num_rows, self.output)
+
+
+def _write_piece(writer, held: list[pa.Table], rows: pa.Table, schema: pa.Schema, output: pa.Schema | None,
+                 last: bool = False) -> None:
+    """A SpillWriter's piece written in its thread (given what it writes with, not the SpillWriter, whose last
+    reference would otherwise go in that thread, where its clean-up cannot wait for the thread to end)."""
+    if output is None:
+        writer.write_table(rows.cast(schema))
+        return
+    if rows.num_rows:
+        held.append(rows)
+    count = sum(t.num_rows for t in held)
+    if count >= SPILLED_GROUP_ROWS or last and count:
+        rows = pa.concat_tables([t.cast(schema) for t in held])
+        held.clear()
+        rows = rows.add_column(0, output.names[0], arrow_of(np.full(rows.num_rows, SPILLED_RANK, np.int64)))
+        writer.write_table(rows.cast(output), row_group_size=rows.num_rows)
 
 
 def _remove(path: str) -> None:
@@ -148,7 +199,12 @@ class RankedRows:
 
     def write_parquet(self, path) -> None:
         """The next row group is read back (a spill's LZ4 undone) and put together in a thread of its own while
-        this one is encoded, which Arrow does letting go of Python."""
+        this one is encoded, which Arrow does letting go of Python. One rank's rows written as the output already
+        (SpillWriter's `output`) are the file."""
+        if len(self.parts) == 1 and isinstance(self.parts[0][1], SpilledRows) and \
+                self.parts[0][1].is_output(self.schema, self.parts[0][0]):
+            shutil.move(self.parts[0][1].path, path)
+            return
         with pq.ParquetWriter(str(path), self.schema, **parquet_options(self.schema)) as writer:
             for rows in read_ahead(self._row_groups()):
                 writer.write_table(rows, row_group_size=ROW_GROUP_ROWS)

@@ -37,7 +37,11 @@ class Stream:
     finish(state, NVTX names) -> pid -> the map's result for that process;
     prepare(Ahead, options) -> the state before the first span: what a fold must know ahead of the spans, read
     first (`Ahead`) from the tables of the needs in `ahead` (once each, as the progress expects) or of others; an
-    empty dict without it. `options` are the recipe's (Recipe.stream_given)."""
+    empty dict without it. `options` are the recipe's (Recipe.stream_given);
+    prefold(state, carried, span start, span end, need -> rows) -> what the fold is handed for the span instead:
+    the work on a span that needs only its rows, what `prepare` made (of `state`, which it reads nothing else of) and
+    what the spans before it left in `carried` (a dict, empty before the first), done in a thread of its own a span
+    ahead of the fold, which goes on meanwhile."""
 
     needs: tuple[str, ...]
     view: Callable
@@ -45,6 +49,7 @@ class Stream:
     finish: Callable
     prepare: Callable | None = None
     ahead: tuple[str, ...] = ()
+    prefold: Callable | None = None
     options: dict = field(default_factory=dict)
     columns: dict = field(default_factory=dict)  # need -> the export columns its spans read (default: all)
 
@@ -161,6 +166,12 @@ def time_chunks(src: ExportSource, needs: list[str], strings: StringTable, view:
         if end == END_OF_TIME:
             return
         frontier = end
+
+
+def prefolded(spans: Iterator[tuple[int, int, dict]], prefold: Callable, state) -> Iterator[tuple[int, int, object]]:
+    """time_chunks' spans, each as `prefold` makes it (Stream.prefold), a span ahead in a thread of its own."""
+    carried: dict = {}
+    return read_ahead(spans, lambda span: (*span[:2], prefold(state, carried, *span)))
 
 
 def _exhausted_at(rows: pa.Table | None) -> bool:

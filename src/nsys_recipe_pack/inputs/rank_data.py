@@ -4,6 +4,7 @@ warm runs."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -23,7 +24,7 @@ import pyarrow as pa
 from ..errors import BadInputError, MissingTraceError
 from ..lazy import pd
 from ..spill import remove_spilled
-from .chunks import STREAM_MIN_ROWS, Ahead, ReadWhole, Stream, first_read_label, time_chunks
+from .chunks import STREAM_MIN_ROWS, Ahead, ReadWhole, Stream, first_read_label, prefolded, time_chunks
 from .discovery import report_stem
 from .events import read_gpu, read_mpi, read_nvtx, read_runtime, recorded_env, session_start
 from .export import open_source
@@ -208,9 +209,12 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
         try:
             state = (stream.prepare(Ahead(src, strings, extents, found, done.add, done.expect, stream), stream.options)
                      if stream.prepare else {})
-            for span_start, span_end, chunk in time_chunks(src, spans, strings, stream.view, extents, done.add, found,
-                                                           stream.columns):
-                stream.fold(state, span_start, span_end, chunk)
+            chunks = time_chunks(src, spans, strings, stream.view, extents, done.add, found, stream.columns)
+            if stream.prefold:
+                chunks = prefolded(chunks, stream.prefold, state)
+            with contextlib.closing(chunks):  # its reading threads stopped before any whole read
+                for span_start, span_end, chunk in chunks:
+                    stream.fold(state, span_start, span_end, chunk)
             results = stream.finish(state, found.get("names", []))
         except ReadWhole:  # an export not in time order, or one the spans cannot answer for: its tables whole
             return _read_frames(src, needs, path, rows, bytes_per_row, selection)

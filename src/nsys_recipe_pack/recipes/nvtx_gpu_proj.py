@@ -157,8 +157,12 @@ def _output_schema(dtypes: dict) -> pa.Schema:
                                  preserve_index=False)
 
 
+def _ranges_schema() -> pa.Schema:
+    return _output_schema({"rank": "int64", **RANGE_DTYPES})
+
+
 def reduce(per_rank: list[dict], options: dict) -> dict:
-    ranges = RankedRows(_output_schema({"rank": "int64", **RANGE_DTYPES}), [(r["rank"], r["ranges"]) for r in per_rank])
+    ranges = RankedRows(_ranges_schema(), [(r["rank"], r["ranges"]) for r in per_rank])
     sums_schema = _output_schema({"name": "str", "domain": "str", **dict.fromkeys(SUM_COLUMNS, "int64")})
     sums = ranked_tables([{"rank": r["rank"], "sums": r["sums"].cast(sums_schema)} for r in per_rank], "sums")
     sums = sums.to_pandas()
@@ -211,7 +215,7 @@ def diff_metrics(ranks) -> pd.DataFrame | None:
 # a long capture, span by span of time (inputs.chunks): the ranges table written as it is made (spill.py)
 
 # a range not yet written: parent_at is its parent's place in `live` while that is there (else -1); name and domain
-# are ids into the names met so far (`_Projection.names`; -1: none); pending counts the pairs still to come in it
+# are ids into the names met so far (`_Projection.words`; -1: none); pending counts the pairs still to come in it
 # and in the ranges inside it; reach: its ops' latest end so far
 LIVE = {"id": np.int64, "tid": np.int64, "pid": np.int64, "name": np.int64, "domain": np.int64, "start": np.int64,
         "end": np.int64, "level": np.int64, "parent": np.int64, "parent_at": np.int64, "gpu_start": np.int64,
@@ -232,15 +236,15 @@ class _Projection:
         self.called = np.zeros(len(keys), bool)  # a call with this key was read
         self.arrived = np.zeros(len(keys), bool)  # an op with this key was read
         self.live = {c: np.zeros(0, t) for c, t in LIVE.items()}
-        self.names = NameIds()  # names and domains of NVTX ranges, as `live` refers to them
+        self.words = pa.array([], pa.large_string())  # names and domains of NVTX ranges by the ids `live` holds
         self.pending_place, self.pending_at = np.zeros(0, np.int64), np.zeros(0, np.int64)
         # the pairs this span's calls made, not yet counted in `live`'s pending: most of them end within the span (their
         # ops come soon after their calls), and adding them up only to take them away again cost a tenth of a fold
         self.pending_fresh = np.zeros(0, bool)
-        self.next_id, self.unlinked, self.pids = 0, 0, set()
+        self.unlinked, self.pids = 0, set()
         self.spill = SpillWriter(pa.schema([("name", NAMES), ("domain", NAMES),
                                             *((c, pa.int64()) for c in list(RANGE_DTYPES)[2:])]), "range_id",
-                                 options.get(SPILL_DIR))
+                                 options.get(SPILL_DIR), output=_ranges_schema())
         self.late: list[pa.Table] = []
         self.sums: list[pa.Table] = []
 
@@ -271,25 +275,47 @@ def _view(need: str, frame) -> pa.Table:
     return pa.table(columns)
 
 
-def _fold(state: _Projection, span_start: int, span_end: int, chunk: dict) -> None:
+def _nest(state: _Projection, carried: dict, span_start: int, span_end: int, chunk: dict) -> dict:
+    """What of a span needs only its rows, the launch keys `_prepare` read and what the spans before it left in
+    `carried`, worked out a span ahead of the fold (Stream.prefold): its closed NVTX ranges in range order with their
+    ids, levels, parents and names (`_ranges_of`), its launching calls and its GPU ops with their keys' places, and the
+    processes of its rows."""
+    names = carried.setdefault("names", NameIds())  # names and domains of NVTX ranges met so far, by id
+    pids = set()
     for rows in chunk.values():
         if rows is not None and rows.num_rows:
-            pid = numpy_of(rows.column("pid"))
-            state.pids.update(factorize(pid)[0].tolist())
-    _add_ranges(state, chunk.get("nvtx"), span_start)
-    _add_calls(state, chunk.get("runtime"), span_start)
+            pids.update(factorize(numpy_of(rows.column("pid")))[0].tolist())
     ops = [chunk[need] for need in GPU_NEEDS if chunk.get(need) is not None and chunk[need].num_rows]
-    if ops:
-        _add_ops(state, pa.concat_tables(ops))
-    _add_up(state.live, state.pending_at[state.pending_fresh], 1)  # the span's pairs still waiting for ops
-    state.pending_fresh[:] = False
-    _write_finished(state, span_end)
+    return {"nvtx": _ranges_of(carried, names, chunk.get("nvtx"), span_start, span_end),
+            "calls": _calls_of(state.keys, chunk.get("runtime")),
+            "ops": _ops_of(state.keys, pa.concat_tables(ops)) if ops else None, "pids": pids, "words": names.arrow()}
 
 
-def _add_ranges(state: _Projection, rows: pa.Table | None, span_start: int) -> None:
-    """A span's closed ranges, in range order, with their levels and parents, into `live`."""
+def _calls_of(keys: np.ndarray, rows: pa.Table | None) -> dict | None:
+    """A span's runtime calls that launch GPU ops: their times, thread and process, and their keys' places."""
     if rows is None or not rows.num_rows:
-        return
+        return None
+    at, called = key_places(keys, numpy_of(rows.column("key")))
+    calls = np.flatnonzero(called)
+    return {"at": at[calls], **{c: numpy_of(rows.column(c))[calls] for c in ("tid", "pid", "start_ns", "end_ns")}}
+
+
+def _ops_of(keys: np.ndarray, rows: pa.Table) -> dict:
+    """A span's GPU ops by start, with their keys' places."""
+    key, start, end = (numpy_of(rows.column(c)) for c in ("key", "start_ns", "end_ns"))
+    by_start = np.argsort(start, kind="stable")  # kernels, then copies, then sets: each in order of start already
+    at, known = key_places(keys, key[by_start])
+    if not len(keys) or not known.all():
+        raise NotSorted("GPU ops the first read did not give")  # the export changed under the read
+    return {"at": at, "start": start[by_start], "end": end[by_start]}
+
+
+def _ranges_of(carried: dict, names: NameIds, rows: pa.Table | None, span_start: int, span_end: int) -> dict | None:
+    """A span's closed ranges (`_nest`); `carried` keeps the next id and the ranges that may still be open after it
+    (ends at or after its end), as `live` holds them at the span's start."""
+    opened = carried.get("open") or {c: np.zeros(0, np.int64) for c in ("id", "tid", "start", "end")}
+    if rows is None or not rows.num_rows:
+        return None
     closed = ~numpy_of(rows.column("end_ns").is_null(), True)
     start, end = numpy_of(rows.column("start_ns")), numpy_of(rows.column("end_ns"))
     take = None  # the closed ranges in range order: the rows as they come (a span's usually are), else one take
@@ -302,14 +328,15 @@ def _add_ranges(state: _Projection, rows: pa.Table | None, span_start: int) -> N
 
     start, end = ordered(start), ordered(end)
     tid, pid = (ordered(numpy_of(rows.column(c))) for c in ("tid", "pid"))
-    name, domain = (ordered(state.names.ids_in(rows.column(c))) for c in ("name", "domain"))
-    ids = state.next_id + np.arange(len(start), dtype=np.int64)
-    state.next_id += len(start)
-    live = state.live
+    name, domain = (ordered(names.ids_in(rows.column(c))) for c in ("name", "domain"))
+    next_id = carried.get("next_id", 0)
+    ids = next_id + np.arange(len(start), dtype=np.int64)
+    carried["next_id"] = next_id + len(start)
     # a range's level counts the ranges open at its start, and its parent is one of them: the earlier ones still
-    # open then are in `live` (in range order, before these)
-    was_open = np.flatnonzero(live["end"] >= span_start)
-    c_tid, c_start, c_end = (np.r_[live[c][was_open], v] for c, v in (("tid", tid), ("start", start), ("end", end)))
+    # open then were open at the span's start (in range order, before these)
+    was_open = np.flatnonzero(opened["end"] >= span_start)
+    c_id, c_tid, c_start, c_end = (np.r_[opened[c][was_open], v] for c, v in
+                                   (("id", ids), ("tid", tid), ("start", start), ("end", end)))
     c_levels = stack_levels_of(c_tid, c_start, c_end)
     at = parents_of(c_tid, c_start, c_levels)[len(was_open):]
     levels = c_levels[len(was_open):]
@@ -317,48 +344,66 @@ def _add_ranges(state: _Projection, rows: pa.Table | None, span_start: int) -> N
     encloses = (at >= 0) & (c_start[up] <= start) & (c_end[up] >= end)
     if np.any((levels > 0) != encloses) or np.any((at >= 0) != encloses):
         raise NotSorted("NVTX ranges that cross on one thread")  # the nesting below assumes none do
-    # a parent is still open, so not yet written: in `live`, or among these ranges (after `live`)
-    parent_at = np.where(at >= 0, np.r_[was_open, len(live["id"]) + np.arange(len(ids))][up], -1)
-    parent = np.where(at >= 0, np.r_[live["id"][was_open], ids][up], -1)
-    new = {"id": ids, "tid": tid, "pid": pid, "name": name, "domain": domain, "start": start, "end": end,
-           "level": levels, "parent": parent, "parent_at": parent_at}
-    n = len(ids)
+    still = np.flatnonzero(c_end >= span_end)
+    carried["open"] = {"id": c_id[still], "tid": c_tid[still], "start": c_start[still], "end": c_end[still]}
+    return {"id": ids, "tid": tid, "pid": pid, "name": name, "domain": domain, "start": start, "end": end,
+            "level": levels, "parent": np.where(at >= 0, c_id[up], -1)}
+
+
+def _fold(state: _Projection, span_start: int, span_end: int, chunk: dict) -> None:
+    state.pids |= chunk["pids"]
+    state.words = chunk["words"]
+    _add_ranges(state, chunk["nvtx"])
+    _add_calls(state, chunk["calls"], span_start)
+    if chunk["ops"] is not None:
+        _add_ops(state, chunk["ops"])
+    _add_up(state.live, state.pending_at[state.pending_fresh], 1)  # the span's pairs still waiting for ops
+    state.pending_fresh[:] = False
+    _write_finished(state, span_end)
+
+
+def _add_ranges(state: _Projection, new: dict | None) -> None:
+    """A span's closed ranges (`_nest`) into `live`, each with its parent's place there."""
+    if new is None or not len(new["id"]):
+        return
+    live = state.live
+    parent, first = new["parent"], new["id"][0]
+    # a parent among these ranges, or still open so not yet written: in `live`, which holds ranges in range order
+    before = (parent >= 0) & (parent < first)
+    parent_at = np.where(parent >= 0, len(live["id"]) + parent - first, -1)
+    parent_at[before] = np.searchsorted(live["id"], parent[before])
+    n = len(parent)
     for c, t in LIVE.items():
-        value = new.get(c, {"gpu_start": np.iinfo(np.int64).max, "gpu_end": np.iinfo(np.int64).min,
-                            "reach": np.iinfo(np.int64).min}.get(c, 0))
+        value = new.get(c, {"parent_at": parent_at, "gpu_start": np.iinfo(np.int64).max,
+                            "gpu_end": np.iinfo(np.int64).min, "reach": np.iinfo(np.int64).min}.get(c, 0))
         live[c] = np.concatenate([live[c], np.broadcast_to(np.asarray(value, t), n)])
 
 
-def _add_calls(state: _Projection, rows: pa.Table | None, span_start: int) -> None:
-    """A span's launching calls: each (key, range) pair of a call and the innermost range it counts for, kept until
-    the key's ops have all come; each range counts the pairs in it and below it (`pending`), the new ones once the
-    span's ops are in (`_Projection.pending_fresh`)."""
-    if rows is None or not rows.num_rows:
+def _add_calls(state: _Projection, calls: dict | None, span_start: int) -> None:
+    """A span's launching calls (`_calls_of`): each (key, range) pair of a call and the innermost range it counts
+    for, kept until the key's ops have all come; each range counts the pairs in it and below it (`pending`), the new
+    ones once the span's ops are in (`_Projection.pending_fresh`)."""
+    if calls is None or not len(calls["at"]):
         return
-    key = numpy_of(rows.column("key"))
-    at, called = key_places(state.keys, key)
-    calls = np.flatnonzero(called)
-    if not len(calls):
-        return
-    if state.arrived[at[calls]].any():
+    at = calls["at"]
+    if state.arrived[at].any():
         raise NotSorted("a GPU op that starts before the call that launched it")
-    state.called[at[calls]] = True
+    state.called[at] = True
     live = state.live
     # the ranges open at the span's start or since: with a range, every range around it, in range order
     was_open = np.flatnonzero(live["end"] >= span_start)
     place = np.full(len(live["id"]) + 1, -1)  # a range's place among them (the last: no parent)
     place[was_open] = np.arange(len(was_open))
-    times = {c: numpy_of(rows.column(c))[calls] for c in ("tid", "pid", "start_ns", "end_ns")}
     launch, pos = launch_ranges(live["tid"][was_open], live["pid"][was_open], live["start"][was_open],
-                                live["end"][was_open], times["tid"], times["pid"], times["start_ns"],
-                                times["end_ns"], state.attribution, place[live["parent_at"][was_open]])
+                                live["end"][was_open], calls["tid"], calls["pid"], calls["start_ns"],
+                                calls["end_ns"], state.attribution, place[live["parent_at"][was_open]])
     if not len(launch):
         return
     # the pairs as one sortable integer each: (key's place, range's place)
     size = len(live["id"]) + 1
     if len(state.keys) * size >= 1 << 62:
         raise ReadWhole("too many GPU ops and open ranges to pair in spans")
-    new = at[calls[launch]] * size + was_open[pos]
+    new = at[launch] * size + was_open[pos]
     pairs = np.r_[state.pending_place * size + state.pending_at, new]
     if (np.diff(new) > 0).all() and (not len(state.pending_place) or new[0] > pairs[len(state.pending_place) - 1]):
         known = np.arange(len(pairs)) < len(state.pending_place)  # pairs of new keys, in order: the usual case
@@ -392,14 +437,10 @@ def _add_up(live: dict, ranges: np.ndarray, step: int) -> None:
         live["pending"][held] += step * pairs["pairs"]
 
 
-def _add_ops(state: _Projection, rows: pa.Table) -> None:
-    """A span's GPU ops into the ranges their calls count for; the pairs of keys whose ops have all come go."""
-    key, start, end = (numpy_of(rows.column(c)) for c in ("key", "start_ns", "end_ns"))
-    by_start = np.argsort(start, kind="stable")  # kernels, then copies, then sets: each in order of start already
-    key, start, end = key[by_start], start[by_start], end[by_start]
-    at, known = key_places(state.keys, key)
-    if not len(state.keys) or not known.all():
-        raise NotSorted("GPU ops the first read did not give")  # the export changed under the read
+def _add_ops(state: _Projection, gpu_ops: dict) -> None:
+    """A span's GPU ops (`_ops_of`) into the ranges their calls count for; the pairs of keys whose ops have all come
+    go."""
+    at, start, end = gpu_ops["at"], gpu_ops["start"], gpu_ops["end"]
     state.arrived[at] = True
     state.unlinked += int(np.count_nonzero(~state.called[at]))
     op, pair = pair_launches(at, state.pending_place)
@@ -530,7 +571,7 @@ def _rows_of(state: _Projection, chosen: np.ndarray | slice) -> pa.Table:
                "cpu_start_ns": live["start"][chosen], "cpu_end_ns": live["end"][chosen],
                "gpu_start_ns": live["gpu_start"][chosen], "gpu_end_ns": live["gpu_end"][chosen],
                "gpu_busy_ns": live["busy"][chosen], "gpu_ops": live["ops"][chosen]}
-    words = state.names.arrow()
+    words = state.words
     name, domain = live["name"][chosen], live["domain"][chosen]
     state.sums.append(range_sums(name, words, domain, words, columns))
     if sum(t.num_rows for t in state.sums) > SUMS_ROWS:
@@ -557,7 +598,7 @@ def _sums_of(parts: list[pa.Table]) -> pa.Table:
 
 
 STREAM = Stream(needs=("nvtx", "runtime", *GPU_NEEDS), view=_view, fold=_fold, finish=_finish, prepare=_prepare,
-                ahead=GPU_NEEDS)
+                ahead=GPU_NEEDS, prefold=_nest)
 
 
 RECIPE = Recipe(
