@@ -180,12 +180,13 @@ def test_calls_of_one_key_in_two_ranges_of_a_span_are_read_whole(spill_dir):
     domains = pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), pa.array([""]))
     ranges = pa.table({"start_ns": [0, 0], "end_ns": [100, 50], "tid": [1, 1], "pid": [1, 1], "name": names,
                        "domain": domains})
-    proj._add_ranges(state, proj._ranges_of({}, NameIds(), ranges, 0, 1000))
+    ranges, around = proj._ranges_of({}, NameIds(), ranges, 1000)
+    proj._add_ranges(state, ranges)
     assert state.live["parent_at"].tolist() == [-1, 0]
     calls = pa.table({"start_ns": [10, 60, 70], "end_ns": [11, 61, 71], "tid": [1, 1, 1], "pid": [1, 1, 1],
                       "key": [20, 10, 20]})
     with pytest.raises(ReadWhole, match="two NVTX ranges of one thread"):
-        proj._add_calls(state, proj._calls_of(state.keys, calls), 0)
+        proj._add_calls(state, proj._calls_of(state, around, calls))
     state.spill.close().remove()
 
 

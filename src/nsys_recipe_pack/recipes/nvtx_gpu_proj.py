@@ -276,28 +276,33 @@ def _view(need: str, frame) -> pa.Table:
 
 
 def _nest(state: _Projection, carried: dict, span_start: int, span_end: int, chunk: dict) -> dict:
-    """What of a span needs only its rows, the launch keys `_prepare` read and what the spans before it left in
-    `carried`, worked out a span ahead of the fold (Stream.prefold): its closed NVTX ranges in range order with their
-    ids, levels, parents and names (`_ranges_of`), its launching calls and its GPU ops with their keys' places, and the
-    processes of its rows."""
+    """What of a span needs only its rows, what `_prepare` made and what the spans before it left in `carried`, worked
+    out a span ahead of the fold (Stream.prefold): its closed NVTX ranges in range order with their ids, levels,
+    parents and names, its launching calls with the ranges they count for, its GPU ops, each with its key's place,
+    and the processes of its rows."""
     names = carried.setdefault("names", NameIds())  # names and domains of NVTX ranges met so far, by id
     pids = set()
     for rows in chunk.values():
         if rows is not None and rows.num_rows:
             pids.update(factorize(numpy_of(rows.column("pid")))[0].tolist())
+    ranges, around = _ranges_of(carried, names, chunk.get("nvtx"), span_end)
     ops = [chunk[need] for need in GPU_NEEDS if chunk.get(need) is not None and chunk[need].num_rows]
-    return {"nvtx": _ranges_of(carried, names, chunk.get("nvtx"), span_start, span_end),
-            "calls": _calls_of(state.keys, chunk.get("runtime")),
+    return {"nvtx": ranges, "calls": _calls_of(state, around, chunk.get("runtime")),
             "ops": _ops_of(state.keys, pa.concat_tables(ops)) if ops else None, "pids": pids, "words": names.arrow()}
 
 
-def _calls_of(keys: np.ndarray, rows: pa.Table | None) -> dict | None:
-    """A span's runtime calls that launch GPU ops: their times, thread and process, and their keys' places."""
+def _calls_of(state: _Projection, around: dict, rows: pa.Table | None) -> dict | None:
+    """A span's runtime calls that launch GPU ops (their keys' places), and each (call, range) pair of such a call
+    and the innermost range it counts for, among the ranges open at the span's start or since (`around`)."""
     if rows is None or not rows.num_rows:
         return None
-    at, called = key_places(keys, numpy_of(rows.column("key")))
+    at, called = key_places(state.keys, numpy_of(rows.column("key")))
     calls = np.flatnonzero(called)
-    return {"at": at[calls], **{c: numpy_of(rows.column(c))[calls] for c in ("tid", "pid", "start_ns", "end_ns")}}
+    times = {c: numpy_of(rows.column(c))[calls] for c in ("tid", "pid", "start_ns", "end_ns")}
+    launch, pos = launch_ranges(around["tid"], around["pid"], around["start"], around["end"], times["tid"],
+                                times["pid"], times["start_ns"], times["end_ns"], state.attribution,
+                                around["parent_at"])
+    return {"at": at[calls], "launch": launch, "range": around["id"][pos]}
 
 
 def _ops_of(keys: np.ndarray, rows: pa.Table) -> dict:
@@ -310,12 +315,26 @@ def _ops_of(keys: np.ndarray, rows: pa.Table) -> dict:
     return {"at": at, "start": start[by_start], "end": end[by_start]}
 
 
-def _ranges_of(carried: dict, names: NameIds, rows: pa.Table | None, span_start: int, span_end: int) -> dict | None:
-    """A span's closed ranges (`_nest`); `carried` keeps the next id and the ranges that may still be open after it
-    (ends at or after its end), as `live` holds them at the span's start."""
-    opened = carried.get("open") or {c: np.zeros(0, np.int64) for c in ("id", "tid", "start", "end")}
-    if rows is None or not rows.num_rows:
-        return None
+OPEN = ("id", "tid", "pid", "start", "end", "parent")  # what `_ranges_of` carries of a range that may still be open
+
+
+def _ranges_of(carried: dict, names: NameIds, rows: pa.Table | None, span_end: int) -> tuple[dict | None, dict]:
+    """A span's closed ranges (`_nest`), and the ranges open at its start or since, as `live` holds them then (in
+    range order, each with its parent's place among them: `parent_at`). `carried` keeps the next id and the ranges
+    that may still be open after the span (ends at or after its end: so all open at the next one's start)."""
+    opened = carried.get("open") or {c: np.zeros(0, np.int64) for c in OPEN}
+    ranges = _closed_ranges(carried, names, rows, opened) if rows is not None and rows.num_rows else None
+    around = opened if ranges is None else {c: np.r_[opened[c], ranges[c]] for c in OPEN}
+    still = around["end"] >= span_end
+    carried["open"] = {c: v[still] for c, v in around.items()}
+    # a parent is open while the range is: among them, which come in order of id
+    around["parent_at"] = np.where(around["parent"] >= 0, np.searchsorted(around["id"], around["parent"]), -1)
+    return ranges, around
+
+
+def _closed_ranges(carried: dict, names: NameIds, rows: pa.Table, opened: dict) -> dict:
+    """A span's closed ranges in range order, with their ids (following `carried`'s next), levels, parents (ids) and
+    names (ids), from its rows and the ranges open at its start (`opened`)."""
     closed = ~numpy_of(rows.column("end_ns").is_null(), True)
     start, end = numpy_of(rows.column("start_ns")), numpy_of(rows.column("end_ns"))
     take = None  # the closed ranges in range order: the rows as they come (a span's usually are), else one take
@@ -334,18 +353,15 @@ def _ranges_of(carried: dict, names: NameIds, rows: pa.Table | None, span_start:
     carried["next_id"] = next_id + len(start)
     # a range's level counts the ranges open at its start, and its parent is one of them: the earlier ones still
     # open then were open at the span's start (in range order, before these)
-    was_open = np.flatnonzero(opened["end"] >= span_start)
-    c_id, c_tid, c_start, c_end = (np.r_[opened[c][was_open], v] for c, v in
+    c_id, c_tid, c_start, c_end = (np.r_[opened[c], v] for c, v in
                                    (("id", ids), ("tid", tid), ("start", start), ("end", end)))
     c_levels = stack_levels_of(c_tid, c_start, c_end)
-    at = parents_of(c_tid, c_start, c_levels)[len(was_open):]
-    levels = c_levels[len(was_open):]
+    at = parents_of(c_tid, c_start, c_levels)[len(c_id) - len(ids):]
+    levels = c_levels[len(c_id) - len(ids):]
     up = np.maximum(at, 0)
     encloses = (at >= 0) & (c_start[up] <= start) & (c_end[up] >= end)
     if np.any((levels > 0) != encloses) or np.any((at >= 0) != encloses):
         raise NotSorted("NVTX ranges that cross on one thread")  # the nesting below assumes none do
-    still = np.flatnonzero(c_end >= span_end)
-    carried["open"] = {"id": c_id[still], "tid": c_tid[still], "start": c_start[still], "end": c_end[still]}
     return {"id": ids, "tid": tid, "pid": pid, "name": name, "domain": domain, "start": start, "end": end,
             "level": levels, "parent": np.where(at >= 0, c_id[up], -1)}
 
@@ -354,7 +370,7 @@ def _fold(state: _Projection, span_start: int, span_end: int, chunk: dict) -> No
     state.pids |= chunk["pids"]
     state.words = chunk["words"]
     _add_ranges(state, chunk["nvtx"])
-    _add_calls(state, chunk["calls"], span_start)
+    _add_calls(state, chunk["calls"])
     if chunk["ops"] is not None:
         _add_ops(state, chunk["ops"])
     _add_up(state.live, state.pending_at[state.pending_fresh], 1)  # the span's pairs still waiting for ops
@@ -379,7 +395,7 @@ def _add_ranges(state: _Projection, new: dict | None) -> None:
         live[c] = np.concatenate([live[c], np.broadcast_to(np.asarray(value, t), n)])
 
 
-def _add_calls(state: _Projection, calls: dict | None, span_start: int) -> None:
+def _add_calls(state: _Projection, calls: dict | None) -> None:
     """A span's launching calls (`_calls_of`): each (key, range) pair of a call and the innermost range it counts
     for, kept until the key's ops have all come; each range counts the pairs in it and below it (`pending`), the new
     ones once the span's ops are in (`_Projection.pending_fresh`)."""
@@ -389,21 +405,14 @@ def _add_calls(state: _Projection, calls: dict | None, span_start: int) -> None:
     if state.arrived[at].any():
         raise NotSorted("a GPU op that starts before the call that launched it")
     state.called[at] = True
-    live = state.live
-    # the ranges open at the span's start or since: with a range, every range around it, in range order
-    was_open = np.flatnonzero(live["end"] >= span_start)
-    place = np.full(len(live["id"]) + 1, -1)  # a range's place among them (the last: no parent)
-    place[was_open] = np.arange(len(was_open))
-    launch, pos = launch_ranges(live["tid"][was_open], live["pid"][was_open], live["start"][was_open],
-                                live["end"][was_open], calls["tid"], calls["pid"], calls["start_ns"],
-                                calls["end_ns"], state.attribution, place[live["parent_at"][was_open]])
-    if not len(launch):
+    if not len(calls["launch"]):
         return
+    live = state.live
     # the pairs as one sortable integer each: (key's place, range's place)
     size = len(live["id"]) + 1
     if len(state.keys) * size >= 1 << 62:
         raise ReadWhole("too many GPU ops and open ranges to pair in spans")
-    new = at[launch] * size + was_open[pos]
+    new = at[calls["launch"]] * size + np.searchsorted(live["id"], calls["range"])  # each range still there
     pairs = np.r_[state.pending_place * size + state.pending_at, new]
     if (np.diff(new) > 0).all() and (not len(state.pending_place) or new[0] > pairs[len(state.pending_place) - 1]):
         known = np.arange(len(pairs)) < len(state.pending_place)  # pairs of new keys, in order: the usual case
