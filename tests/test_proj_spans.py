@@ -90,6 +90,25 @@ def test_spans_give_the_whole_reads_output(synthetic, spill_dir, tmp_path, monke
         assert not list(spill_dir.iterdir())
 
 
+def test_a_rank_without_ranges_leaves_nothing_in_the_output(synthetic, spill_dir, tmp_path, monkeypatch):  # noqa: F811
+    """A long capture without NVTX ranges beside one with them: what its map wrote as it went, unused (the rank says
+    nothing), is gone from the output folder with the rest."""
+    bare = tmp_path / "bare.sqlite"
+    shutil.copy(synthetic["sqlite"][1], bare)
+    con = sqlite3.connect(bare)
+    con.execute("DELETE FROM NVTX_EVENTS")
+    con.commit()
+    con.close()
+    monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+    runner.run("nvtx_gpu_proj", [str(synthetic["sqlite"][0]), str(bare)], str(tmp_path / "out"), force=True,
+               mode="none", log=lambda msg: None)
+    assert len(pd.read_parquet(tmp_path / "out" / "files.parquet")) == 2
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "analysis.json", "files.parquet", "nvtx_gpu_proj.ipynb", "out.nsys-analysis", "ranges.parquet",
+        "summary.parquet"]
+    assert not list(spill_dir.iterdir())
+
+
 def test_ranges_finished_late_are_put_back_in_their_places(spill_dir, tmp_path, monkeypatch):
     """With few finished ranges held back behind unfinished ones, most are written aside and merged back in."""
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 20)

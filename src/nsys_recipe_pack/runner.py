@@ -113,6 +113,7 @@ def map_rank_data(spec, rank_data, options: dict) -> dict:
     try:
         res = spec.map_rank(rank_data, options)
     except MissingTraceError as exc:  # nothing to say about this rank; fatal only if true of all
+        remove_spilled(rank_data.streamed)  # what a long capture's map wrote as it went, unused
         res = {"missing": str(exc)}
     res["identity"] = {key: getattr(rank_data, attr) for key, attr in IDENTITY.items()}
     return res
