@@ -295,6 +295,7 @@ def test_a_spill_written_as_the_output_is_the_file_of_a_run_whose_only_rank_it_i
         meta = pq.ParquetFile(path).metadata
         groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
         assert os.path.exists(parts[0][1].path) != moved and (groups == [4, 4, 2]) == moved, (i, groups)
+        assert os.stat(path).st_mode == os.stat(tmp_path / "0.parquet").st_mode  # not a temporary file's
         parts[0][1].remove()
     assert got["name"].tolist()[10:] == ["c", "d"]
     assert not list(spill_dir.iterdir())

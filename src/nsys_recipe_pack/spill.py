@@ -95,7 +95,7 @@ def _in_key_order(rows: pa.Table, key: str) -> pa.Table:
     return rows.take(arrow_of(np.argsort(numpy_of(rows.column(key)), kind="stable")))
 
 
-WRITES_AHEAD = 2  # pieces a SpillWriter holds while its thread compresses and writes the ones before
+WRITES_AHEAD = 2  # pieces a SpillWriter holds while its thread encodes and writes the ones before
 SPILLED_GROUP_ROWS = 1 << 18  # rows per row group of a spill written as an output (held until written)
 
 
@@ -203,6 +203,9 @@ class RankedRows:
         (SpillWriter's `output`) are the file."""
         if len(self.parts) == 1 and isinstance(self.parts[0][1], SpilledRows) and \
                 self.parts[0][1].is_output(self.schema, self.parts[0][0]):
+            with open(path, "wb"):  # made as any output file is, for the spill to take its mode (not a temp file's)
+                pass
+            shutil.copymode(path, self.parts[0][1].path)
             shutil.move(self.parts[0][1].path, path)
             return
         with pq.ParquetWriter(str(path), self.schema, **parquet_options(self.schema)) as writer:
