@@ -5,7 +5,7 @@ import pandas as pd
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nsys_recipe_pack.groups import SortedGroups, add_counts, distinct, factorize, runs_of_about, stable_order
+from nsys_recipe_pack.groups import SortedGroups, add_counts, distinct, factorize, one_of, runs_of_about, stable_order
 
 
 def test_groups_of_a_small_case_by_hand():
@@ -92,3 +92,31 @@ def test_runs_of_about_some_size_never_split_an_item():
     assert runs_of_about(np.array([5, 5, 5, 5, 3]), 12) == [(0, 3), (3, 5)]
     assert runs_of_about(np.array([1, 30, 1, 1]), 10) == [(0, 2), (2, 4)]
     assert runs_of_about(np.array([], np.int64), 10) == []
+
+
+@given(st.lists(st.integers(-(1 << 63), (1 << 63) - 1), max_size=40), st.integers(0, 5000), st.booleans(),
+       st.sampled_from([np.int64, np.int32, np.uint64]))
+def test_distinct_agrees_with_numpy_unique(wide, narrow, spread, dtype):
+    """Values in a narrow span (counted) and spread over the whole type (sorted), signed and unsigned."""
+    info = np.iinfo(dtype)
+    values = np.array([v for v in wide if info.min <= v <= info.max] if spread else [narrow, narrow + 3, narrow],
+                      dtype)
+    if spread and len(values):
+        values = np.r_[values, values[:1]]
+    got, expected = distinct(values), np.unique(values)
+    assert got.dtype == expected.dtype and got.tolist() == expected.tolist()
+
+
+def test_distinct_of_values_at_the_ends_of_their_type_by_hand():
+    low = np.array([-(1 << 63) + 5, -(1 << 63), -(1 << 63) + 5])
+    assert distinct(low).tolist() == [-(1 << 63), -(1 << 63) + 5]
+    high = np.array([(1 << 64) - 1, (1 << 64) - 3, (1 << 64) - 1], np.uint64)
+    assert distinct(high).tolist() == [(1 << 64) - 3, (1 << 64) - 1] and distinct(high).dtype == np.uint64
+
+
+@given(st.lists(st.integers(-3, 80), max_size=200), st.lists(st.integers(-3, 80), max_size=12))
+def test_one_of_agrees_with_numpy_isin(values, choices):
+    """A few choices compared one by one, more than a few through np.isin."""
+    values = np.array(values, np.int64)
+    assert one_of(values, choices).tolist() == np.isin(values, choices).tolist()
+    assert one_of(values, (59, 60)).tolist() == [v in (59, 60) for v in values.tolist()]

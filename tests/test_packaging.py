@@ -38,3 +38,26 @@ def test_wheel_carries_recipes_and_notebooks_and_runs_outside_checkout(tmp_path)
     recipes, notebooks = (Path(x) for x in res.stdout.split())
     assert recipes.is_relative_to(target) and (recipes / "straggler_heatmap" / "metadata.json").exists()
     assert notebooks.is_relative_to(target)
+
+
+def test_every_module_of_the_package_imports_on_its_own():
+    """Whichever module a user imports first (`from nsys_recipe_pack import spill`), no import cycle breaks it:
+    each is imported with none of the package loaded before it, in one process."""
+    script = """
+import importlib, pkgutil, sys
+import nsys_recipe_pack
+names = [m.name for m in pkgutil.walk_packages(nsys_recipe_pack.__path__, "nsys_recipe_pack.")]
+failed = []
+for name in names:
+    for loaded in [m for m in sys.modules if m == "nsys_recipe_pack" or m.startswith("nsys_recipe_pack.")]:
+        del sys.modules[loaded]
+    try:
+        importlib.import_module(name)
+    except Exception as exc:
+        failed.append(f"{name}: {exc!r}")
+print(len(names))
+print("\\n".join(failed))
+"""
+    res = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    count, *failed = res.stdout.strip().split("\n")
+    assert int(count) > 30 and not [f for f in failed if f], failed

@@ -11,7 +11,9 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import BadInputError
+from .groups import one_of
 from .inputs.frames import arrow_of, dictionary_column
+from .inputs.selection import RANGE_EVENTS
 from .intervals import outermost
 from .lazy import pd
 
@@ -53,7 +55,7 @@ def closed_ranges(nvtx: pd.DataFrame | None) -> pd.DataFrame:
 def closed_range_mask(nvtx) -> np.ndarray:
     """Which rows of an inputs.Frame of NVTX events are the ranges `closed_ranges` keeps, without pandas."""
     start, end = nvtx.values("start_ns"), nvtx.values("end_ns")
-    return np.isin(nvtx.values("event_type"), [59, 60]) & ~nvtx.is_null("end_ns") & (end >= start)
+    return one_of(nvtx.values("event_type"), RANGE_EVENTS) & ~nvtx.is_null("end_ns") & (end >= start)
 
 
 def closed_range_view(need: str, frame) -> pa.Table:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from ..groups import distinct, one_of
 from .events import DOMAIN_CREATE
 from .frames import Frame, numpy_of
 from .readers import SQLITE_READERS, TABLES, ExportSource, StringTable, read_ahead
@@ -198,11 +199,11 @@ def _batches(src: ExportSource, need: str, cols: list[str] | None, strings: Stri
             event = numpy_of(raw.column("eventType"), 0)
             domain = (numpy_of(raw.column("domainId"), 0) if "domainId" in raw.column_names
                       else np.zeros(raw.num_rows, np.int64))
-            creates = set(np.unique(domain[event == DOMAIN_CREATE]).tolist())
+            creates = set(distinct(domain[event == DOMAIN_CREATE]).tolist())
             if creates & unnamed:  # the whole read names those earlier ranges' domain; these spans did not
                 raise NotSorted("an NVTX domain named after ranges of it")
             named |= creates
-            unnamed |= set(np.unique(domain[np.isin(event, RANGE_EVENTS)]).tolist()) - named
+            unnamed |= set(distinct(domain[one_of(event, RANGE_EVENTS)]).tolist()) - named
         yield view(need, frame)
     if identity is not None:
         nvtx, carried = identity.with_carried()

@@ -21,16 +21,17 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from .. import spill  # a module: spill reads with inputs' helpers, so is imported half-way when it comes first
 from ..errors import BadInputError, MissingTraceError
+from ..groups import one_of
 from ..lazy import pd
-from ..spill import remove_spilled
 from .chunks import STREAM_MIN_ROWS, Ahead, ReadWhole, Stream, first_read_label, prefolded, time_chunks
 from .discovery import report_stem
 from .events import read_gpu, read_mpi, read_nvtx, read_runtime, recorded_env, session_start
 from .export import open_source
 from .frames import FRAME_NAMES, Frame, as_frame, read_arrow_streams, write_arrow_streams
 from .readers import TABLES, ExportSource, small_table, string_table, threads_pay
-from .selection import Extents, Selection, read_selected
+from .selection import RANGE_EVENTS, Extents, Selection, read_selected
 
 RANK_ENV_KEYS = ["RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK"]
 LOCAL_RANK_ENV_KEYS = ["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
@@ -106,7 +107,7 @@ class RankData:
         if any(n in self.extents for n in names):
             present = any(self.extents.get(n, (0,))[0] for n in names)
         elif what == "nvtx":
-            present = frames[0] is not None and bool(np.isin(frames[0].values("event_type"), [59, 60]).any())
+            present = frames[0] is not None and bool(one_of(frames[0].values("event_type"), RANGE_EVENTS).any())
         else:
             present = any(f is not None and len(f) for f in frames)
         if not present and what == "nvtx":
@@ -257,12 +258,12 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
     if "nvtx" in extents.tables:
         range_pids = np.array(sorted(extents.pids("nvtx")), np.int64)
     else:
-        range_pids = nvtx.values("pid")[np.isin(nvtx.values("event_type"), [59, 60])]
+        range_pids = nvtx.values("pid")[one_of(nvtx.values("event_type"), RANGE_EVENTS)]
     pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(range_pids))
     if results is not None and (len(pids) <= 1 and len(results) > 1 or len(pids) > 1 and not set(pids) <= set(results)):
         # one rank holding the work of several processes (its map is not the sum of theirs), or ranks whose maps
         # the stream did not make one by one
-        remove_spilled(results)
+        spill.remove_spilled(results)
         return _read_frames(src, needs, path, rows, bytes_per_row, selection)
     meta = {"env": env, "hostname": hostname, "session_start_ns": session_start(src), "synthetic": bool(synthetic),
             "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": _nvtx_ranks(nvtx, pids or [None]),
@@ -437,7 +438,7 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
             rank_data._tables[attr] = frame
         nvtx = rank_data.frame("nvtx")
         if nvtx is not None and len(nvtx):
-            ranges = np.isin(nvtx.values("event_type"), [59, 60])
+            ranges = one_of(nvtx.values("event_type"), RANGE_EVENTS)
             rank_data.unclosed_ranges = int((ranges & nvtx.is_null("end_ns")).sum())
         ranks.append(rank_data)
     return ranks

@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..groups import one_of
 from .events import DOMAIN_CREATE, NVTX_TIMES, gpu_frame, nvtx_frame, runtime_frame, timed_rows
 from .frames import Frame, arrow_of, numpy_of, one_array
 from .readers import SQLITE_READERS, TABLES, ExportSource, StringTable
@@ -200,7 +201,7 @@ def identity_rows(nvtx: Frame) -> np.ndarray:
     events whose names may give the rank."""
     codes, words = nvtx.codes("name")
     names_rank = np.array([isinstance(w, str) and "RANK" in w.upper() for w in words], bool)[codes]
-    unclosed = np.isin(nvtx.values("event_type"), RANGE_EVENTS) & nvtx.is_null("end_ns")
+    unclosed = one_of(nvtx.values("event_type"), RANGE_EVENTS) & nvtx.is_null("end_ns")
     return names_rank | unclosed
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, launched_ops, pair_launches
-from ..groups import SortedGroups, add_counts, distinct, factorize, stable_order
+from ..groups import SortedGroups, add_counts, distinct, factorize, one_of, stable_order
 from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.chunks import NotSorted, ReadWhole, Stream
 from ..inputs.selection import RANGE_EVENTS
@@ -258,7 +258,7 @@ def _prepare(ahead, options: dict) -> _Projection:
 def _view(need: str, frame) -> pa.Table:
     """A span's rows: a range's times, thread, names (end null: never closed); a call's or op's times and key."""
     if need == "nvtx":
-        ranges = np.isin(frame.values("event_type"), RANGE_EVENTS)
+        ranges = one_of(frame.values("event_type"), RANGE_EVENTS)
         closed = closed_range_mask(frame)[ranges]
         names = {}
         for col in ("name", "domain"):

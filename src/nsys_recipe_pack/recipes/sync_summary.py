@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from ..gpu import GPU_NEEDS, PAGEABLE, gpu_intervals, key_places
 from ..gpu import call_key as _call_key
-from ..groups import SortedGroups, Vocabulary, distinct, factorize
+from ..groups import SortedGroups, Vocabulary, distinct, factorize, one_of
 from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables, sorted_place
 from ..inputs.chunks import END_OF_TIME, Stream
 from ..inputs.selection import Selection
@@ -85,7 +85,7 @@ def _copy_rows(need: str, frame) -> pa.Table:
         early = small_htod | (src >= 0) & (src == dst)
         pageable = (_column(frame, "src_kind", -1) == PAGEABLE) | (_column(frame, "dst_kind", -1) == PAGEABLE)
     else:
-        host = np.isin(_column(frame, "mem_kind", -1), HOST_MEMSET_KINDS)
+        host = one_of(_column(frame, "mem_kind", -1), HOST_MEMSET_KINDS)
     return pa.table({"start_ns": arrow_of(frame.values("start_ns")), "key": arrow_of(_call_key(frame)),
                      "memcpy": arrow_of(np.full(n, need == "memcpy")), "early": arrow_of(early),
                      "pageable": arrow_of(pageable), "host": arrow_of(host)})
@@ -239,8 +239,8 @@ def _waited(cols: dict, first_op_start: np.ndarray) -> np.ndarray:
     """How long each blocking call waited for GPU work queued before it: a sync, all of it; a copy or
     memset, until its own operation started on the GPU (the rest is the copy's own cost)."""
     duration = cols["end_ns"] - cols["start_ns"]
-    waited = np.where(np.isin(cols["kind"], _SYNC_CALLS), duration, 0)
-    own_op = np.flatnonzero(np.isin(cols["kind"], _OWN_OP_CALLS) & (first_op_start < _Copies.NEVER))
+    waited = np.where(one_of(cols["kind"], _SYNC_CALLS), duration, 0)
+    own_op = np.flatnonzero(one_of(cols["kind"], _OWN_OP_CALLS) & (first_op_start < _Copies.NEVER))
     waited[own_op] = np.clip(first_op_start[own_op] - cols["start_ns"][own_op], 0, duration[own_op])
     return waited
 
@@ -532,7 +532,7 @@ def _findings(c: dict, wall_ns: int, flavour: str = "") -> list[tuple]:
                      f"{own / 1e6:.2f} ms of their own copying ({100 * share:.2f} % of the CUDA wall time)"
                      + (f"; before that they waited {queued / 1e6:.2f} ms for earlier GPU work, which is not the "
                         "copies' cost" if queued else "")))
-    copies = np.isin(kind, _OWN_OP_CALLS) & (waited > 0)
+    copies = one_of(kind, _OWN_OP_CALLS) & (waited > 0)
     if copies.any() and waited[copies].sum() > 0.01 * w:
         at = np.flatnonzero(copies)
         worst = at[np.argmax(waited[at])]
@@ -543,7 +543,7 @@ def _findings(c: dict, wall_ns: int, flavour: str = "") -> list[tuple]:
                      f"{int(copies.sum())} blocking copies and memsets waited {waited[copies].sum() / 1e6:.2f} ms "
                      f"in all for GPU work queued before them; worst: {c['api_words'][c['api'][worst]]} {where}, "
                      f"{waited[worst] / 1e6:.2f} of its {dur[worst] / 1e6:.2f} ms"))
-    host = np.flatnonzero(np.isin(kind, _HOST_SYNCS) & (c["range"] >= 0))
+    host = np.flatnonzero(one_of(kind, _HOST_SYNCS) & (c["range"] >= 0))
     if len(host):
         names = np.array(c["range_words"], object)
         group, d = _sort_pairs(sorted_place(c["range_words"])[c["range"][host]], dur[host])
