@@ -104,7 +104,7 @@ def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture
 
     # read ahead of the spans, and so in the progress's rows from the start: NVTX for the iterations, the ops' keys
     return Stream(needs=("nvtx", "runtime", *gpu_needs), view=_view, fold=_fold, finish=done, prepare=prepare,
-                  ahead=("nvtx", *gpu_needs))
+                  ahead=("nvtx", *gpu_needs), prefold=_key_places)
 
 
 def _prepare(ahead, options: dict, measure: Callable, with_mpi: bool, gpu_needs: tuple, whole_capture: bool
@@ -142,12 +142,22 @@ def _key(rows: pa.Table) -> np.ndarray:
     return call_key(Frame(rows, {}))
 
 
-def _fold(state: Slices, span_start: int, span_end: int, chunk: dict) -> None:
+def _key_places(state: Slices, carried: dict, span_start: int, span_end: int, chunk: dict) -> dict:
+    """A span's rows, with the place of each call's and op's launch key among the keys read ahead: what of a span
+    needs only its rows and those keys, found a span ahead of the fold (Stream.prefold), which measures the
+    iterations meanwhile."""
+    places = {need: key_places(state.keys, _key(rows)) for need, rows in chunk.items()
+              if (need == "runtime" or need in GPU_NEEDS) and rows is not None and rows.num_rows}
+    return {"rows": chunk, "places": places}
+
+
+def _fold(state: Slices, span_start: int, span_end: int, span: dict) -> None:
+    chunk, places = span["rows"], span["places"]
     for need, rows in chunk.items():
         if rows is None or not rows.num_rows:
             continue
         if need == "runtime":
-            call_at, hit = key_places(state.keys, _key(rows))
+            call_at, hit = places[need]
             at = call_at[hit]
             if len(distinct(at)) < len(at) or state.called[at].any():
                 raise ReadWhole("a launch key held by several calls")
@@ -156,7 +166,7 @@ def _fold(state: Slices, span_start: int, span_end: int, chunk: dict) -> None:
             state.called[at] = True
             call_at[~hit] = -1
         elif need in GPU_NEEDS:
-            at, hit = key_places(state.keys, _key(rows))
+            at, hit = places[need]
             if not hit.all():
                 raise ReadWhole("GPU ops the first read did not give")  # the export changed under the read
             add_counts(state.remaining, at, -1)
