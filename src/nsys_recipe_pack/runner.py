@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import datetime
@@ -312,6 +313,8 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
                     nsys_path: str | None) -> list[list[dict]]:
     args = [(str(f), recipe, options, nsys_path) for f in files]
     if mode == "none" or len(files) == 1:
+        # the reduce's pandas imported beside the maps, which mostly let go of Python, as the workers' parent does below
+        threading.Thread(target=lambda: pd.DataFrame, name="nsys-recipe-import", daemon=True).start()
         return [map_file(*a) for a in progress.iterate(args, total=len(args), desc=recipe)]
     if mode == "dask-futures":
         return _run_dask(args, options, jobs)
