@@ -21,9 +21,10 @@ def child_ranges(ranges: Ranges, it: Iterations) -> tuple[np.ndarray, np.ndarray
     start, end, name = ranges.start_ns[on], ranges.end_ns[on], ranges.name[on]
     idx = np.searchsorted(window_start, start, side="right") - 1
     ok = idx >= 0
-    within = np.zeros(len(on), bool)
+    within, is_delim = np.zeros(len(on), bool), np.zeros(len(on), bool)
     within[ok] = end[ok] <= window_end[idx[ok]]
-    is_delim = np.isin(start, window_start) & (ranges.names == it.delimiter.name)[name]  # names: the few words
+    is_delim[ok] = window_start[idx[ok]] == start[ok]  # starts as an iteration does: the last to start by then
+    is_delim &= (ranges.names == it.delimiter.name)[name]  # names: the few words
     kid = np.flatnonzero(within & ~is_delim)
     if not len(kid):
         return empty, empty, empty, empty
