@@ -181,3 +181,17 @@ def test_outermost_agrees_with_its_definition(rows, in_order):
     start = np.array([s for _, s, _ in rows], np.int64)
     end = start + np.array([d for _, _, d in rows], np.int64)
     assert outermost(group, start, end).tolist() == _outermost_by_walk(group, start, end)
+
+
+@given(st.lists(st.tuples(st.sampled_from([77, 1000, 1007, 5000]), st.integers(0, 60), st.integers(0, 20)),
+                min_size=256, max_size=400), st.integers(0, 3))
+@settings(max_examples=30)
+def test_outermost_of_groups_taking_turns_in_order_of_start(rows, carried):
+    """Enough rows for the path that puts a few groups (threads) taking turns in order by their codes first, some
+    of them led by a reach carried from before (a start of INT64_MIN, which a difference of starts overflows)."""
+    rows = sorted(rows, key=lambda r: r[1])
+    low = np.iinfo(np.int64).min
+    group = np.array([g for g, _, _ in rows[:carried]] + [g for g, _, _ in rows], np.int64)
+    start = np.array([low] * carried + [s for _, s, _ in rows], np.int64)
+    end = np.array([s + d for _, s, d in rows[:carried]] + [s + d for _, s, d in rows], np.int64)
+    assert outermost(group, start, end).tolist() == _outermost_by_walk(group, start, end)

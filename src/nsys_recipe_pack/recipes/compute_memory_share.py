@@ -398,7 +398,7 @@ def _top_level_windows(proc: _Process, ranges: dict) -> None:
         return
     proc.ranges += n
     start, end, tid = ranges["start_ns"], ranges["end_ns"], ranges["tid"]
-    threads = np.unique(tid)
+    threads = factorize(tid)[0]  # a few, sorted
     carried = np.array([t for t in threads.tolist() if t in proc.thread_reach], np.int64)
     reach = np.array([proc.thread_reach[t] for t in carried.tolist()], np.int64)
     k = len(carried)
