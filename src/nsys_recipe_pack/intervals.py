@@ -194,12 +194,12 @@ def _by_group_start_longest(group: np.ndarray, start: np.ndarray, end: np.ndarra
     ranges takes 5 ms. Rows in order of start from a few groups taking turns (a span's ranges, by thread) are
     first put in group order by a stable sort of the groups' codes (by radix)."""
     order = _in_group_start_order(group, start, end)
-    if order is not None or len(start) < 256:
-        return order if order is not None else np.lexsort((-end, start, group))
-    _, code = factorize(group)
-    by_group = stable_order(code)
-    order = _in_group_start_order(code[by_group], start[by_group], end[by_group])
-    return by_group[order] if order is not None else np.lexsort((-end, start, group))
+    if order is None and len(start) >= 256:
+        _, code = factorize(group)
+        by_group = stable_order(code)
+        inner = _in_group_start_order(code[by_group], start[by_group], end[by_group])
+        order = None if inner is None else by_group[inner]
+    return order if order is not None else np.lexsort((-end, start, group))
 
 
 def _in_group_start_order(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray | None:
