@@ -80,21 +80,36 @@ def consecutive_union_lengths(first: np.ndarray, last: np.ndarray, count: np.nda
     return lengths, right
 
 
+class GroupLift:
+    """Keys that order (group, value) pairs as the pairs order, in int64: each group's values lifted above all
+    earlier groups' (groups small integers from 0), the values' ranks among `values` standing in for them where
+    the values would not fit."""
+
+    def __init__(self, groups: int, values: np.ndarray):
+        self.low = int(values.min()) if len(values) else 0
+        span = int(values.max()) - self.low + 1 if len(values) else 1
+        self.ranks = None if int(groups) * span < 1 << 62 else np.unique(values)
+        self.scale = span if self.ranks is None else len(self.ranks) + 1
+
+    def key(self, group: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """The keys of pairs whose values are among those the lift was made for."""
+        offset = values - self.low if self.ranks is None else np.searchsorted(self.ranks, values)
+        return np.asarray(group, np.int64) * self.scale + offset
+
+    def value(self, group: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        offset = keys - np.asarray(group, np.int64) * self.scale
+        return offset + self.low if self.ranks is None else self.ranks[offset]
+
+
 def running_max_by_group(group: np.ndarray, values: np.ndarray) -> np.ndarray:
     """The running maximum of `values` that restarts with each group, for rows sorted by group (small integers
-    from 0): each group's values lifted above all earlier groups' (on their ranks where that would not fit in
-    int64), so that one maximum.accumulate serves every group."""
+    from 0): one maximum.accumulate over the lifted keys (`GroupLift`) serves every group."""
     if not len(values):
         return np.zeros(0, np.int64)
-    group = np.asarray(group, np.int64)
-    low = int(values.min())
-    span = int(values.max()) - low + 1
-    if (int(group.max()) + 1) * span < 1 << 62:
-        lift = group * span
-        return np.maximum.accumulate(values - low + lift) - lift + low
-    distinct, rank = np.unique(values, return_inverse=True)
-    lift = group * (len(distinct) + 1)
-    return distinct[np.maximum.accumulate(rank.reshape(-1) + lift) - lift]
+    if group[0] == group[-1]:  # one group
+        return np.maximum.accumulate(values)
+    lift = GroupLift(int(group.max()) + 1, values)
+    return lift.value(group, np.maximum.accumulate(lift.key(group, values)))
 
 
 def prefix_union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray, level: np.ndarray, levels: int,
@@ -102,29 +117,64 @@ def prefix_union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray
     """covered[i, g]: the length of the union of group g's intervals of level below i, for i in 0..levels (groups
     and levels small integers from 0, n groups).
 
-    One sort of all intervals by group and start serves every prefix of levels: each keeps that order, so its
-    union is a running maximum per group (union_lengths would sort again for each)."""
+    The lowest level's union is taken once, over its intervals alone; each later prefix adds the union of the
+    other levels' intervals in it less the part the lowest level's covers (a cumulative sum and a binary search
+    over its pieces). Where one level holds most intervals, as kernels do, every prefix after it costs a pass over
+    the few others rather than over all of them."""
     covered = np.zeros((levels + 1, n), np.int64)
     if not len(starts):
         return covered
     order = np.lexsort((starts, group))
     g, s, e, lv = (np.asarray(a, np.int64)[order] for a in (group, starts, ends, level))
-    present = np.bincount(lv, minlength=levels) > 0
-    for i in range(levels):
-        covered[i + 1] = covered[i]
-        if not present[i]:
+    present = np.flatnonzero(np.bincount(lv, minlength=levels) > 0)
+    base = present[0]
+    lowest = lv == base
+    a_group, a_start, a_end = _union_pieces(g[lowest], s[lowest], e[lowest])
+    covered[base + 1] = _sum_per_group(a_group, a_end - a_start, n)
+    rest = ~lowest
+    g, s, e, lv = g[rest], s[rest], e[rest], lv[rest]
+    lift = GroupLift(n, np.concatenate([a_start, s, e]))
+    a_key = lift.key(a_group, a_start)
+    before = np.r_[0, np.cumsum(a_end - a_start)]  # the lowest level's length in the pieces before each
+
+    def lowest_up_to(group_of: np.ndarray, t: np.ndarray) -> np.ndarray:
+        """The lowest level's length before t in the group, plus all of it in the groups before."""
+        i = np.searchsorted(a_key, lift.key(group_of, t), side="right") - 1
+        at = np.maximum(i, 0)
+        inside = np.where(a_group[at] == group_of, np.minimum(t, a_end[at]), a_end[at]) - a_start[at]
+        return np.where(i >= 0, before[at] + inside, 0)
+
+    for i in range(base + 1, levels):
+        if i not in present:
+            covered[i + 1] = covered[i]
             continue
-        sel = lv <= i
-        gi, si, ei = g[sel], s[sel], e[sel]
-        reach = running_max_by_group(gi, ei)
-        new = np.ones(len(si), bool)
-        new[1:] = (gi[1:] != gi[:-1]) | (si[1:] > reach[:-1])
-        firsts = np.flatnonzero(new)  # each disjoint piece's first interval, in order of group
-        group_of, piece = gi[firsts], reach[np.r_[firsts[1:] - 1, len(si) - 1]] - si[firsts]
-        lead = np.flatnonzero(np.r_[True, group_of[1:] != group_of[:-1]])
-        covered[i + 1] = 0
-        covered[i + 1][group_of[lead]] = np.add.reduceat(piece, lead)
+        on = lv <= i
+        p_group, p_start, p_end = _union_pieces(g[on], s[on], e[on])
+        outside = p_end - p_start - (lowest_up_to(p_group, p_end) - lowest_up_to(p_group, p_start))
+        covered[i + 1] = covered[base + 1] + _sum_per_group(p_group, outside, n)
     return covered
+
+
+def _union_pieces(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                                  np.ndarray]:
+    """(group, start, end) of the disjoint pieces each group's intervals cover, for intervals sorted by group and
+    start; in that order."""
+    if not len(starts):
+        return group, starts, ends
+    reach = running_max_by_group(group, ends)
+    new = np.ones(len(starts), bool)
+    new[1:] = (group[1:] != group[:-1]) | (starts[1:] > reach[:-1])
+    firsts = np.flatnonzero(new)  # a piece ends at its group's running maximum
+    return group[firsts], starts[firsts], reach[np.r_[firsts[1:] - 1, len(starts) - 1]]
+
+
+def _sum_per_group(group: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """Exact sums of values per group, for rows sorted by group (n groups)."""
+    out = np.zeros(n, np.int64)
+    if len(group):
+        lead = np.flatnonzero(np.r_[True, group[1:] != group[:-1]])
+        out[group[lead]] = np.add.reduceat(values, lead)
+    return out
 
 
 def union_segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -297,22 +297,31 @@ def _view(need: str, frame) -> pa.Table:
                      "pid": arrow_of(frame.values("pid"))})
 
 
+class _Tops:
+    """The top-level NVTX ranges of one process found so far, by the spans' prefold (`_by_process`)."""
+
+    def __init__(self):
+        self.thread_reach: dict[int, int] = {}
+        self.reach = INT64_MIN  # of the top-level candidates across threads
+        self.ranges = 0  # closed ranges seen
+        self.names = NameIds()  # the windows' names, which `_Process.windows` and `by_name` hold as ids (-1: none)
+
+
 class _Process:
     """What one process's spans add up to so far."""
 
     def __init__(self):
         self.devices: dict[int, dict] = {}  # device -> its cells, first start and last end
         self.carry = {c: np.zeros(0, np.int64) for c in (*OP_COLUMNS, "first_start")}
-        self.thread_reach: dict[int, int] = {}
-        self.reach = INT64_MIN  # of the top-level candidates across threads
-        self.ranges = 0  # closed ranges seen
-        self.names = NameIds()  # the windows' names, which `windows` and `by_name` hold as ids (-1: none)
+        self.tops = _Tops()  # the prefold's, once a span had rows of the process
         self.windows = {"start": np.zeros(0, np.int64), "end": np.zeros(0, np.int64), "name": np.zeros(0, np.int64)}
         self.window_cells: dict | None = None  # of the windows still open
         self.by_name: dict | None = None  # the closed windows' rows summed per (name, category)
 
 
-def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
+def _by_process(state: dict, carried: dict, span_start: int, span_end: int, chunk: dict) -> dict:
+    """A span's ops per process, and the top-level windows its ranges open: what needs only the span's rows and the
+    ranges before it, found a span ahead of the fold (Stream.prefold). carried: pid -> its `_Tops`."""
     ops = [chunk.get(need) for need, _ in GPU_NEEDS]
     ops = [t for t in ops if t is not None and t.num_rows]
     ops = pa.concat_tables(ops) if ops else None
@@ -321,12 +330,26 @@ def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
     for t in (ops, ranges):
         if t is not None and t.num_rows:
             pids.update(factorize(numpy_of(t.column("pid")))[0].tolist())
-    pids.update(p for p, proc in state.items() if len(proc.carry["start"]))
-    for pid in sorted(pids):
-        proc = state.setdefault(pid, _Process())
+    out = {}
+    for pid in pids:
+        tops = carried.setdefault(pid, _Tops())
         new = _rows_of(ops, pid, ["start_ns", *OP_COLUMNS[1:]])
         new["start"] = new.pop("start_ns")
-        _top_level_windows(proc, _rows_of(ranges, pid, ["start_ns", "end_ns", "tid", "name"]))
+        out[pid] = {"ops": new, "tops": tops,
+                    "windows": _top_level_windows(tops, _rows_of(ranges, pid, ["start_ns", "end_ns", "tid", "name"]))}
+    return out
+
+
+def _fold(state: dict, span_start: int, span_end: int, span: dict) -> None:
+    pids = set(span) | {p for p, proc in state.items() if len(proc.carry["start"])}
+    for pid in sorted(pids):
+        proc = state.setdefault(pid, _Process())
+        mine = span.get(pid)
+        if mine is None:
+            new = {c: np.zeros(0, np.int64) for c in OP_COLUMNS}
+        else:
+            proc.tops, new = mine["tops"], mine["ops"]
+            _open_windows(proc, mine["windows"])
         _fold_ops(proc, new, span_start, span_end)
         _close_windows(proc, span_end)
 
@@ -390,37 +413,41 @@ def _fold_ops(proc: _Process, new: dict, span_start: int, span_end: int) -> None
         cells[k][at] += span_cells[k]
 
 
-def _top_level_windows(proc: _Process, ranges: dict) -> None:
+def _top_level_windows(tops: _Tops, ranges: dict) -> dict | None:
     """`_top_level` over the ranges starting in a span, each thread's reach and the reach across threads carried
-    from the spans before: the new windows, appended in time order."""
+    from the spans before: the new windows in time order (start, end, name id), None without ranges."""
     n = len(ranges["start_ns"])
     if not n:
-        return
-    proc.ranges += n
+        return None
+    tops.ranges += n
     start, end, tid = ranges["start_ns"], ranges["end_ns"], ranges["tid"]
     threads = factorize(tid)[0]  # a few, sorted
-    carried = np.array([t for t in threads.tolist() if t in proc.thread_reach], np.int64)
-    reach = np.array([proc.thread_reach[t] for t in carried.tolist()], np.int64)
+    carried = np.array([t for t in threads.tolist() if t in tops.thread_reach], np.int64)
+    reach = np.array([tops.thread_reach[t] for t in carried.tolist()], np.int64)
     k = len(carried)
     top = outermost(np.r_[carried, tid], np.r_[np.full(k, INT64_MIN), start], np.r_[reach, end])
     top = top[top >= k] - k
     for t, high in zip(*_max_by(tid, end), strict=True):
-        proc.thread_reach[t] = max(proc.thread_reach.get(t, INT64_MIN), high)
+        tops.thread_reach[t] = max(tops.thread_reach.get(t, INT64_MIN), high)
     top = top[np.argsort(start[top], kind="stable")]
     s, e = start[top], end[top]
-    before = np.maximum.accumulate(np.r_[proc.reach, e])[:-1]
-    proc.reach = max(proc.reach, int(e.max())) if len(e) else proc.reach
+    before = np.maximum.accumulate(np.r_[tops.reach, e])[:-1]
+    tops.reach = max(tops.reach, int(e.max())) if len(e) else tops.reach
     new = top[s >= before]
-    w = proc.windows
-    names = proc.names.ids_in(ranges["name"].take(new))
-    proc.windows = {"start": np.r_[w["start"], start[new]], "end": np.r_[w["end"], end[new]],
-                    "name": np.concatenate([w["name"], names])}
-    c = len(PRIORITY)
+    return {"start": start[new], "end": end[new], "name": tops.names.ids_in(ranges["name"].take(new))}
+
+
+def _open_windows(proc: _Process, new: dict | None) -> None:
+    """Appends a span's new windows (`_top_level_windows`), with empty cells."""
+    if new is None:
+        return
+    proc.windows = {k: np.concatenate([v, new[k]]) for k, v in proc.windows.items()}
+    n, c = len(new["start"]), len(PRIORITY)
     grown = {"ops": c, "sum": c, "bytes_n": c, "bytes": c, "pageable": c}
     cells = proc.window_cells or {**{k: np.zeros(0, np.int64) for k in grown},
                                   "covered": np.zeros((c + 1, 0), np.int64)}
-    proc.window_cells = {**{k: np.r_[cells[k], np.zeros(len(new) * c, np.int64)] for k in grown},
-                         "covered": np.concatenate([cells["covered"], np.zeros((c + 1, len(new)), np.int64)], axis=1)}
+    proc.window_cells = {**{k: np.r_[cells[k], np.zeros(n * c, np.int64)] for k in grown},
+                         "covered": np.concatenate([cells["covered"], np.zeros((c + 1, n), np.int64)], axis=1)}
 
 
 def _close_windows(proc: _Process, until: int) -> None:
@@ -472,17 +499,18 @@ def _finish(state: dict, names: list) -> dict:
             window, cols = _rows(cells, lo, hi)
             share = _table({"device": np.array(devices, np.int64)[window], **cols}, {"category": CATEGORIES})
         by_range = None
-        if proc.ranges:
+        if proc.tops.ranges:
             _close_windows(proc, END_OF_TIME)
             totals = proc.by_name
-            words_of = [*proc.names.words, None]  # -1: none
+            words_of = [*proc.tops.names.words, None]  # -1: none
             codes = np.array([place[words_of[i]] for i in totals["name"].tolist()], np.int64)
             by_range = _by_name(codes, words, {k: v for k, v in totals.items() if k != "name"})
         out[pid] = {"share": share, "by_range": by_range}
     return out
 
 
-STREAM = Stream(needs=("kernel", "memcpy", "memset", "nvtx"), view=_view, fold=_fold, finish=_finish)
+STREAM = Stream(needs=("kernel", "memcpy", "memset", "nvtx"), view=_view, fold=_fold, finish=_finish,
+                prefold=_by_process)
 
 
 RECIPE = Recipe(
