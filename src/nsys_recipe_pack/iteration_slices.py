@@ -12,6 +12,7 @@ end after it, the calls whose ops are still to come or still kept, and what the 
 by launch key (`_Rank.carried`: what ranges since let go told of an op, such as the phase that launched it). A map
 over the whole tables gives the same measures: each depends only on the events that overlap its iteration, the
 calls that launched them, and the ops launched before its sync points, which are kept while they may end inside it.
+The measures run in turn in a thread of their own, a few behind the fold, which lets go of the events meanwhile.
 
 Each process of a file is measured apart, as a whole read splits a file into ranks. Where the slices cannot promise
 the whole read's answer the tables are read whole instead (inputs.chunks.ReadWhole): a launch key held by several
@@ -23,8 +24,9 @@ buffer in time.
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +43,7 @@ from .iteration_scan import iterations_ahead, no_windows_text
 from .iterations import Iterations, range_arrays
 
 GPU_FRAMES = tuple(NEED_FRAMES[need][0] for need in GPU_NEEDS)
+MEASURES_AHEAD = 2  # measures queued or running while the fold goes on
 
 
 @dataclass
@@ -53,8 +56,8 @@ class _Rank:
     mpi_at: int = 0  # the first MPI call not handed to the buffer yet
     rows: dict = field(default_factory=dict)  # frame -> the buffered rows (pa.Table)
     next: int = 0  # the first iteration not measured yet
-    pieces: list = field(default_factory=list)
-    carried: dict = field(default_factory=lambda: {"key": np.zeros(0, np.int64)})  # what the map carries, by key
+    pieces: list = field(default_factory=list)  # futures of (piece, what the map carries of the ops kept then)
+    carried: Future | None = None  # the last measure's: what the map carries, by key
     call_at: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per buffered call: its key's place
     # among the launch keys (-1: none of the ops read ahead has it)
 
@@ -71,6 +74,8 @@ class Slices:
     measure: Callable
     whole_capture: bool  # a process without iterations is one window: read whole
     called: np.ndarray | None = None  # per key: a call holding it was read
+    measuring: ThreadPoolExecutor | None = None  # one thread: the measures run in turn, beside the fold
+    in_flight: deque = field(default_factory=deque)
 
     def __post_init__(self):
         self.called = np.zeros(len(self.keys), bool)
@@ -91,16 +96,16 @@ def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture
     def done(state: Slices, names: list) -> dict:
         if not state.ranks:
             raise ReadWhole("no process with iterations or GPU work")
-        out = {}
-        for pid, rank in state.ranks.items():
+        for rank in state.ranks.values():
             if isinstance(rank.it, str):
-                out[pid] = {"error": rank.it}
                 continue
             _advance(state, rank, END_OF_TIME)
             if rank.next < len(rank.it.start_ns):
                 raise ReadWhole("iterations whose launched ops never came")
-            out[pid] = finish(rank.it, rank.pieces, names)
-        return out
+        if state.measuring is not None:
+            state.measuring.shutdown()
+        return {pid: {"error": rank.it} if isinstance(rank.it, str)
+                else finish(rank.it, [f.result()[0] for f in rank.pieces], names) for pid, rank in state.ranks.items()}
 
     # read ahead of the spans, and so in the progress's rows from the start: NVTX for the iterations, the ops' keys
     return Stream(needs=("nvtx", "runtime", *gpu_needs), view=_view, fold=_fold, finish=done, prepare=prepare,
@@ -215,11 +220,24 @@ def _advance(state: Slices, rank: _Rank, frontier: int) -> None:
     before = min(before, frontier)
     data = _rank_data(state, rank)
     subset = Iterations(it.delimiter, it.start_ns[rank.next:ready], it.end_ns[rank.next:ready], it.tid)
-    piece, carried = state.measure(data, range_arrays(data.frame("nvtx")), subset, state.options, before,
-                                   rank.next, rank.carried)
-    rank.pieces.append(piece)  # with no iteration too: what the map learnt of the process
+    first, previous = rank.next, rank.carried
+    kept_ops = _let_go(rank, before, pending)
+
+    def measure() -> tuple:
+        carried = previous.result()[1] if previous is not None else {"key": np.zeros(0, np.int64)}
+        piece, carry = state.measure(data, range_arrays(data.frame("nvtx")), subset, state.options, before, first,
+                                     carried)
+        kept = np.isin(carry["key"], kept_ops)
+        return piece, {c: v[kept] for c, v in carry.items()}
+
+    if state.measuring is None:
+        state.measuring = ThreadPoolExecutor(1, thread_name_prefix="nsys-recipe-measure")
+    rank.carried = state.measuring.submit(measure)
+    rank.pieces.append(rank.carried)  # with no iteration too: what the map learnt of the process
     rank.next = ready
-    _let_go(rank, before, pending, carried)
+    state.in_flight.append(rank.carried)
+    while len(state.in_flight) > MEASURES_AHEAD:  # what they hold is what the spans let go
+        state.in_flight.popleft().result()
 
 
 def _rank_data(state: Slices, rank: _Rank) -> RankData:
@@ -231,9 +249,9 @@ def _rank_data(state: Slices, rank: _Rank) -> RankData:
     return RankData(file="", pid=rank.pid, session_start_ns=0, has_cuda=state.has_cuda, **frames)
 
 
-def _let_go(rank: _Rank, before: int, pending: np.ndarray, carried: dict) -> None:
+def _let_go(rank: _Rank, before: int, pending: np.ndarray) -> np.ndarray:
     """Keep only the events that may bear on iterations from `before` on (pending: the buffered calls whose ops are
-    still to come), and what the map carries of the ops kept."""
+    still to come); the launch keys of the ops kept, whose carry the map keeps."""
     kept_ops = []
     for attr in ("nvtx", "mpi", *GPU_FRAMES):
         rows = rank.rows.get(attr)
@@ -251,5 +269,4 @@ def _let_go(rank: _Rank, before: int, pending: np.ndarray, carried: dict) -> Non
         keep |= pending | np.isin(key, kept_ops)
         rank.rows["runtime"] = calls.filter(arrow_of(keep))
         rank.call_at = rank.call_at[keep]
-    kept = np.isin(carried["key"], kept_ops)
-    rank.carried = {c: v[kept] for c, v in carried.items()}
+    return kept_ops
