@@ -1,7 +1,10 @@
+from unittest import mock
+
 import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nsys_recipe_pack import intervals
 from nsys_recipe_pack.intervals import (
     consecutive_union_lengths,
     outermost,
@@ -92,18 +95,20 @@ def test_prefix_unions_by_hand():
     assert covered.tolist() == [[0, 0], [10, 0], [20, 4], [30, 4]]
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 3), st.integers(-50, 50), st.integers(0, 40), st.integers(0, 4)),
                 max_size=40),
-       st.booleans())
-def test_prefix_unions_equal_one_union_per_prefix(rows, wide):
-    """Against union_lengths over each prefix of levels; `wide` spreads the times over 2**61 ns, where the
-    ends cannot be lifted per group and their ranks are used."""
+       st.booleans(), st.sampled_from([0.0, 1.0]))
+def test_prefix_unions_equal_one_union_per_prefix(rows, wide, others_for_passes):
+    """Against union_lengths over each prefix of levels, both ways of taking them (a pass per prefix, or the lowest
+    level's union once and the others against it); `wide` spreads the times over 2**61 ns, where the ends cannot be
+    lifted per group and their ranks are used."""
     g = np.array([r[0] for r in rows], np.int64)
     s = np.array([r[1] for r in rows], np.int64) * (2**55 if wide else 1)
     e = s + np.array([r[2] for r in rows], np.int64)
     level = np.array([r[3] for r in rows], np.int64)
-    covered = prefix_union_lengths(g, s, e, level, 5, 4)
+    with mock.patch.object(intervals, "OTHERS_FOR_PASSES", others_for_passes):
+        covered = prefix_union_lengths(g, s, e, level, 5, 4)
     for i in range(6):
         want = np.zeros(4, np.int64)
         sel = level < i

@@ -112,15 +112,19 @@ def running_max_by_group(group: np.ndarray, values: np.ndarray) -> np.ndarray:
     return lift.value(group, np.maximum.accumulate(lift.key(group, values)))
 
 
+OTHERS_FOR_PASSES = 1 / 7  # above this share of intervals outside the lowest level, a pass per prefix is quicker
+
+
 def prefix_union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray, level: np.ndarray, levels: int,
                          n: int) -> np.ndarray:
     """covered[i, g]: the length of the union of group g's intervals of level below i, for i in 0..levels (groups
     and levels small integers from 0, n groups).
 
-    The lowest level's union is taken once, over its intervals alone; each later prefix adds the union of the
-    other levels' intervals in it less the part the lowest level's covers (a cumulative sum and a binary search
-    over its pieces). Where one level holds most intervals, as kernels do, every prefix after it costs a pass over
-    the few others rather than over all of them."""
+    One sort by group and start serves every prefix. Where the lowest level holds nearly all intervals, as kernels
+    mostly do, its union is taken once and each later prefix adds the union of the few others in it less the part
+    the lowest level's covers (a cumulative sum and a binary search over its pieces); else each prefix is a pass over
+    all its intervals (1 M intervals of 4 levels: 0.10 s against 0.14 s with 5 % outside the lowest level, 0.24 s
+    against 0.17 s with half)."""
     covered = np.zeros((levels + 1, n), np.int64)
     if not len(starts):
         return covered
@@ -129,10 +133,17 @@ def prefix_union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray
     present = np.flatnonzero(np.bincount(lv, minlength=levels) > 0)
     base = present[0]
     lowest = lv == base
+    if np.count_nonzero(~lowest) > OTHERS_FOR_PASSES * len(lv):
+        for i in range(base, levels):
+            covered[i + 1] = covered[i]
+            if i in present:
+                on = lv <= i
+                p_group, p_start, p_end = _union_pieces(g[on], s[on], e[on])
+                covered[i + 1] = _sum_per_group(p_group, p_end - p_start, n)
+        return covered
     a_group, a_start, a_end = _union_pieces(g[lowest], s[lowest], e[lowest])
     covered[base + 1] = _sum_per_group(a_group, a_end - a_start, n)
-    rest = ~lowest
-    g, s, e, lv = g[rest], s[rest], e[rest], lv[rest]
+    g, s, e, lv = g[~lowest], s[~lowest], e[~lowest], lv[~lowest]
     lift = GroupLift(n, np.concatenate([a_start, s, e]))
     a_key = lift.key(a_group, a_start)
     before = np.r_[0, np.cumsum(a_end - a_start)]  # the lowest level's length in the pieces before each
