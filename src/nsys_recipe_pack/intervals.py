@@ -49,13 +49,9 @@ def union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tu
     order = np.lexsort((s, group))  # one sort: by group, then start
     group, s, e = group[order], s[order], e[order]
     head = np.r_[True, group[1:] != group[:-1]]  # a group's first interval
-    reach = running_max_by_group(np.cumsum(head) - 1, e)
-    new = head.copy()  # a segment of the union begins
-    new[1:] |= s[1:] > reach[:-1]
-    firsts = np.flatnonzero(new)
-    seg_len = reach[np.r_[firsts[1:] - 1, len(s) - 1]] - s[firsts]
-    group_first = np.flatnonzero(head[firsts])
-    return group[firsts[group_first]], np.add.reduceat(seg_len, group_first)
+    code = np.cumsum(head) - 1
+    piece_code, piece_start, piece_end = _union_pieces(code, s, e)
+    return group[head], _sum_per_group(piece_code, piece_end - piece_start, int(code[-1]) + 1)
 
 
 def consecutive_union_lengths(first: np.ndarray, last: np.ndarray, count: np.ndarray, floor: np.ndarray,

@@ -12,6 +12,7 @@ import re
 import numpy as np
 
 from .groups import SortedGroups, factorize, stable_order
+from .intervals import GroupLift
 
 
 def stack_levels_of(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
@@ -147,17 +148,11 @@ def parents_of(tid: np.ndarray, start: np.ndarray, levels: np.ndarray) -> np.nda
     levels = np.asarray(levels, np.int64)
     group = thread.astype(np.int64) * (int(levels.max()) + 2) + levels + 1  # a parent's is one less, never a thread's
     t = np.asarray(start, np.int64)
-    low = int(t.min())
-    span = int(t.max()) - low + 1
-    if (int(group.max()) + 1) * span < 1 << 62:
-        t = t - low
-    else:  # times too far apart to lift each group above the last: their ranks instead
-        _, t = np.unique(t, return_inverse=True)
-        t = t.reshape(-1)
-        span = int(t.max()) + 1
-    order = stable_order(group) if (t[1:] >= t[:-1]).all() else np.argsort(group * span + t, kind="stable")
-    group = group[order]
-    key = group * span + t[order]  # sorted
+    lift = GroupLift(int(group.max()) + 1, t)  # times too far apart to lift each group above the last: their ranks
+    span = lift.scale
+    key = lift.key(group, t)
+    order = stable_order(group) if (t[1:] >= t[:-1]).all() else np.argsort(key, kind="stable")
+    group, key = group[order], key[order]  # sorted
     # each range, in that order, wants the last key at or below its own less one group: in order too, a quick search
     found = np.searchsorted(key, key - span, side="right") - 1
     at = np.maximum(found, 0)
