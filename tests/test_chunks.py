@@ -145,3 +145,80 @@ def test_a_parquet_tables_footer_is_read_once(synthetic, always_spans, monkeypat
     ranks = load_file(synthetic["parquetdir"][2], NEEDS, stream=share.STREAM)
     assert ranks[0].streamed is not None
     assert parsed["CUPTI_ACTIVITY_KIND_KERNEL.parquet"] == 1 and max(parsed.values()) == 1, parsed
+
+
+def _nvtx_parquet_export(folder: Path, seed: int) -> Path:
+    """A Parquet export of NVTX events only, written here: range names as text (some repeated, some empty, some
+    null) or as ids into StringIds, domains named by create events along the way, some ranges never closed; row
+    groups of 64 rows, so that a batch of fewer rows meets words of its row group that it does not hold."""
+    rng = np.random.default_rng(seed)
+    n = 400
+    words = np.array([f"step {i}" for i in range(30)] + ["MPI Rank 3", ""], object)
+    text = words[rng.integers(0, len(words), n)]
+    text_id = np.where(rng.random(n) < 0.2, rng.integers(1, 4, n), -1)
+    text[text_id > 0] = None
+    event = np.where(rng.random(n) < 0.7, 59, 60)
+    domain = rng.integers(0, 3, n)  # 0: the default domain, which no event names
+    domain[250:] = rng.integers(0, 4, n - 250)
+    create = np.array([0, 1, 249])  # each before the first range of its domain, the last in a later batch
+    domain[create] = [1, 2, 3]
+    event[create], text[create], text_id[create] = 75, [f"domain {d}" for d in domain[create]], -1
+    start = np.sort(rng.integers(0, 10**6, n))
+    end = start + rng.integers(1, 10**4, n)
+    unclosed = (rng.random(n) < 0.05) | (event == 75)
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({
+        "start": start, "end": pa.array(end, mask=unclosed), "eventType": event, "text": pa.array(text.tolist()),
+        "textId": pa.array(text_id, mask=text_id < 0), "globalTid": (7 << 24) + rng.integers(7, 9, n),
+        "domainId": domain}), folder / "NVTX_EVENTS.parquet", row_group_size=64)
+    pq.write_table(pa.table({"id": [1, 2, 3], "value": ["forward", "backward", "step 4"]}),
+                   folder / "StringIds.parquet")
+    return folder
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_nvtx_text_read_from_parquet_as_its_dictionary_gives_the_frames_strings_give(tmp_path, monkeypatch, seed):
+    """A batched read of NVTX text from Parquet keeps the file's dictionary (readers.DICTIONARY_TEXT): every span's
+    frame, the name dictionary and the rows every read keeps are those of the text read as strings, dictionaries
+    in the same order."""
+    src = ExportSource(_nvtx_parquet_export(tmp_path / "x_pqtdir", seed), "parquetdir")
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 16)  # batches within row groups, as without the dictionary
+    batch = next(src.read_batches("NVTX_EVENTS", readers.TABLES["nvtx"]["NVTX_EVENTS"]))
+    assert pa.types.is_dictionary(batch.column("text").type)
+
+    def read() -> tuple:
+        found = {}
+        spans = [chunk["nvtx"] for _, _, chunk in chunks.time_chunks(
+            src, ["nvtx"], string_table(src), lambda need, frame: frame.table, Extents(), lambda t, n: None, found)]
+        return pa.concat_tables(spans), found
+
+    got, got_found = read()
+    monkeypatch.setattr(readers, "DICTIONARY_TEXT", {})
+    want, want_found = read()
+    assert not pa.types.is_dictionary(next(src.read_batches("NVTX_EVENTS", ["text"])).column("text").type)
+    assert got.num_rows > 300 and got.equals(want)
+    assert got_found["names"] == want_found["names"]
+    assert got_found["nvtx"].table.equals(want_found["nvtx"].table) and got_found["nvtx"].table.num_rows
+
+
+def test_what_the_reads_ahead_of_the_spans_freed_is_handed_back_before_the_first_span(always_spans, monkeypatch):
+    """glibc keeps what the read-ahead threads free in their own arenas: given back once the stream's `prepare` is
+    done, before the spans allocate beside it (allocator.give_back_freed_memory)."""
+    from nsys_recipe_pack.recipes import straggler_heatmap
+
+    steps = []
+    stream = straggler_heatmap.STREAM
+
+    def prepare(ahead, options):
+        steps.append("prepare")
+        return stream.prepare(ahead, options)
+
+    def fold(*args):
+        steps.append("fold")
+        return stream.fold(*args)
+
+    monkeypatch.setattr(rank_data, "give_back_freed_memory", lambda: steps.append("give back"))
+    rank, = load_file(REAL_GLOO, set(straggler_heatmap.NEEDS),
+                      stream=dataclasses.replace(stream, prepare=prepare, fold=fold))
+    assert rank.streamed is not None
+    assert steps[:3] == ["prepare", "give back", "fold"] and steps.count("give back") == 1

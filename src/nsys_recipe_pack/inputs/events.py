@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import BadInputError
 from .frames import Frame, arrow_of, numpy_of, one_array, strings_of
@@ -66,8 +67,9 @@ def _read_events(src: ExportSource, table: str, cols: list[str], times: tuple[st
 
 def timed_rows(raw: pa.Table, cols: list[str], times: tuple[str, ...]) -> pa.Table:
     """The rows that have every one of the `times` columns; no rows: every column, empty."""
-    if not raw.num_rows:
-        return pa.table({c: pa.nulls(0, pa.string() if c == "text" else pa.int64()) for c in cols})
+    if not raw.num_rows:  # a column read keeps its type (text may be a dictionary), one the reader typed null not
+        return pa.table({c: raw.column(c) if c in raw.column_names and not pa.types.is_null(raw.column(c).type)
+                         else pa.nulls(0, pa.string() if c == "text" else pa.int64()) for c in cols})
     missing = np.zeros(raw.num_rows, bool)
     for c in times:
         if raw.column(c).null_count:
@@ -90,10 +92,7 @@ def nvtx_frame(raw: pa.Table, strings: StringTable) -> Frame:
     """NVTX_EVENTS rows as the normalised frame (domain-create events, which name domains, left out)."""
     n = raw.num_rows
     if "text" in raw.column_names:
-        text = one_array(raw.column("text")).dictionary_encode()
-        text_words = np.array(text.dictionary.to_pylist(), object)
-        has_text = ~numpy_of(text.is_null(), False)
-        text_at = numpy_of(text.indices, 0).astype(np.int64)
+        text_words, has_text, text_at = _text_codes(one_array(raw.column("text")))
     else:
         text_words, has_text, text_at = np.zeros(0, object), np.zeros(n, bool), np.zeros(n, np.int64)
     if "textId" in raw.column_names:
@@ -124,6 +123,21 @@ def nvtx_frame(raw: pa.Table, strings: StringTable) -> Frame:
     # the domain column is `str` when some event (a create event included) has a named domain, as pandas infers it
     named_domain = bool(len(create)) and not np.r_[unnamed, True][domain_at].all()
     return Frame(pa.table(arrays), {**NVTX_DTYPES, "domain": "str" if named_domain else "object"})
+
+
+def _text_codes(text: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(the distinct words in order of first use, whether each row has one, its word's place): text as strings, or
+    as a Parquet read's dictionary (readers.DICTIONARY_TEXT), which also holds the words of rows read before or after
+    the batch, left out here as a dictionary_encode of the strings leaves them."""
+    if not pa.types.is_dictionary(text.type):
+        text = text.dictionary_encode()
+        return (np.array(text.dictionary.to_pylist(), object), ~numpy_of(text.is_null(), False),
+                numpy_of(text.indices, 0).astype(np.int64))
+    at = numpy_of(text.indices, -1).astype(np.int64)
+    used = numpy_of(pc.unique(text.indices).drop_null()).astype(np.int64)  # in order of first use
+    place = np.full(len(text.dictionary) + 1, -1, np.int64)  # the last: a row without text
+    place[used] = np.arange(len(used))
+    return np.array(text.dictionary.take(arrow_of(used)).to_pylist(), object), at >= 0, place[at]
 
 
 GPU_COLUMNS = [("deviceId", "device"), ("streamId", "stream"), ("correlationId", "correlation_id"),

@@ -22,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import spill  # a module: spill reads with inputs' helpers, so is imported half-way when it comes first
+from ..allocator import give_back_freed_memory
 from ..errors import BadInputError, MissingTraceError
 from ..groups import one_of
 from ..lazy import pd
@@ -210,6 +211,7 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
         try:
             state = (stream.prepare(Ahead(src, strings, extents, found, done.add, done.expect, stream), stream.options)
                      if stream.prepare else {})
+            give_back_freed_memory()  # what the reads ahead let go, before the spans
             chunks = time_chunks(src, spans, strings, stream.view, extents, done.add, found, stream.columns)
             if stream.prefold:
                 chunks = prefolded(chunks, stream.prefold, state)

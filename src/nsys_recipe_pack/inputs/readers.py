@@ -49,6 +49,10 @@ MPI_PREFIX = "MPI_"
 # and META_DATA tables); every other column it reads holds integers
 TEXT_COLUMNS = {"NVTX_EVENTS": {"text"}, "StringIds": {"value"}, "TARGET_INFO_SYSTEM_ENV": {"name", "value"},
                 "META_DATA_EXPORT": {"name", "value"}}
+# text a batched read (ExportSource.read_batches) gives from Parquet as the file's dictionary: NVTX range names repeat,
+# and making a string of every row, then hashing them all again, took most of the text's time (38.6 M names in
+# bench/RESULTS.md's 5.4 GB export: 2.7 s a read, against 0.25 s)
+DICTIONARY_TEXT = {"NVTX_EVENTS": {"text"}}
 SQLITE_BATCH_ROWS = 65536
 STREAM_BATCH_ROWS = 1 << 18  # rows of a long table handled at a time when it is read in batches
 # fewer rows than this are read without threads: starting one and handing parts over to it cost more than the
@@ -190,8 +194,9 @@ class ExportSource:
         return _normalised_table(raw, cols, TEXT_COLUMNS.get(table, set()))
 
     def read_batches(self, table: str, columns: list[str], rows: int | None = None, connections: int = 1):
-        """The asked-for columns of a table as `read_arrow` gives them, a batch of about `rows` rows at a time in
-        the table's order, so that a long table is never held whole. connections: SQLite connections reading it
+        """The asked-for columns of a table as `read_arrow` gives them (but DICTIONARY_TEXT from Parquet as the
+        file's dictionary), a batch of about `rows` rows at a time in the table's order, so that a long table is
+        never held whole. connections: SQLite connections reading it
         at once (more than one where no other table is read alongside)."""
         if not self.has(table):
             return
@@ -207,9 +212,11 @@ class ExportSource:
         else:
             # without pre-buffering: it keeps every row group's pages read so far until the read ends (the whole
             # table's, at its end), and reads slower
-            parts = pq.ParquetFile(self.path / f"{table}.parquet", metadata=self._footer(table),
-                                   pre_buffer=False).iter_batches(batch_size=rows, columns=cols)
-        made = functools.partial(_normalised_table, cols=cols, text=TEXT_COLUMNS.get(table, set()))
+            parts = pq.ParquetFile(self.path / f"{table}.parquet", metadata=self._footer(table), pre_buffer=False,
+                                   read_dictionary=_dictionary_text(table, cols)).iter_batches(batch_size=rows,
+                                                                                               columns=cols)
+        made = functools.partial(_normalised_table, cols=cols, text=TEXT_COLUMNS.get(table, set()),
+                                 dictionary=DICTIONARY_TEXT.get(table, set()))
         if not threads_pay(self.count(table)):
             with contextlib.closing(parts):
                 yield from map(made, parts)
@@ -349,8 +356,14 @@ def _text_as_strings(raw: pa.Table, cols: list[str], text: set[str]) -> pa.Table
                      for i, c in enumerate(cols)})
 
 
-def _normalised_table(raw: pa.Table | pa.RecordBatch, cols: list[str], text: set[str]) -> pa.Table:
-    return pa.table({c: _normalised(raw.column(c), c in text) for c in cols})
+def _dictionary_text(table: str, cols: list[str]) -> list[str]:
+    """The columns of DICTIONARY_TEXT among those read (Parquet's reader fails on one the file lacks)."""
+    return [c for c in DICTIONARY_TEXT.get(table, ()) if c in cols]
+
+
+def _normalised_table(raw: pa.Table | pa.RecordBatch, cols: list[str], text: set[str],
+                      dictionary: set[str] = frozenset()) -> pa.Table:
+    return pa.table({c: _normalised(raw.column(c), c in text, c in dictionary) for c in cols})
 
 
 def _joined(batches: list[pa.RecordBatch]) -> pa.Table:
@@ -412,11 +425,14 @@ def _sqlite_column(column: str, text: bool, guarded: bool) -> str:
     return q
 
 
-def _normalised(col: pa.ChunkedArray | pa.Array, text: bool) -> pa.Array:
-    """Text as strings, anything else as int64 (unsigned ids keep their bits, as the export's readers do;
-    floats are truncated and NaN is null; values that are no number are null)."""
+def _normalised(col: pa.ChunkedArray | pa.Array, text: bool, dictionary: bool = False) -> pa.Array:
+    """Text as strings (`dictionary`: a dictionary of strings read so kept so), anything else as int64 (unsigned ids
+    keep their bits, as the export's readers do; floats are truncated and NaN is null; values that are no number are
+    null)."""
     col = one_array(col)
     kind = col.type
+    if dictionary and text and pa.types.is_dictionary(kind) and pa.types.is_string(kind.value_type):
+        return col
     if pa.types.is_dictionary(kind):
         col, kind = col.dictionary_decode(), kind.value_type
     if text:

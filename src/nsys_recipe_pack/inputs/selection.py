@@ -221,12 +221,13 @@ class FirstRows:
             if c not in raw.column_names:
                 continue
             col = one_array(raw.column(c))
-            text = pa.types.is_string(col.type)
+            text = pa.types.is_string(col.type) or pa.types.is_dictionary(col.type)
             # the rows whose value is not seen yet (none, after the first batches), then the first of each
             if text:
-                if all(w in self.seen_words[c] for w in pc.unique(col).to_pylist()):
+                words = col.dictionary if pa.types.is_dictionary(col.type) else pc.unique(col)
+                if all(w in self.seen_words[c] for w in words.to_pylist()):
                     continue  # the usual batch after the first ones: no word not seen (a set is quicker to make)
-                enc = col.dictionary_encode()
+                enc = col if pa.types.is_dictionary(col.type) else col.dictionary_encode()
                 codes = numpy_of(enc.indices, -1)
                 words = [*enc.dictionary.to_pylist(), None]  # code -1: null
                 known = np.array([w in self.seen_words[c] for w in words], bool)
