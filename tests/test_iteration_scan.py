@@ -4,6 +4,7 @@ whole tables, on small ranks built by hand and on every sample input, however th
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 from conftest import rank_maps
 from test_iterations import kernels, nvtx
@@ -81,7 +82,7 @@ def test_found_delimiter_is_find_iterations_one(monkeypatch, tmp_path, rows, ins
     rank = _rank(rows)
     want = iterations.find_iterations(rank)
     read, reads = _reader(rank, instants)
-    found = iteration_scan.nvtx_iterations(read, spill_dir=str(tmp_path))
+    found, _ = iteration_scan.nvtx_iterations(read, spill_dir=str(tmp_path))
     assert list(found) == [1]
     _same(found[1], want)
     assert len(reads) == 1  # the table is read once
@@ -103,12 +104,12 @@ def test_named_delimiter_and_its_error_read_once():
     rank = _rank(rows)
     for name in ("step@train", "step"):
         read, reads = _reader(rank, 2)
-        _same(iteration_scan.nvtx_iterations(read, name)[1], iterations.find_iterations(rank, iteration=name))
+        _same(iteration_scan.nvtx_iterations(read, name)[0][1], iterations.find_iterations(rank, iteration=name))
         assert len(reads) == 1
     read, _ = _reader(rank, 2)
     with pytest.raises(BadInputError) as whole:
         iterations.find_iterations(rank, iteration="stpe")
-    assert f"x: {iteration_scan.nvtx_iterations(read, 'stpe')[1]}" == str(whole.value)
+    assert f"x: {iteration_scan.nvtx_iterations(read, 'stpe')[0][1]}" == str(whole.value)
 
 
 def test_without_a_delimiting_range_kernels_delimit():
@@ -116,7 +117,7 @@ def test_without_a_delimiting_range_kernels_delimit():
                   ("gemm", 42, 47)])
     rank = _rank([("once", 0, 50, 1)], ks)
     read, _ = _reader(rank, 1)
-    assert iteration_scan.nvtx_iterations(read) == {1: None}
+    assert iteration_scan.nvtx_iterations(read) == ({1: None}, None)
     for name in (None, "gemm", "relu"):
         read, reads = _reader(rank, 2, "kernels")
         found = iteration_scan.kernel_iterations(read, name, {1}, set())
@@ -180,3 +181,44 @@ def test_a_table_out_of_order_is_read_whole(tmp_path, monkeypatch):
     assert spanned[0].streamed is None
     assert pd.Series(kernel_pace.map_rank(spanned[0], {})["end_ns"]).equals(
         pd.Series(kernel_pace.map_rank(whole[0], {})["end_ns"]))
+
+
+@pytest.mark.parametrize("replay_rows", [0, 300, 10**9])
+@pytest.mark.parametrize("path", [REAL_GLOO, REAL_NCCL])
+def test_the_ranges_a_first_read_keeps_are_those_a_read_again_gives(monkeypatch, tmp_path, replay_rows, path):
+    """The closed ranges kept from the first read (iteration_scan.FirstRead), which a sliced map's spans take instead
+    of reading NVTX again: every range, its process, thread, times, name and domain, in the table's order, each span's
+    names and domains a dictionary of the words it holds; the file of those beyond REPLAY_ROWS gone at the end."""
+    from nsys_recipe_pack.inputs.chunks import time_chunks
+    from nsys_recipe_pack.inputs.readers import ExportSource, string_table
+    from nsys_recipe_pack.inputs.selection import Extents
+
+    monkeypatch.setattr(iteration_scan, "REPLAY_ROWS", replay_rows)
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 100)
+    src = ExportSource(path, "sqlite")
+    strings = string_table(src)
+
+    def read():
+        return (chunk["nvtx"] for _, _, chunk in time_chunks(src, ["nvtx"], strings, iterations.closed_range_view,
+                                                               Extents(), lambda table, rows: None, None))
+
+    try:
+        windows, kept = iteration_scan.nvtx_iterations(read, spill_dir=str(tmp_path), keep=True)
+        again, _ = iteration_scan.nvtx_iterations(read)
+        assert list(windows) == list(again) and windows
+        for pid, it in windows.items():  # None: no range delimits its iterations
+            assert (it is None) == (again[pid] is None) and (it is None or _same(it, again[pid]) is None)
+        spans = list(kept.spans())
+        want = pa.concat_tables(read())
+    finally:
+        src.close()
+    assert len(spans) > 3 and not list(tmp_path.iterdir())
+    for column in ("name", "domain"):
+        for rows in spans:
+            col = rows.column(column).combine_chunks()
+            assert sorted(col.dictionary.to_pylist()) == sorted(set(col.to_pylist()) - {None})
+    got = pa.concat_tables(spans)
+    assert got.num_rows == want.num_rows > 300
+    for column in want.column_names:
+        assert got.column(column).to_pylist() == want.column(column).to_pylist(), column
+    assert set(got.column("event_type").to_pylist()) == {59}

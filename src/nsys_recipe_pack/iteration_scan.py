@@ -7,8 +7,9 @@ delimiters in the order find_iterations tries them. Whether a candidate lies mos
 side by side: a further read answers it for the first few candidates of that order (`INNER_QUERIES`), counting, for
 each of their ranges, the other candidates' last range started by then that holds it, and collects those candidates'
 ranges, whose outermost are the iterations. A further read replays the first read's ranges as ids (`_Replay`), not
-the table. A delimiter named by --iteration is collected in the first read. A process without a delimiting range
-takes its kernels: one read counts their names, another collects the launches.
+the table, and so do the spans of a map that takes them all (`FirstRead`). A delimiter named by --iteration is
+collected in the first read. A process without a delimiting range takes its kernels: one read counts their names,
+another collects the launches.
 
 Every function reads spans through a `read()` that starts a new read of the table each call, each span holding
 every row of one instant (inputs.chunks.time_chunks), so that ties between starts are settled as in a whole table.
@@ -16,15 +17,17 @@ every row of one instant (inputs.chunks.time_chunks), so that ties between start
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 
-from .groups import SortedGroups, Vocabulary, factorize
+from .groups import SortedGroups, Vocabulary, distinct, factorize
 from .inputs.chunks import ReadWhole
-from .inputs.frames import arrow_of, column_codes, dictionary_column, numpy_of
+from .inputs.frames import arrow_of, column_codes, dictionary_column, numpy_of, strings_of
+from .inputs.selection import RANGE_EVENTS
 from .intervals import outermost
 from .iterations import (
     MIN_REPEATS,
@@ -45,7 +48,10 @@ INT64_MIN, INT64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 TID_BITS, NAME_BITS, DOMAIN_BITS = 26, 25, 12  # a (thread, name, domain) key in one int64
 INNER_QUERIES = 20_000_000  # (range, candidate) pairs a further read tests, beyond those of the first candidate
 INNER_CANDIDATES = 8  # candidates a further read tests at most
-REPLAY_ROWS = 8_000_000  # closed ranges of the first read a replay holds in memory (32 bytes each); the rest in a file
+# closed ranges of the first read a replay holds in memory (32 bytes each), the rest in a file: a sliced map's spans
+# take them after the iterations are found, beside their own buffers (straggler_heatmap on bench/RESULTS.md's 5.4 GB
+# Parquet export peaked at 1.33-1.35 GB holding 8 M, 1.10-1.13 GB holding 0.5 M, no slower)
+REPLAY_ROWS = 1_000_000
 QUERIES = 1_000_000  # (range, candidate) pairs tested at once
 
 
@@ -305,34 +311,81 @@ def _outermost_of(delimiter: Delimiter, tid: np.ndarray, start: np.ndarray, end:
     return Iterations(delimiter, start[keep].astype(np.int64), end[keep].astype(np.int64), thread)
 
 
-def nvtx_iterations(read: Callable[[], Iterable[pa.Table]], iteration: str | None = None,
-                    spill_dir: str | None = None) -> dict:
-    """pid -> Iterations, the text of an error (--iteration names no range of it), or None (no range delimits its
-    iterations: its kernels may), for each process with closed ranges. read() -> the spans of a new read;
-    spill_dir: where a replay longer than REPLAY_ROWS keeps the rest (None: TMPDIR)."""
+def nvtx_iterations(read: Callable[[], Iterable[pa.Table]], iteration: str | None = None, spill_dir: str | None = None,
+                    keep: bool = False, find: bool = True) -> tuple[dict, FirstRead | None]:
+    """(pid -> Iterations, the text of an error (--iteration names no range of it), or None (no range delimits its
+    iterations: its kernels may), for each process with closed ranges; with `keep`, the first read's closed ranges,
+    else None). read() -> the spans of a new read; spill_dir: where a replay longer than REPLAY_ROWS keeps the rest
+    (None: TMPDIR); find False: only the ranges kept, no iteration looked for (their kernels delimit them)."""
     scan = RangeScan(iteration)
     replay = _Replay(spill_dir)
+    kept = None
     try:
         for rows in read():
             placed = scan.add(rows)
-            if not iteration:
+            if keep or find and not iteration:
                 replay.add(placed)
-        if iteration:
-            return scan.named()
-        plans = scan.plans()
-        while not all(p.done for p in plans.values()):
-            for pid, start, end, at in replay:
-                for p, plan in plans.items():
-                    if not plan.done:
-                        on = slice(None) if len(pid) and pid[0] == p and pid[-1] == p and (pid == p).all() \
-                            else np.flatnonzero(pid == p)
-                        plan.add(start[on], end[on], at[on])
-            for plan in plans.values():
-                if not plan.done:
-                    plan.decide()
-        return {pid: plan.result for pid, plan in plans.items()}
+        if not find:
+            windows = {}
+        elif iteration:
+            windows = scan.named()
+        else:
+            windows = _found(scan.plans(), replay)
+        kept = FirstRead(scan, replay) if keep else None
+        return windows, kept
     finally:
-        replay.remove()
+        if kept is None:
+            replay.remove()
+
+
+def _found(plans: dict, replay: _Replay) -> dict:
+    """Each process's delimiter, from as many further reads as its candidates take."""
+    while not all(p.done for p in plans.values()):
+        for pid, start, end, at in replay:
+            for p, plan in plans.items():
+                if not plan.done:
+                    on = slice(None) if len(pid) and pid[0] == p and pid[-1] == p and (pid == p).all() \
+                        else np.flatnonzero(pid == p)
+                    plan.add(start[on], end[on], at[on])
+        for plan in plans.values():
+            if not plan.done:
+                plan.decide()
+    return {pid: plan.result for pid, plan in plans.items()}
+
+
+class FirstRead:
+    """A first read's closed ranges, kept for the spans of a map that would otherwise read the table again
+    (iteration_slices): per range its process, start, end and tally entry (`_Replay`), which holds its thread, name
+    and domain. Reading them back costs less than reading the table again and making its frames (the 38.6 M ranges
+    of bench/RESULTS.md's 5.4 GB Parquet export: 1.9 CPU s against 6.4)."""
+
+    def __init__(self, scan: RangeScan, replay: _Replay):
+        self.scan, self.replay = scan, replay
+        self._gone = weakref.finalize(self, replay.remove)  # a map given up half way leaves no file behind
+
+    def spans(self) -> Iterator[pa.Table]:
+        """The ranges a span at a time, in the table's order, as `closed_range_view` gives them (and event_type),
+        each span's names and domains a dictionary of the words it holds."""
+        t = self.scan.tally
+        tid, name, domain = t["tid"], t["name"], t["domain"]
+        words = {c: strings_of(w.words, large=True) for c, w in (("name", self.scan.names),
+                                                                ("domain", self.scan.domains))}
+        try:
+            for pid, start, end, at in self.replay.drain():
+                columns = {"start_ns": arrow_of(start), "end_ns": arrow_of(end),
+                           "event_type": arrow_of(np.full(len(start), RANGE_EVENTS[0], np.int64))}
+                for c, ids in (("name", name[at]), ("domain", domain[at])):
+                    used = distinct(ids)
+                    used = used[used >= 0]
+                    place = np.full(len(words[c]) + 1, -1, np.int64)  # the last: none
+                    place[used] = np.arange(len(used))
+                    columns[c] = dictionary_column(place[ids], words[c].take(arrow_of(used)))
+                yield pa.table({**columns, "tid": arrow_of(tid[at]), "pid": arrow_of(pid)})
+        finally:
+            self.remove()
+
+    def remove(self) -> None:
+        self._gone()
 
 
 class _Replay:
@@ -361,6 +414,15 @@ class _Replay:
 
     def __iter__(self) -> Iterator[tuple]:
         yield from self.held
+        yield from self._from_file()
+
+    def drain(self) -> Iterator[tuple]:
+        """A last read: each span let go of as it is handed over."""
+        while self.held:
+            yield self.held.pop(0)
+        yield from self._from_file()
+
+    def _from_file(self) -> Iterator[tuple]:
         spilled = self._spilled()
         for rows in spilled.batches() if spilled is not None else ():
             yield tuple(numpy_of(rows.column(c)) for c in self.COLUMNS)
@@ -443,18 +505,21 @@ def kernel_iterations(read: Callable[[], Iterable[pa.Table]], name: str | None, 
 KERNEL_COLUMNS = ["start", "end", "globalPid", "shortName", "demangledName"]  # for iterations that kernels delimit
 
 
-def iterations_ahead(ahead, options: dict) -> tuple[dict, bool]:
+def iterations_ahead(ahead, options: dict, keep: bool = False) -> tuple[dict, bool, FirstRead | None]:
     """pid -> Iterations or the text of an error, for each process, found from its NVTX ranges (or its kernels) read
     ahead of the spans (inputs.chunks.Ahead) as find_iterations finds them with the recipe's --iteration and
-    --iteration-kernel; and whether kernels were read for them (a process missing then has no GPU work)."""
+    --iteration-kernel; whether kernels were read for them (a process missing then has no GPU work); with `keep`, the
+    closed ranges read (`FirstRead`), else None."""
     windows: dict = {}
+    kept = None
+    read = lambda: ahead.spans("nvtx", closed_range_view)  # noqa: E731
     try:
-        if options.get("iteration_kernel"):
-            for _ in ahead.spans("nvtx", closed_range_view):  # read once all the same: the rank's identity is in it
+        if options.get("iteration_kernel") and not keep:
+            for _ in read():  # read once all the same: the rank's identity is in it
                 pass
         else:
-            windows = nvtx_iterations(lambda: ahead.spans("nvtx", closed_range_view), options.get("iteration"),
-                                      options.get(SPILL_DIR))
+            windows, kept = nvtx_iterations(read, options.get("iteration"), options.get(SPILL_DIR), keep,
+                                            find=not options.get("iteration_kernel"))
     except TooManyNames:
         raise ReadWhole("more NVTX threads, names or domains than a scan holds") from None
     ranged = set(windows)
@@ -464,7 +529,7 @@ def iterations_ahead(ahead, options: dict) -> tuple[dict, bool]:
         settled = {p for p, w in windows.items() if w is not None}
         read = lambda: ahead.spans("kernel", kernel_view, KERNEL_COLUMNS)  # noqa: E731
         windows.update(kernel_iterations(read, options.get("iteration_kernel"), ranged, settled))
-    return windows, kernels_read
+    return windows, kernels_read, kept
 
 
 def no_windows_text(options: dict, kernels_read: bool) -> str:

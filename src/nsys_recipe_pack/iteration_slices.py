@@ -2,7 +2,9 @@
 the iterations they bear on can be measured, then let go, so that the tables are never held whole.
 
 The iterations are found first (`iteration_scan.iterations_ahead`), and every GPU op's launch key is counted
-(`gpu.launch_keys`). Then every table is read span by span of time (inputs.chunks.time_chunks) into a buffer. An
+(`gpu.launch_keys`). Then every table is read span by span of time (inputs.chunks.time_chunks) into a buffer, but
+NVTX: its closed ranges, the only NVTX events a map uses, are those the read that found the iterations kept
+(`iteration_scan.FirstRead`), handed over span by span in the same way. An
 iteration is measured once every event that starts before its end has been read and every op launched by a call
 that starts before its end has come: the ops of a call may run long after it. The map (`measure`) then gets the
 buffer as a `RankData` and the iterations ready, with `before` the start of the next iteration not measured yet (or
@@ -36,10 +38,10 @@ from .gpu import GPU_NEEDS, call_key, key_places, launch_keys
 from .groups import add_counts, distinct
 from .inputs import Frame, arrow_of, numpy_of
 from .inputs.chunks import END_OF_TIME, ReadWhole, Stream
-from .inputs.events import read_mpi
+from .inputs.events import NVTX_DTYPES, read_mpi
 from .inputs.rank_data import RankData, has_cuda_trace
 from .inputs.selection import NEED_FRAMES
-from .iteration_scan import iterations_ahead, no_windows_text
+from .iteration_scan import FirstRead, iterations_ahead, no_windows_text
 from .iterations import Iterations, range_arrays
 
 GPU_FRAMES = tuple(NEED_FRAMES[need][0] for need in GPU_NEEDS)
@@ -76,6 +78,7 @@ class Slices:
     called: np.ndarray | None = None  # per key: a call holding it was read
     measuring: ThreadPoolExecutor | None = None  # one thread: the measures run in turn, beside the fold
     in_flight: deque = field(default_factory=deque)
+    ranges: FirstRead | None = None  # the closed NVTX ranges read ahead, which the spans take
 
     def __post_init__(self):
         self.called = np.zeros(len(self.keys), bool)
@@ -104,12 +107,14 @@ def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture
                 raise ReadWhole("iterations whose launched ops never came")
         if state.measuring is not None:
             state.measuring.shutdown()
+        state.ranges.remove()
         return {pid: {"error": rank.it} if isinstance(rank.it, str)
                 else finish(rank.it, [f.result()[0] for f in rank.pieces], names) for pid, rank in state.ranks.items()}
 
-    # read ahead of the spans, and so in the progress's rows from the start: NVTX for the iterations, the ops' keys
-    return Stream(needs=("nvtx", "runtime", *gpu_needs), view=_view, fold=_fold, finish=done, prepare=prepare,
-                  ahead=("nvtx", *gpu_needs), prefold=_key_places)
+    # read ahead of the spans, and so in the progress's rows from the start: NVTX for the iterations (and its closed
+    # ranges kept for the spans), the ops' keys
+    return Stream(needs=("runtime", *gpu_needs), view=_view, fold=_fold, finish=done, prepare=prepare,
+                  ahead=("nvtx", *gpu_needs), prefold=_key_places, replayed=_ranges)
 
 
 def _prepare(ahead, options: dict, measure: Callable, with_mpi: bool, gpu_needs: tuple, whole_capture: bool
@@ -117,7 +122,7 @@ def _prepare(ahead, options: dict, measure: Callable, with_mpi: bool, gpu_needs:
     # the launch keys are read on the side while the iterations are found, which keeps the main thread busy
     with ThreadPoolExecutor(1, thread_name_prefix="nsys-recipe-launch-keys") as pool:
         keys_read = pool.submit(launch_keys, ahead, gpu_needs)
-        windows, kernels_read = iterations_ahead(ahead, options)
+        windows, kernels_read, ranges = iterations_ahead(ahead, options, keep=True)
         keys, remaining = keys_read.result()
     for it in windows.values():
         _check_whole_capture(it, options, whole_capture)
@@ -130,7 +135,8 @@ def _prepare(ahead, options: dict, measure: Callable, with_mpi: bool, gpu_needs:
             by_start = at[np.argsort(mpi.values("start_ns")[at], kind="stable")]
             own = Frame(mpi.table.take(arrow_of(by_start)), mpi.dtypes) if len(at) else None
         ranks[pid] = _Rank(pid, it, own)
-    return Slices(ranks, kernels_read, has_cuda_trace(ahead.src), keys, remaining, options, measure, whole_capture)
+    return Slices(ranks, kernels_read, has_cuda_trace(ahead.src), keys, remaining, options, measure, whole_capture,
+                  ranges=ranges)
 
 
 def _check_whole_capture(it, options: dict, whole_capture: bool) -> None:
@@ -141,6 +147,12 @@ def _check_whole_capture(it, options: dict, whole_capture: bool) -> None:
 def _view(need: str, frame: Frame) -> pa.Table:
     """A span's rows: the whole frame, its dtypes in the schema's metadata."""
     return frame.table.replace_schema_metadata({"dtypes": json.dumps(frame.dtypes)})
+
+
+def _ranges(state: Slices) -> dict:
+    """The spans' NVTX events: the closed ranges read ahead (the map's only NVTX rows), as `_view` gives a span's."""
+    dtypes = {"dtypes": json.dumps(NVTX_DTYPES)}
+    return {"nvtx": (rows.replace_schema_metadata(dtypes) for rows in state.ranges.spans())}
 
 
 def _key(rows: pa.Table) -> np.ndarray:

@@ -42,7 +42,9 @@ class Stream:
     prefold(state, carried, span start, span end, need -> rows) -> what the fold is handed for the span instead:
     the work on a span that needs only its rows, what `prepare` made (of `state`, which it reads nothing else of) and
     what the spans before it left in `carried` (a dict, empty before the first), done in a thread of its own a span
-    ahead of the fold, which goes on meanwhile."""
+    ahead of the fold, which goes on meanwhile;
+    replayed(state) -> need -> the rows of a need of `ahead` that `prepare` kept from its read, in order of start
+    (a generator of tables, as `view` gives a span's), which the spans take instead of reading its table again."""
 
     needs: tuple[str, ...]
     view: Callable
@@ -53,6 +55,7 @@ class Stream:
     prefold: Callable | None = None
     options: dict = field(default_factory=dict)
     columns: dict = field(default_factory=dict)  # need -> the export columns its spans read (default: all)
+    replayed: Callable | None = None
 
 
 class ReadWhole(Exception):
@@ -127,17 +130,19 @@ def first_read_label(table: str) -> str:
 
 
 def time_chunks(src: ExportSource, needs: list[str], strings: StringTable, view: Callable, extents: Extents,
-                progress: Callable[[str, int], None], found: dict | None,
-                columns: dict | None = None) -> Iterator[tuple[int, int, dict[str, pa.Table]]]:
+                progress: Callable[[str, int], None], found: dict | None, columns: dict | None = None,
+                given: dict | None = None) -> Iterator[tuple[int, int, dict[str, pa.Table]]]:
     """(span start, span end, need -> rows starting in the span) in time order; the last span ends at
     END_OF_TIME. view(need, batch Frame) -> the plain Arrow columns a chunk's rows carry (`start_ns` among them).
     Once NVTX is read, `found` holds its "names" (the name dictionary a whole read gives; a view refers to names
     by their strings) and "nvtx", the events every read keeps (inputs.selection.identity_rows); found None: a read
     again of a table, which keeps none of that. columns: need -> the export columns read (default: all of
-    `readers.TABLES`)."""
+    `readers.TABLES`); given: need -> its rows (Stream.replayed) where they are not read from the table."""
+    given = given or {}
     connections = SQLITE_READERS if len(needs) == 1 else 1  # several tables: already read side by side
-    streams = {need: read_ahead(_batches(src, need, (columns or {}).get(need), strings, view, extents, progress,
-                                          found, connections)) for need in needs}
+    streams = {need: read_ahead(given[need] if need in given else
+                                _batches(src, need, (columns or {}).get(need), strings, view, extents, progress,
+                                         found, connections)) for need in needs}
     pending: dict[str, pa.Table | None] = dict.fromkeys(needs)
     live = set(needs)
     frontier = np.iinfo(np.int64).min

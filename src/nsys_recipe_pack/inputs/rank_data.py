@@ -212,7 +212,9 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
             state = (stream.prepare(Ahead(src, strings, extents, found, done.add, done.expect, stream), stream.options)
                      if stream.prepare else {})
             give_back_freed_memory()  # what the reads ahead let go, before the spans
-            chunks = time_chunks(src, spans, strings, stream.view, extents, done.add, found, stream.columns)
+            given = stream.replayed(state) if stream.replayed else {}
+            chunks = time_chunks(src, spans + list(given), strings, stream.view, extents, done.add, found,
+                                 stream.columns, given)
             if stream.prefold:
                 chunks = prefolded(chunks, stream.prefold, state)
             with contextlib.closing(chunks):  # its reading threads stopped before any whole read

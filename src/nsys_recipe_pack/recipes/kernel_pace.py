@@ -70,7 +70,7 @@ def map_rank(rank_data, options: dict) -> dict:
 
 def _prepare(ahead, options: dict) -> dict:
     """Each process's iterations, found from its NVTX ranges (or its kernels) read ahead of the GPU work."""
-    windows, kernels_read = iterations_ahead(ahead, options)
+    windows, kernels_read, _ = iterations_ahead(ahead, options)
     # per process and iteration, the earliest start and latest end of its GPU work (none yet)
     found = {p: len(w.start_ns) for p, w in windows.items() if not isinstance(w, str)}
     return {"windows": windows, "kernels_read": kernels_read, "options": options,
