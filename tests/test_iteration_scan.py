@@ -188,12 +188,12 @@ def test_a_table_out_of_order_is_read_whole(tmp_path, monkeypatch):
 def test_the_ranges_a_first_read_keeps_are_those_a_read_again_gives(monkeypatch, tmp_path, replay_rows, path):
     """The closed ranges kept from the first read (iteration_scan.FirstRead), which a sliced map's spans take instead
     of reading NVTX again: every range, its process, thread, times, name and domain, in the table's order, each span's
-    names and domains a dictionary of the words it holds; the file of those beyond REPLAY_ROWS gone at the end."""
+    names and domains a dictionary of the words it holds; the file of those beyond KEPT_REPLAY_ROWS gone at the end."""
     from nsys_recipe_pack.inputs.chunks import time_chunks
     from nsys_recipe_pack.inputs.readers import ExportSource, string_table
     from nsys_recipe_pack.inputs.selection import Extents
 
-    monkeypatch.setattr(iteration_scan, "REPLAY_ROWS", replay_rows)
+    monkeypatch.setattr(iteration_scan, "KEPT_REPLAY_ROWS", replay_rows)
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 100)
     src = ExportSource(path, "sqlite")
     strings = string_table(src)

@@ -48,10 +48,11 @@ INT64_MIN, INT64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
 TID_BITS, NAME_BITS, DOMAIN_BITS = 26, 25, 12  # a (thread, name, domain) key in one int64
 INNER_QUERIES = 20_000_000  # (range, candidate) pairs a further read tests, beyond those of the first candidate
 INNER_CANDIDATES = 8  # candidates a further read tests at most
-# closed ranges of the first read a replay holds in memory (32 bytes each), the rest in a file: a sliced map's spans
-# take them after the iterations are found, beside their own buffers (straggler_heatmap on bench/RESULTS.md's 5.4 GB
-# Parquet export peaked at 1.33-1.35 GB holding 8 M, 1.10-1.13 GB holding 0.5 M, no slower)
-REPLAY_ROWS = 1_000_000
+REPLAY_ROWS = 8_000_000  # closed ranges of the first read a replay holds in memory (32 bytes each); the rest in a file
+# ... and one kept for a sliced map's spans, which take it after the iterations are found, beside their own buffers
+# (straggler_heatmap on bench/RESULTS.md's 5.4 GB Parquet export peaked at 1.33-1.35 GB holding 8 M, 1.10-1.13 GB
+# holding 0.5 M, no slower)
+KEPT_REPLAY_ROWS = 1_000_000
 QUERIES = 1_000_000  # (range, candidate) pairs tested at once
 
 
@@ -315,10 +316,11 @@ def nvtx_iterations(read: Callable[[], Iterable[pa.Table]], iteration: str | Non
                     keep: bool = False, find: bool = True) -> tuple[dict, FirstRead | None]:
     """(pid -> Iterations, the text of an error (--iteration names no range of it), or None (no range delimits its
     iterations: its kernels may), for each process with closed ranges; with `keep`, the first read's closed ranges,
-    else None). read() -> the spans of a new read; spill_dir: where a replay longer than REPLAY_ROWS keeps the rest
-    (None: TMPDIR); find False: only the ranges kept, no iteration looked for (their kernels delimit them)."""
+    else None). read() -> the spans of a new read; spill_dir: where a replay longer than REPLAY_ROWS (KEPT_REPLAY_ROWS
+    kept) keeps the rest (None: TMPDIR); find False: only the ranges kept, no iteration looked for (their kernels
+    delimit them)."""
     scan = RangeScan(iteration)
-    replay = _Replay(spill_dir)
+    replay = _Replay(spill_dir, KEPT_REPLAY_ROWS if keep else REPLAY_ROWS)
     kept = None
     try:
         for rows in read():
@@ -390,13 +392,14 @@ class FirstRead:
 
 class _Replay:
     """The first read's closed ranges as the further reads need them (process, start, end, tally entry), span by
-    span: the first REPLAY_ROWS in memory, the rest written to a file (spill.SpillWriter), so that the table is read
+    span: the first `in_memory` in memory, the rest written to a file (spill.SpillWriter), so that the table is read
     once however long the capture (the iterations of 38.6 M ranges in a Parquet export: 14.1 s reading the table
     again, 10.2 s replaying the rest from a file)."""
 
     COLUMNS = ("pid", "start", "end", "at")
 
-    def __init__(self, spill_dir: str | None):
+    def __init__(self, spill_dir: str | None, in_memory: int):
+        self.in_memory = in_memory
         self.held: list[tuple] = []
         self.rows = 0
         self.spill_dir = spill_dir
@@ -404,7 +407,7 @@ class _Replay:
         self.spilled: SpilledRows | None = None
 
     def add(self, placed: tuple) -> None:
-        if self.rows + len(placed[0]) <= REPLAY_ROWS and self.writer is None:
+        if self.rows + len(placed[0]) <= self.in_memory and self.writer is None:
             self.held.append(placed)
         else:
             if self.writer is None:

@@ -196,8 +196,8 @@ class ExportSource:
     def read_batches(self, table: str, columns: list[str], rows: int | None = None, connections: int = 1):
         """The asked-for columns of a table as `read_arrow` gives them (but DICTIONARY_TEXT from Parquet as the
         file's dictionary), a batch of about `rows` rows at a time in the table's order, so that a long table is
-        never held whole. connections: SQLite connections reading it
-        at once (more than one where no other table is read alongside)."""
+        never held whole. connections: SQLite connections reading it at once (more than one where no other table is
+        read alongside)."""
         if not self.has(table):
             return
         have = self.columns(table)
