@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 import pandas.testing as pdt
+import pytest
 from conftest import MPI_SET, ROOT
 
 from nsys_recipe_pack import resources
@@ -31,6 +32,26 @@ def one_line_error(res):
 def test_list_shows_recipes():
     res = cli("list")
     assert res.returncode == 0 and "straggler_heatmap" in res.stdout
+
+
+def test_the_command_runs_numpy_on_one_blas_thread_and_leaves_the_environment_as_it_was():
+    code = "\n".join([
+        "import ctypes, os, re",
+        "import nsys_recipe_pack.cli",
+        "libs = sorted(set(re.findall(r'/\\S*openblas\\S*\\.so[.\\d]*', open('/proc/self/maps').read())))",
+        "lib = ctypes.CDLL(libs[0]) if libs else None",
+        "count = next((getattr(lib, f) for f in ('scipy_openblas_get_num_threads64_', 'openblas_get_num_threads')",
+        "              if lib is not None and hasattr(lib, f)), None)",
+        "print(count() if count else 'none', os.environ.get('OPENBLAS_NUM_THREADS'))",
+    ])
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_NUM_THREADS"}
+    ours = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    if ours.stdout.split()[0] == "none":
+        pytest.skip("NumPy here is not built on OpenBLAS")
+    assert ours.stdout.split() == ["1", "None"]  # the processes it starts see no setting it made
+    told = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                          env={**env, "OPENBLAS_NUM_THREADS": "2"})
+    assert told.stdout.split() == ["2", "2"]
 
 
 def test_a_reader_that_goes_away_is_not_an_error():

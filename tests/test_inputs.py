@@ -109,6 +109,8 @@ def test_a_warm_load_reads_back_exactly_what_the_first_load_made(nsys, report_co
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))
     (cold,) = inputs.load_file(report_copy, NEEDS)
     (entry,) = [p for p in inputs.export_cache_dir().iterdir() if p.is_dir() and not p.name.startswith(".")]
+    assert not list(entry.glob("loaded-*"))  # the read that exported the report keeps no frames
+    inputs.load_file(report_copy, NEEDS)  # the second read does
     (cache,) = entry.glob(f"loaded-v{rank_data.LOADED_FORMAT}-*")
     assert {p.name for p in cache.iterdir()} == {"meta.json", rank_data.LOADED_FILE}  # one file for all frames
     monkeypatch.setattr(rank_data, "_read_frames", None)  # the warm load must not touch the export

@@ -11,9 +11,35 @@ import threading
 import traceback
 from pathlib import Path
 
-from . import nsys_tool, recipes, resources
-from .errors import EXIT_MISSING_TOOL, EXIT_USAGE, MissingToolError, MissingTraceError, PackError, UsageError
-from .escape import terminal_text
+BLAS_THREADS = "OPENBLAS_NUM_THREADS"
+
+
+def _numpy_with_one_blas_thread() -> None:
+    """NumPy's OpenBLAS starts a thread per core when NumPy is imported, which spins idle for a while: on 2 cores
+    0.1-0.3 s of CPU time on every command (`run` forks its workers after it), for a pack that makes no BLAS calls
+    and runs workers of its own (bench/RESULTS.md, "Cold runs"). A number the user set stays; the processes the pack
+    starts (nsys, the job `profile` runs) get the environment as it was."""
+    told = os.environ.get(BLAS_THREADS)
+    os.environ[BLAS_THREADS] = told or "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        if told is None:
+            del os.environ[BLAS_THREADS]
+
+
+_numpy_with_one_blas_thread()
+
+from . import nsys_tool, recipes, resources  # noqa: E402
+from .errors import (  # noqa: E402
+    EXIT_MISSING_TOOL,
+    EXIT_USAGE,
+    MissingToolError,
+    MissingTraceError,
+    PackError,
+    UsageError,
+)
+from .escape import terminal_text  # noqa: E402
 
 MODES = ["none", "concurrent", "dask-futures"]
 

@@ -90,7 +90,7 @@ def export_report(report: Path, tables: list[str], nsys: nsys_tool.Nsys) -> Expo
         tmp_manifest = entry / f".manifest.{os.getpid()}.json"
         tmp_manifest.write_text(json.dumps(manifest, indent=1))
         os.replace(tmp_manifest, manifest_path)
-    return ExportSource(entry, kind, origin=report)
+    return ExportSource(entry, kind, origin=report, exported_now=True)
 
 
 def export_kind(report: Path) -> str:

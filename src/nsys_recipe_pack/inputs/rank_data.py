@@ -169,7 +169,7 @@ def load_file(path: Path, needs: set[str], nsys_path: str | None = None,
         if loaded is None:
             loaded = _read_frames(src, needs, path, rows if cache is None else None, bytes_per_row, selection,
                                   stream)
-            if cache is not None and "streamed" not in loaded[1]:
+            if cache is not None and "streamed" not in loaded[1] and not src.exported_now:
                 _write_loaded(cache, *loaded)
     finally:
         src.close()
@@ -449,7 +449,9 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
 
 
 # the loaded frames of a cached report export, kept beside it as Arrow files: a warm run reads them
-# memory-mapped instead of decoding the export's files and string ids again
+# memory-mapped instead of decoding the export's files and string ids again. They are written by the second read
+# of an export, not by the read that made it: a report looked at once (a cold run) does not pay for them, about a
+# tenth of the pack's own CPU time (nsys's exports aside) on a cold run of small reports (bench/RESULTS.md, "Cold runs")
 
 LOADED_FORMAT = 7  # bump when _read_frames or the layout below changes
 LOADED_FILE = "frames.arrows"

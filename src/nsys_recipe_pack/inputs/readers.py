@@ -78,10 +78,11 @@ class ExportSource:
     and text as strings, the same whether the export is SQLite, Parquet or Arrow files (`nsys export --type
     arrowdir`: one Arrow IPC stream a table, read memory-mapped)."""
 
-    def __init__(self, path: Path, kind: str, origin: Path | None = None):
+    def __init__(self, path: Path, kind: str, origin: Path | None = None, exported_now: bool = False):
         self.path = path
         self.kind = kind
         self.origin = origin or path
+        self.exported_now = exported_now  # a report's export, made by this read (inputs.export)
         self._tables: set[str] | None = None  # a folder export's are listed on first use
         self._cols: dict[str, list[str]] = {}
         self._counts: dict[str, int] = {}
