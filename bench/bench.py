@@ -416,7 +416,7 @@ def main() -> None:
     raw = Path(args.raw)
     raw.mkdir(parents=True, exist_ok=True)
     only = {x for x in args.pairs.split(",") if x} or None
-    merging = only is not None and (raw / "compare.json").exists()
+    merging = only is not None and not args.no_compare and (raw / "compare.json").exists()
     log = raw / "commands.log"
     if merging:  # the earlier runs' commands stay, this run's follow them
         with log.open("a") as fh:
