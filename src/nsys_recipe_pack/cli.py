@@ -17,8 +17,8 @@ BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 def _numpy_with_one_blas_thread() -> None:
     """NumPy's OpenBLAS starts a thread per core when NumPy is imported, and they spin idle for a while: on 2 cores
     0.1-0.3 s of CPU time of every command, for a pack that makes no BLAS calls and runs workers of its own
-    (bench/RESULTS.md, "Cold runs"). A number the user set stays; the processes the pack starts (nsys, the job
-    `profile` runs) get the environment as it was."""
+    (README.md, "Many ranks: Dask and the benchmarks"). A number the user set stays; the processes the pack starts
+    (nsys, the job `profile` runs) get the environment as it was."""
     told = os.environ.get(BLAS_THREADS)
     os.environ[BLAS_THREADS] = told or "1"
     try:
