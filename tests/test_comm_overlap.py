@@ -52,6 +52,23 @@ def test_a_hand_worked_window():
     assert int(totals["overlapped_ns"][0]) == 3 and int(totals["exposed_comm_ns"][0]) == 0
 
 
+def test_windows_of_compute_only_or_of_communication_only():
+    # two windows: [0,10) and [5,12) overlapping in the first (union 12), [30,35) alone in the second (5)
+    group, start, end = np.array([0, 0, 1]), np.array([0, 5, 30]), np.array([10, 12, 35])
+    totals, per_kind = overlap_by_window(group, np.full(3, -1), start, end, 3)  # a third window without kernels
+    assert {k: v.tolist() for k, v in totals.items()} == {
+        "busy_ns": [12, 5, 0], "compute_ns": [12, 5, 0], "comm_ns": [0, 0, 0], "overlapped_ns": [0, 0, 0],
+        "exposed_comm_ns": [0, 0, 0], "exposed_compute_ns": [12, 5, 0]}
+    assert all(len(v) == 0 for v in per_kind.values())
+    totals, per_kind = overlap_by_window(group, np.full(3, KINDS.index("all_reduce")), start, end, 3)
+    assert {k: v.tolist() for k, v in totals.items()} == {
+        "busy_ns": [12, 5, 0], "compute_ns": [0, 0, 0], "comm_ns": [12, 5, 0], "overlapped_ns": [0, 0, 0],
+        "exposed_comm_ns": [12, 5, 0], "exposed_compute_ns": [0, 0, 0]}
+    assert {k: v.tolist() for k, v in per_kind.items()} == {
+        "group": [0, 1], "kind": [KINDS.index("all_reduce")] * 2, "kernels": [2, 1], "comm_ns": [12, 5],
+        "overlapped_ns": [0, 0], "exposed_ns": [12, 5]}
+
+
 def _merged(intervals):
     out = []
     for s, e in sorted(intervals):

@@ -132,11 +132,21 @@ def overlap_by_window(group: np.ndarray, kind: np.ndarray, start: np.ndarray, en
     compute kernels. Overlap by inclusion-exclusion of unions: |comm and compute| = |comm| + |compute| - |either|."""
     comm = kind >= 0
     busy = _union(group, start, end, np.ones(len(group), bool), size)
-    compute = _union(group, start, end, ~comm, size)
-    communication = _union(group, start, end, comm, size)
+    # kernels of one side only (a job without NCCL: compute only) are the busy time's union already
+    none = np.zeros(size, np.int64)
+    compute = busy if not comm.any() else none if comm.all() else _union(group, start, end, ~comm, size)
+    communication = none if not comm.any() else busy if comm.all() else _union(group, start, end, comm, size)
     totals = {"busy_ns": busy, "compute_ns": compute, "comm_ns": communication,
               "overlapped_ns": communication + compute - busy, "exposed_comm_ns": busy - compute,
               "exposed_compute_ns": busy - communication}
+    return totals, overlap_by_kind(group, kind, start, end, size, compute)
+
+
+def overlap_by_kind(group: np.ndarray, kind: np.ndarray, start: np.ndarray, end: np.ndarray, size: int,
+                    compute: np.ndarray) -> dict:
+    """overlap_by_window's rows per (group, collective kind), given the union of the compute kernels (kind -1) per
+    group that it found: a grouping of the same communication kernels another way (by phase) takes it as it is."""
+    comm = kind >= 0
     rows = {c: [] for c in ("group", "kind", "kernels", "comm_ns", "overlapped_ns", "exposed_ns")}
     for k in np.unique(kind[comm]):  # a few collective kinds: one pass over the kernels each
         of_kind = kind == k
@@ -149,8 +159,7 @@ def overlap_by_window(group: np.ndarray, kind: np.ndarray, start: np.ndarray, en
                                ("overlapped_ns", (alone + compute - either)[with_kind]),
                                ("exposed_ns", (either - compute)[with_kind])):
             rows[column].append(values)
-    per_kind = {c: np.concatenate(v) if v else np.zeros(0, np.int64) for c, v in rows.items()}
-    return totals, per_kind
+    return {c: np.concatenate(v) if v else np.zeros(0, np.int64) for c, v in rows.items()}
 
 
 def map_rank(rank_data, options: dict) -> dict:
@@ -215,8 +224,9 @@ def window_rows(rank_data, ranges, it: Iterations, options: dict, before: int = 
     phase_code = place[phase]
     comm_phase = np.where(kind[event] >= 0, phase_code[event], -1)
     launched = (kind[event] < 0) | (comm_phase >= 0)  # compute, and communication some phase launched
-    _, per_phase = overlap_by_window(group[launched], comm_phase[launched], clipped_start[launched],
-                                     clipped_end[launched], size)
+    # every compute kernel is among them: the union of the compute kernels is the windows' own
+    per_phase = overlap_by_kind(group[launched], comm_phase[launched], clipped_start[launched], clipped_end[launched],
+                                size, totals["compute_ns"])
     by_phase = _rows(per_phase, devices, "phase", phase_label.astype(object), first)
     return {"windows": windows, "by_kind": by_kind, "by_phase": by_phase}, carry
 
