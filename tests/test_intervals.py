@@ -126,6 +126,38 @@ def test_split_into_windows_clips_events_spanning_windows():
     assert rows == [(0, 0, 5, 10), (0, 1, 10, 20), (0, 2, 30, 35), (1, 1, 12, 13)]
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 25)), max_size=30),
+       st.lists(st.tuples(st.integers(0, 12), st.integers(0, 12)), min_size=1, max_size=6), st.booleans())
+def test_split_into_windows_against_each_event_and_window(events, windows, short):
+    """Against every (event, window) pair with a positive overlap, in order of event then window: events no longer
+    than the gaps between windows (each in one window at most: the quick way) and longer ones."""
+    edges = np.cumsum([w for pair in windows for w in pair])  # windows apart, sorted: [e0, e1), [e2, e3), ...
+    win_start, win_end = edges[0::2], edges[1::2]
+    starts = np.array([s for s, _ in events], np.int64)
+    ends = starts + np.array([min(n, 1) if short else n for _, n in events], np.int64)
+    want = [(i, w, max(s, ws), min(e, we)) for i, (s, e) in enumerate(zip(starts.tolist(), ends.tolist(), strict=True))
+            for w, (ws, we) in enumerate(zip(win_start.tolist(), win_end.tolist(), strict=True))
+            if min(e, we) > max(s, ws)]
+    got = list(zip(*(a.tolist() for a in split_into_windows(starts, ends, win_start, win_end)), strict=True))
+    assert got == want
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(-50, 50)), min_size=1, max_size=40), st.booleans())
+def test_running_max_by_group_restarts_in_each_group(rows, apart):
+    """Against a maximum kept group by group: groups whose values lie apart (each above the last group's, as
+    intervals of iterations apart in time; one running maximum serves them all) or mixed."""
+    rows = sorted(rows, key=lambda r: r[0])
+    group = np.array([g for g, _ in rows], np.int64)
+    values = np.array([v + (1000 * g if apart else 0) for g, v in rows], np.int64)
+    want, best = [], {}
+    for g, v in zip(group.tolist(), values.tolist(), strict=True):
+        best[g] = max(best.get(g, v), v)
+        want.append(best[g])
+    assert intervals.running_max_by_group(group, values).tolist() == want
+
+
 def test_events_outside_all_windows_vanish():
     ev, *_ = split_into_windows(np.array([20]), np.array([25]), np.array([0, 30]), np.array([10, 40]))
     assert len(ev) == 0

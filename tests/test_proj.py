@@ -76,11 +76,14 @@ def test_projection_by_hand_with_overlapping_streams():
 
 def test_launches_pair_ops_with_calls_as_an_inner_merge():
     # keys held by no call, by one, and by several calls (each pairing), or each by one call at most (the usual
-    # case, paired by one search): the pairs pandas' inner merge gives
+    # case, paired by one search; the calls in order of key too, as they mostly come): the pairs pandas' inner
+    # merge gives
     rng = np.random.default_rng(7)
-    for k in range(100):
+    for k in range(150):
         op_key = rng.integers(0, 30, rng.integers(0, 40))
-        call_key = rng.integers(0, 30, rng.integers(0, 40)) if k % 2 else rng.permutation(35)[:rng.integers(0, 35)]
+        call_key = rng.integers(0, 30, rng.integers(0, 40)) if k % 3 == 0 else rng.permutation(35)[:rng.integers(0, 35)]
+        if k % 3 == 2:
+            call_key.sort()
         op, call = gpu.pair_launches(op_key, call_key)
         want = pd.DataFrame({"key": op_key, "op": np.arange(len(op_key))}).merge(
             pd.DataFrame({"key": call_key, "call": np.arange(len(call_key))}), on="key", how="inner")

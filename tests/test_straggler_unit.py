@@ -3,9 +3,13 @@
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nsys_recipe_pack.errors import BadInputError
 from nsys_recipe_pack.inputs import RankData
+from nsys_recipe_pack.iterations import Delimiter, Iterations, Ranges
+from nsys_recipe_pack.phases import child_ranges
 from nsys_recipe_pack.recipes import straggler_heatmap as straggler
 
 MS = 1_000_000
@@ -230,3 +234,40 @@ def test_verdicts_say_the_answer_first_and_call_one_off_flags_incidental():
                     "time; host time in dataloader, +30.0 ms per iteration",
                     "incidental: rank 1 in 3 iterations, rank 0 in 1 iteration (one-off delays, not a rank that "
                     "holds the job back)"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 1), st.integers(0, 120), st.integers(0, 12), st.sampled_from(["step", "a"])),
+                max_size=40),
+       st.lists(st.tuples(st.integers(0, 10), st.integers(1, 50)), max_size=4), st.booleans())
+def test_child_ranges_are_the_outermost_ranges_inside_each_iteration(ranges, windows, one_at_a_time):
+    """Against their definition, range by range: on the delimiter's thread, inside an iteration (the last to start
+    by the range's start) and not its delimiting range, and no range before it there (by start, the longer first)
+    still open at its start; in order of start. Ranges that start one at a time (the quick way) or several at once."""
+    if one_at_a_time:
+        ranges = list({r[1]: r for r in ranges}.values())
+    edges = np.cumsum([w for pair in windows for w in pair], dtype=np.int64)
+    win_start, win_end = edges[0::2], edges[1::2]
+    rows = sorted(ranges, key=lambda r: r[1])  # the table's order, by start
+    words = np.array(["step", "a", None], object)
+    start, length, thread = (np.array([x[i] for x in rows], np.int64) for i in (1, 2, 0))
+    name = np.array([0 if x[3] == "step" else 1 for x in rows], np.int64)
+    r = Ranges(start, start + length, TID + thread, name, np.zeros(len(rows), np.int64), words,
+               np.array(["", None], object))
+    it = Iterations(Delimiter("nvtx", "step", "", "--iteration"), win_start, win_end, TID)
+    inside = {}
+    for i in range(len(rows)):
+        k = int(np.searchsorted(win_start, r.start_ns[i], side="right")) - 1
+        if r.tid[i] == TID and k >= 0 and r.end_ns[i] <= win_end[k] and not (
+                r.start_ns[i] == win_start[k] and words[r.name[i]] == "step"):
+            inside.setdefault(k, []).append(i)
+    want = []
+    for k, kids in inside.items():
+        reach = None
+        for i in sorted(kids, key=lambda i: (r.start_ns[i], -r.end_ns[i], i)):
+            if reach is None or r.start_ns[i] >= reach:
+                want.append((int(r.start_ns[i]), int(r.end_ns[i]), int(r.name[i]), k))
+            reach = r.end_ns[i] if reach is None else max(reach, r.end_ns[i])
+    want.sort(key=lambda w: w[0])
+    got = list(zip(*(a.tolist() for a in child_ranges(r, it)), strict=True))
+    assert got == want

@@ -170,6 +170,9 @@ def test_levels_and_innermost_range_of_overlapping_ranges_against_a_walk():
         _, inside = _depth_walk(r[long], q)
         got = innermost_of(r[:, 0], r[:, 1], r[:, 2], q[:, 0], q[:, 1], q[:, 2])
         assert got.tolist() == [long[c] if c >= 0 else -1 for c in inside]
+        for t in (1, 2):  # the queries of one thread alone, which are answered on their own
+            one = np.flatnonzero(q[:, 0] == t)
+            assert innermost_of(r[:, 0], r[:, 1], r[:, 2], *q[one].T).tolist() == got[one].tolist()
 
 
 def test_gpu_idle_while_blocked_by_hand():

@@ -30,12 +30,18 @@ def split_into_windows(
     first = np.searchsorted(win_end, starts, side="right")
     last = np.searchsorted(win_start, ends, side="left") - 1
     span = np.maximum(last - first + 1, 0)
-    ev = np.repeat(np.arange(len(starts)), span)
-    offsets = np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)
-    win = np.repeat(first, span) + offsets
+    if span.max() <= 1:  # each event in one window at most, as usual: no repeats
+        ev = np.flatnonzero(span)
+        win = first[ev]
+    else:
+        ev = np.repeat(np.arange(len(starts)), span)
+        offsets = np.arange(span.sum()) - np.repeat(np.cumsum(span) - span, span)
+        win = np.repeat(first, span) + offsets
     cs = np.maximum(starts[ev], win_start[win])
     ce = np.minimum(ends[ev], win_end[win])
     keep = ce > cs
+    if keep.all():
+        return ev, win, cs, ce
     return ev[keep], win[keep], cs[keep], ce[keep]
 
 
@@ -48,10 +54,10 @@ def union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> tu
     e = np.asarray(ends, np.int64)
     order = np.lexsort((s, group))  # one sort: by group, then start
     group, s, e = group[order], s[order], e[order]
-    head = np.r_[True, group[1:] != group[:-1]]  # a group's first interval
-    code = np.cumsum(head) - 1
+    head = np.flatnonzero(np.concatenate([[True], group[1:] != group[:-1]]))  # each group's first interval
+    code = np.repeat(np.arange(len(head)), np.diff(head, append=len(group)))  # quicker than a cumulative sum
     piece_code, piece_start, piece_end = _union_pieces(code, s, e)
-    return group[head], _sum_per_group(piece_code, piece_end - piece_start, int(code[-1]) + 1)
+    return group[head], _sum_per_group(piece_code, piece_end - piece_start, len(head))
 
 
 def consecutive_union_lengths(first: np.ndarray, last: np.ndarray, count: np.ndarray, floor: np.ndarray,
@@ -99,11 +105,17 @@ class GroupLift:
 
 def running_max_by_group(group: np.ndarray, values: np.ndarray) -> np.ndarray:
     """The running maximum of `values` that restarts with each group, for rows sorted by group (small integers
-    from 0): one maximum.accumulate over the lifted keys (`GroupLift`) serves every group."""
+    from 0): one maximum.accumulate serves every group, over the values themselves where no group's maximum reaches
+    into a later group (times in windows apart, as iterations are), else over the lifted keys (`GroupLift`)."""
     if not len(values):
         return np.zeros(0, np.int64)
     if group[0] == group[-1]:  # one group
         return np.maximum.accumulate(values)
+    heads = np.flatnonzero(group[1:] != group[:-1]) + 1
+    if values[:heads[0]].max() <= values[heads[0]]:  # the first group below the next (threads side by side are not)
+        running = np.maximum.accumulate(values)
+        if (running[heads - 1] <= values[heads]).all():
+            return running
     lift = GroupLift(int(group.max()) + 1, values)
     return lift.value(group, np.maximum.accumulate(lift.key(group, values)))
 

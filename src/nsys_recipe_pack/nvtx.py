@@ -60,13 +60,14 @@ def innermost_of(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, tid:
     r_tid, r_start, r_end = (np.asarray(a, np.int64) for a in (r_tid, r_start, r_end))
     start, end = np.asarray(start, np.int64), np.asarray(end, np.int64)
     threads, q_thread = factorize(tid)
-    at = np.minimum(np.searchsorted(threads, r_tid), len(threads) - 1)
     # a range of no length encloses nothing, and its end sorting before its start would upset the depth; a range on
     # a thread no query is on, nothing asked for
-    kept = np.flatnonzero((threads[at] == r_tid) & (r_end > r_start))
     if len(threads) == 1:
-        out[:] = _innermost_on_thread(r_start, r_end, kept, start, end)
+        out[:] = _innermost_on_thread(r_start, r_end, np.flatnonzero((r_tid == threads[0]) & (r_end > r_start)),
+                                      start, end)
         return out
+    at = np.minimum(np.searchsorted(threads, r_tid), len(threads) - 1)
+    kept = np.flatnonzero((threads[at] == r_tid) & (r_end > r_start))
     ranges, queries = SortedGroups(at[kept]), SortedGroups(q_thread)  # every query thread is a group of queries
     for g, thread in enumerate(ranges.keys.tolist()):
         q = queries.rows(thread)

@@ -14,22 +14,28 @@ def child_ranges(ranges: Ranges, it: Iterations) -> tuple[np.ndarray, np.ndarray
     """(start, end, name code, iteration) of the outermost ranges inside each iteration on the delimiter's
     thread, sorted by start (none when iterations are not NVTX ranges)."""
     empty = np.zeros(0, np.int64)
-    if it.delimiter.kind != "nvtx":
+    if it.delimiter.kind != "nvtx" or not len(it.start_ns):
         return empty, empty, empty, empty
     window_start, window_end = it.start_ns, it.end_ns
     on = np.flatnonzero(ranges.tid == it.tid)
     start, end, name = ranges.start_ns[on], ranges.end_ns[on], ranges.name[on]
     idx = np.searchsorted(window_start, start, side="right") - 1
-    ok = idx >= 0
-    within, is_delim = np.zeros(len(on), bool), np.zeros(len(on), bool)
-    within[ok] = end[ok] <= window_end[idx[ok]]
-    is_delim[ok] = window_start[idx[ok]] == start[ok]  # starts as an iteration does: the last to start by then
-    is_delim &= (ranges.names == it.delimiter.name)[name]  # names: the few words
+    at = np.maximum(idx, 0)
+    within = (idx >= 0) & (end <= window_end[at])
+    # starts as an iteration does: the last to start by then; names: the few words
+    is_delim = (window_start[at] == start) & (ranges.names == it.delimiter.name)[name]
     kid = np.flatnonzero(within & ~is_delim)
     if not len(kid):
         return empty, empty, empty, empty
-    top = kid[outermost(idx[kid], start[kid], end[kid])]
-    top = top[np.argsort(start[top], kind="stable")]
+    kid_start, kid_end = start[kid], end[kid]
+    if (kid_start[1:] > kid_start[:-1]).all() and (window_start[1:] >= window_end[:-1]).all():
+        # in order of start, no two at once, iterations apart (as usual): an iteration's ranges end before the next
+        # one's start, so one running maximum of the ends over all of them finds the outermost in each
+        reach = np.maximum.accumulate(kid_end)
+        top = kid[np.r_[True, kid_start[1:] >= reach[:-1]]]
+    else:
+        top = kid[outermost(idx[kid], kid_start, kid_end)]
+        top = top[np.argsort(start[top], kind="stable")]
     return start[top], end[top], name[top], idx[top]
 
 

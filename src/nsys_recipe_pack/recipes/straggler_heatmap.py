@@ -52,9 +52,19 @@ GPU_COMPONENTS = ("gpu_compute", "memcpy")  # GPU work launched outside every ch
 
 
 def _windowed_union(win_start, win_end, starts, ends, n) -> np.ndarray:
-    ev, win, cs, ce = split_into_windows(starts, ends, win_start, win_end)
+    """Per window, the length of the union of the intervals inside it."""
+    return _union_per_window(split_into_windows(starts, ends, win_start, win_end), n)
+
+
+def _union_per_window(split: tuple, n: int, kept: np.ndarray | None = None) -> np.ndarray:
+    """_windowed_union of intervals already cut into the windows (intervals.split_into_windows); kept: which of
+    the intervals count (none: all)."""
+    ev, win, cs, ce = split
+    if kept is not None:
+        at = kept[ev]
+        win, cs, ce = win[at], cs[at], ce[at]
     out = np.zeros(n, np.int64)
-    if len(ev):
+    if len(win):
         groups, lengths = union_lengths(win, cs, ce)
         out[groups] = lengths
     return out
@@ -149,7 +159,8 @@ def iteration_rows(rank_data, ranges, it, options: dict, before: int = END_OF_TI
     covered_out = np.zeros(0, np.int64)
     if rank_data.has_cuda:
         op_start, op_end = gpu_intervals(rank_data)
-        gpu_busy = _windowed_union(window_start, window_end, op_start, op_end, n)
+        op_split = split_into_windows(op_start, op_end, window_start, window_end)  # the ops of each union below
+        gpu_busy = _union_per_window(op_split, n)
         op_key = np.concatenate([call_key(f) for f in gpu_frames(rank_data)]) if len(op_start) else \
             np.zeros(0, np.int64)
         covered = np.isin(op_key, covered_keys) if covered_keys is not None else np.zeros(len(op_start), bool)
@@ -172,7 +183,7 @@ def iteration_rows(rank_data, ranges, it, options: dict, before: int = END_OF_TI
             sel &= ~covered
             if (sel & ~later).any():
                 present.add(component)
-            fixed[component] = _windowed_union(window_start, window_end, op_start[sel], op_end[sel], n)
+            fixed[component] = _union_per_window(op_split, n, sel)
 
     child = (np.zeros(0, np.int64),) * 3  # iteration, name code, host ns of each child range name
     if len(child_start):
