@@ -115,8 +115,10 @@ def range_arrays(nvtx) -> Ranges:
     closed = closed_range_mask(nvtx)
     name, names = nvtx.codes("name")
     domain, domains = nvtx.codes("domain")
-    return Ranges(nvtx.values("start_ns")[closed], nvtx.values("end_ns")[closed], nvtx.values("tid")[closed],
-                  name[closed], domain[closed], names, domains)
+    columns = [nvtx.values("start_ns"), nvtx.values("end_ns"), nvtx.values("tid"), name, domain]
+    if not closed.all():  # else every row, as the ranges a long capture's spans hand over (iteration_slices)
+        columns = [c[closed] for c in columns]
+    return Ranges(*columns, names, domains)
 
 
 def most_common(values: np.ndarray):
