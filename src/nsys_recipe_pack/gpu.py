@@ -139,16 +139,14 @@ def key_places(keys: np.ndarray, wanted: np.ndarray) -> tuple[np.ndarray, np.nda
 def pair_launches(op_key: np.ndarray, call_keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(op, call) index pairs of each GPU op and the runtime call(s) with its key, in op order (ops without
     a call dropped; a key held by several calls pairs the op with each, in call order)."""
-    if len(call_keys) and (call_keys[1:] > call_keys[:-1]).all():  # each key held once, calls in its order: usual
-        lo = np.searchsorted(call_keys, op_key, side="left")
-        op = np.flatnonzero(call_keys.take(lo, mode="clip") == op_key)
-        return op, lo[op]
-    by_key = np.argsort(call_keys, kind="stable")
-    sorted_keys = call_keys[by_key]
+    by_key, sorted_keys = None, call_keys  # calls in order of key already, each once (as usual): no sort
+    if not (len(call_keys) and (call_keys[1:] > call_keys[:-1]).all()):
+        by_key = np.argsort(call_keys, kind="stable")
+        sorted_keys = call_keys[by_key]
     lo = np.searchsorted(sorted_keys, op_key, side="left")
-    if len(sorted_keys) and (sorted_keys[1:] != sorted_keys[:-1]).all():  # each key held once
+    if by_key is None or (len(sorted_keys) and (sorted_keys[1:] != sorted_keys[:-1]).all()):  # each key held once
         op = np.flatnonzero(sorted_keys.take(lo, mode="clip") == op_key)
-        return op, by_key[lo[op]]
+        return op, lo[op] if by_key is None else by_key[lo[op]]
     hits = np.searchsorted(sorted_keys, op_key, side="right") - lo
     op = np.repeat(np.arange(len(op_key)), hits)
     within = np.arange(len(op)) - np.repeat(np.cumsum(hits) - hits, hits)
