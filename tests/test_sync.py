@@ -13,7 +13,7 @@ from conftest import AI_SET, MPI_SET
 
 from nsys_recipe_pack import runner
 from nsys_recipe_pack.inputs import RankData
-from nsys_recipe_pack.nvtx import innermost_nested, innermost_of, parents_of, stack_levels_of
+from nsys_recipe_pack.nvtx import innermost_nested, innermost_of, nesting
 from nsys_recipe_pack.recipes import sync_summary as sync
 
 BUILTIN = {"cuda_api_sync": ["device", "stream"], "cuda_memcpy_async": ["memcpy_pageable"],
@@ -55,10 +55,10 @@ def test_innermost_range_and_levels_by_hand():
     # thread 1: A [0,100) > B [10,50) > C [20,30); D [60,90) inside A. thread 2: E [0,100)
     ranges = pd.DataFrame({"name": list("ABCDE"), "tid": [1, 1, 1, 1, 2],
                            "start_ns": [0, 10, 20, 60, 0], "end_ns": [100, 50, 30, 90, 100]})
-    assert stack_levels_of(*_threads_starts_ends(ranges)).tolist() == [0, 1, 2, 1, 0]
+    assert [lv.tolist() for lv in nesting(*_threads_starts_ends(ranges))] == [[0, 1, 2, 1, 0], [-1, 0, 1, 0, -1]]
     # a range of no length at the instant another starts is nested in it, and does not lift it a level
     zero = pd.DataFrame({"tid": [1, 1, 1], "start_ns": [0, 5, 5], "end_ns": [10, 5, 8]})
-    assert stack_levels_of(*_threads_starts_ends(zero)).tolist() == [0, 2, 1]
+    assert [lv.tolist() for lv in nesting(*_threads_starts_ends(zero))] == [[0, 2, 1], [-1, 2, 0]]
     tid = np.array([1, 1, 1, 1, 2, 1, 3, 1])
     start = np.array([25, 40, 55, 70, 5, 95, 5, 85])
     end = np.array([28, 45, 58, 80, 6, 99, 6, 120])
@@ -94,7 +94,7 @@ def test_innermost_range_against_brute_force():
         # the same from the ranges in range order with their parents
         order = np.lexsort((r[:, 1] - r[:, 2], r[:, 1]))
         o = r[order]
-        parents = parents_of(o[:, 0], o[:, 1], stack_levels_of(o[:, 0], o[:, 1], o[:, 2]))
+        _, parents = nesting(o[:, 0], o[:, 1], o[:, 2])
         nested = innermost_nested(o[:, 0], o[:, 1], o[:, 2], parents, tid, start, end)
         assert np.where(nested >= 0, order[np.maximum(nested, 0)], -1).tolist() == got.tolist()
         for q in range(m):
@@ -124,50 +124,53 @@ def test_parents_against_brute_force():
         r = r[np.lexsort((r[:, 1] - r[:, 2], r[:, 1]))] if k % 2 else r[rng.permutation(len(r))]
         r[:, 1:] *= 2**56 if k % 4 > 1 else 1  # times too far apart to be lifted per group
         tid, start = r[:, 0], r[:, 1]
-        levels = stack_levels_of(tid, start, r[:, 2])
+        levels, parents = nesting(tid, start, r[:, 2])
         want = []
         for i in range(len(r)):
             up = np.flatnonzero((tid == tid[i]) & (levels == levels[i] - 1) & (start <= start[i]))
             want.append(int(up[np.lexsort((up, start[up]))[-1]]) if len(up) else -1)
-        assert parents_of(tid, start, levels).tolist() == want
+        assert parents.tolist() == want
 
 
-def _depth_walk(ranges: np.ndarray, queries: np.ndarray) -> tuple[list, list]:
-    """Levels of ranges (thread, start, end) and the range each query (thread, start, end) is in, by walking the
-    events one at a time: at one instant ends first (of a range of no length, after the starts), then starts
-    (longer first, then in input order), then queries; a query is in the last range started at depth - 1."""
+def _depth_walk(ranges: np.ndarray, queries: np.ndarray) -> tuple[list, list, list]:
+    """Levels and parents of ranges (thread, start, end) and the range each query (thread, start, end) is in, by
+    walking the events one at a time: at one instant ends first (of a range of no length, after the starts), then
+    starts (longer first, then in input order), then queries; a range's parent, and the range a query is in, is the
+    last range started at depth - 1."""
     events = []
     for i, (t, s, e) in enumerate(ranges.tolist()):
         events += [(t, s, 1, s - e, i, "start", i), (t, e, 2 if e == s else 0, 0, i, "end", i)]
     events += [(t, s, 3, 0, j, "query", j) for j, (t, s, _) in enumerate(queries.tolist())]
     depth, last, levels, inside = {}, {}, [None] * len(ranges), [None] * len(queries)
+    parents = [None] * len(ranges)
     for t, _, _, _, _, kind, i in sorted(events):
         d = depth.get(t, 0)
         if kind == "start":
-            levels[i], last[t, d], depth[t] = d, i, d + 1
+            levels[i], parents[i], last[t, d], depth[t] = d, last.get((t, d - 1), -1), i, d + 1
         elif kind == "end":
             depth[t] = d - 1
         else:
             c = last.get((t, d - 1))
             inside[i] = c if c is not None and ranges[c, 2] >= queries[i, 2] else -1
-    return levels, inside
+    return levels, parents, inside
 
 
 def test_levels_and_innermost_range_of_overlapping_ranges_against_a_walk():
     # start/end ranges may overlap without nesting: levels and enclosing ranges are then the depth's, as a walk
-    # over the events in time order gives them; threads, input order, shared instants and no length all mixed
+    # over the events in time order gives them; threads (a few, or more than are taken a pass each), input order,
+    # shared instants and no length all mixed
     rng = np.random.default_rng(11)
-    for _ in range(300):
-        n, m = int(rng.integers(0, 25)), int(rng.integers(0, 20))
-        r = np.c_[rng.integers(1, 4, n), rng.integers(0, 40, n), np.zeros(n, np.int64)]
+    for k in range(300):
+        n, m, threads = int(rng.integers(0, 25)), int(rng.integers(0, 20)), 3 if k % 3 else 11
+        r = np.c_[rng.integers(1, threads + 1, n), rng.integers(0, 40, n), np.zeros(n, np.int64)]
         r[:, 2] = r[:, 1] + rng.integers(0, 20, n)
-        q = np.c_[rng.integers(1, 5, m), rng.integers(0, 45, m), np.zeros(m, np.int64)]
+        q = np.c_[rng.integers(1, threads + 2, m), rng.integers(0, 45, m), np.zeros(m, np.int64)]
         q[:, 2] = q[:, 1] + rng.integers(0, 6, m)
-        levels, _ = _depth_walk(r, q)
-        assert stack_levels_of(r[:, 0], r[:, 1], r[:, 2]).tolist() == levels
+        levels, parents, _ = _depth_walk(r, q)
+        assert [a.tolist() for a in nesting(r[:, 0], r[:, 1], r[:, 2])] == [levels, parents]
         # a range of no length encloses nothing and does not count in the depth
         long = np.flatnonzero(r[:, 2] > r[:, 1])
-        _, inside = _depth_walk(r[long], q)
+        _, _, inside = _depth_walk(r[long], q)
         got = innermost_of(r[:, 0], r[:, 1], r[:, 2], q[:, 0], q[:, 1], q[:, 2])
         assert got.tolist() == [long[c] if c >= 0 else -1 for c in inside]
         for t in (1, 2):  # the queries of one thread alone, which are answered on their own

@@ -40,6 +40,12 @@ def one_of(values: np.ndarray, choices) -> np.ndarray:
     return out
 
 
+def picked(mask: np.ndarray) -> np.ndarray | slice:
+    """The rows a mask picks, a slice where it picks them all: arrays taken by it are then views, not copies (as a
+    span's rows usually all are what a view keeps)."""
+    return slice(None) if mask.all() else np.flatnonzero(mask)
+
+
 def stable_order(values: np.ndarray) -> np.ndarray:
     """np.argsort(values, kind="stable"); values that fit in 16 bits (levels, codes of a few groups) are sorted as
     such, which NumPy does by radix (2 M small ints: 0.018 s against 0.085 s as int64)."""

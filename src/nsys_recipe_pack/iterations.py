@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import BadInputError
-from .groups import one_of
+from .groups import one_of, picked
 from .inputs.frames import arrow_of, dictionary_column
 from .inputs.selection import RANGE_EVENTS
 from .intervals import outermost
@@ -61,7 +61,7 @@ def closed_range_mask(nvtx) -> np.ndarray:
 def closed_range_view(need: str, frame) -> pa.Table:
     """A span's closed ranges (inputs.chunks: a Stream's view of NVTX events): times, thread, process, name and
     domain."""
-    closed = closed_range_mask(frame)
+    closed = picked(closed_range_mask(frame))
     columns = {c: arrow_of(frame.values(c)[closed]) for c in ("start_ns", "end_ns", "tid", "pid")}
     for c in ("name", "domain"):
         codes, words = frame.codes(c)

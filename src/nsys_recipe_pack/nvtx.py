@@ -12,33 +12,67 @@ import re
 import numpy as np
 
 from .groups import SortedGroups, factorize, stable_order
-from .intervals import GroupLift
 
 
-def stack_levels_of(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Level of each range (thread, start, end) on its thread, 0 = outermost: the ranges started before it less
-    those ended by then. At equal times an end comes before a start (a range of no length ends after the starts,
-    inside what is open then); a longer range starts before a shorter one. Counted with binary searches over the
-    sorted ends rather than by sorting starts and ends together (0.4 s against 1.3 s for 4.8 M ranges)."""
+def nesting(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each range's (thread, start, end) level on its thread, 0 = outermost, and its parent's position (the latest
+    range one level up on its thread before it, -1: none), ranges in any order, nested or not.
+
+    Taken per thread in range order (start_order): a range's level is the ranges started before it less those ended
+    by then (at equal times an end comes before a start, that of a range of no length after the starts), so each end
+    placed among the sorted starts makes the levels a running count, without sorting the ends. A level rises by at
+    most one from a range to the next, so a range whose predecessor on its thread is one level up has it for parent,
+    and any other one its previous sibling's: a forward fill over the ranges in order of thread and level. (Levels and
+    parents of 3.9 M ranges of two threads span by span: 0.31 s, against 0.44 s counting against sorted ends and
+    joining levels as of the start.)"""
     tid, start, end = (np.asarray(a, np.int64) for a in (tid, start, end))
-    level = np.empty(len(tid), np.int64)
-    for rows in _by_thread(tid):
-        s, e = start[rows], end[rows]
-        order = start_order(s, e)
-        zero = e == s
-        ended = np.searchsorted(np.sort(e[~zero]), s[order], side="right") + \
-            np.searchsorted(np.sort(e[zero]), s[order], side="left")
-        level[rows[order]] = np.arange(len(s)) - ended
-    return level
+    n = len(tid)
+    if not n:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = None if in_start_order(start, end) else start_order(start, end)
+    if order is not None:
+        tid, start, end = tid[order], start[order], end[order]
+    threads, thread = factorize(tid)
+    level, before = np.empty(n, np.int64), np.empty(n, np.int64)  # before: the range before on the thread, or -1
+    for rows in _rows_by_thread(thread, len(threads)):
+        s, e = (start, end) if rows is None else (start[rows], end[rows])
+        closes = np.searchsorted(s, e, side="left")  # before which start each range has ended
+        zero = np.flatnonzero(e == s)
+        closes[zero] = np.searchsorted(s, e[zero], side="right")
+        ended = np.cumsum(np.bincount(closes, minlength=len(s) + 1)[:len(s)])
+        if rows is None:
+            level[:] = np.arange(n) - ended
+            before[0], before[1:] = -1, np.arange(n - 1)
+        else:
+            level[rows] = np.arange(len(rows)) - ended
+            before[rows] = np.r_[-1, rows[:-1]]
+    by_level = stable_order(thread * (int(level.max()) + 1) + level)
+    lv, prior = level[by_level], before[by_level]
+    root = lv == 0
+    first_child = root | (level[np.maximum(prior, 0)] == lv - 1)  # its parent the range before it
+    at = np.maximum.accumulate(np.where(first_child, np.arange(n), 0))
+    parent = np.empty(n, np.int64)
+    parent[by_level] = np.where(root, -1, prior)[at]
+    if order is None:
+        return level, parent
+    out_level, out_parent = np.empty(n, np.int64), np.empty(n, np.int64)
+    out_level[order] = level
+    out_parent[order] = np.where(parent >= 0, order[np.maximum(parent, 0)], -1)
+    return out_level, out_parent
 
 
-def _by_thread(tid: np.ndarray) -> list[np.ndarray]:
-    """The rows of each thread."""
-    threads, code = factorize(tid)
-    if len(threads) <= 1:
-        return [np.arange(len(tid))]
-    groups = SortedGroups(code)
-    return [groups.rows(g) for g in range(len(groups))]
+def _rows_by_thread(thread: np.ndarray, threads: int) -> list:
+    """The rows of each thread by its code, 0 to threads - 1 (-1: none; None: every row): a pass per thread where
+    few, else one sort."""
+    if threads == 1 and (thread == 0).all():
+        return [None]
+    if threads <= 8:
+        return [np.flatnonzero(thread == t) for t in range(threads)]
+    groups, rows = SortedGroups(thread), [np.zeros(0, np.intp)] * threads
+    for g, t in enumerate(groups.keys.tolist()):
+        if t >= 0:
+            rows[t] = groups.rows(g)
+    return rows
 
 
 def innermost_of(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, tid: np.ndarray, start: np.ndarray,
@@ -98,7 +132,7 @@ def _innermost_on_thread(r_start: np.ndarray, r_end: np.ndarray, own: np.ndarray
 def innermost_nested(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, r_parent: np.ndarray,
                      tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """innermost_of for properly nested ranges in range order (by start, the longer first) whose parents are known
-    (parents_of: positions into these arrays, -1 none): the ranges open at an instant are one chain, so the innermost
+    (nesting: positions into these arrays, -1 none): the ranges open at an instant are one chain, so the innermost
     is the last range on the query's thread to start by its start, or the first of its ancestors still open then. A
     search and a few steps up, where innermost_of counts every range's level again."""
     out = np.full(len(tid), -1, np.int64)
@@ -107,13 +141,12 @@ def innermost_nested(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, 
     threads, code = factorize(np.asarray(r_tid))
     tid, start, end = (np.asarray(a, np.int64) for a in (tid, start, end))
     at = np.minimum(np.searchsorted(threads, tid), len(threads) - 1)
-    by_range, by_query = SortedGroups(code), SortedGroups(np.where(threads[at] == tid, at, -1))
-    for g, thread in enumerate(by_query.keys.tolist()):
-        if thread < 0:  # a thread without ranges
-            continue
-        own, q = by_range.rows(thread), by_query.rows(g)
-        last = np.searchsorted(r_start[own], start[q], side="right") - 1
-        out[q] = np.where(last >= 0, own[np.maximum(last, 0)], -1)
+    q_thread = np.where(threads[at] == tid, at, -1)  # -1: a thread without ranges
+    for own, q in zip(_rows_by_thread(code, len(threads)), _rows_by_thread(q_thread, len(threads)), strict=True):
+        last = np.searchsorted(r_start if own is None else r_start[own], start if q is None else start[q],
+                               side="right") - 1
+        out[slice(None) if q is None else q] = last if own is None else np.where(last >= 0, own[np.maximum(last, 0)],
+                                                                                 -1)
     walking = np.flatnonzero(out >= 0)
     while len(walking):  # up from a range closed by the query's start (one of no length is never open)
         walking = walking[r_end[out[walking]] <= start[walking]]
@@ -134,32 +167,6 @@ def in_start_order(start: np.ndarray, end: np.ndarray) -> bool:
     """Whether ranges come by start, the longer first at one start (start_order would keep them as they are)."""
     step = np.diff(start)
     return bool((step >= 0).all() and ((step > 0) | (end[:-1] >= end[1:])).all())
-
-
-def parents_of(tid: np.ndarray, start: np.ndarray, levels: np.ndarray) -> np.ndarray:
-    """Position of each range's parent (the enclosing range one level up on the same thread), or -1, from the ranges'
-    threads, starts and levels: the latest range one level up on its thread that started before it (the last in input
-    order on a tie). An as-of join of the ranges with themselves on (thread, level, start) as one sortable integer:
-    ranges in order of start (as a table holds them) are put in that order by sorting their few (thread, level)
-    groups alone, by radix (parents of 4.8 M ranges, span by span: 0.25 s against 0.50 s)."""
-    n = len(tid)
-    if n == 0:
-        return np.zeros(0, np.int64)
-    _, thread = factorize(np.asarray(tid))
-    levels = np.asarray(levels, np.int64)
-    group = thread.astype(np.int64) * (int(levels.max()) + 2) + levels + 1  # a parent's is one less, never a thread's
-    t = np.asarray(start, np.int64)
-    lift = GroupLift(int(group.max()) + 1, t)  # times too far apart to lift each group above the last: their ranks
-    span = lift.scale
-    key = lift.key(group, t)
-    order = stable_order(group) if (t[1:] >= t[:-1]).all() else np.argsort(key, kind="stable")
-    group, key = group[order], key[order]  # sorted
-    # each range, in that order, wants the last key at or below its own less one group: in order too, a quick search
-    found = np.searchsorted(key, key - span, side="right") - 1
-    at = np.maximum(found, 0)
-    out = np.empty(n, np.int64)
-    out[order] = np.where((found >= 0) & (group[at] == group - 1), order[at], -1)
-    return out
 
 
 OP_INSTANCE_RE = re.compile(r",\s*(?:seq|op_id|sizes|input_op_ids)\s*=.*$", re.DOTALL)

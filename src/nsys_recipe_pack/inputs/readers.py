@@ -589,6 +589,8 @@ class StringTable:
 
     def distinct(self, ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
         """(words, at) with words[at] the string of each id of an integer column; no string made per row."""
+        if len(ids) and ids.null_count == len(ids):  # no id at all, as where every name is text
+            return np.array([None], object), np.zeros(len(ids), np.int64)
         return self._words(numpy_of(ids, -1).astype(np.int64))
 
     def ids_of(self, wanted) -> np.ndarray:

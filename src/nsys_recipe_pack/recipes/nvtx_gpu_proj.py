@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, launched_ops, pair_launches
-from ..groups import SortedGroups, add_counts, distinct, factorize, one_of, stable_order
+from ..groups import SortedGroups, add_counts, distinct, factorize, one_of, picked, stable_order
 from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.chunks import NotSorted, ReadWhole, Stream
 from ..inputs.selection import RANGE_EVENTS
@@ -29,9 +29,8 @@ from ..nvtx import (
     in_start_order,
     innermost_nested,
     innermost_of,
+    nesting,
     op_name,
-    parents_of,
-    stack_levels_of,
     start_order,
 )
 from ..spill import SPILL_DIR, RankedRows, SpillWriter
@@ -61,8 +60,8 @@ def launch_ranges(r_tid, r_pid, r_start, r_end, tid, pid, call_start, call_end, 
     pos = around(tid, call_start, call_end)
     launch = [np.flatnonzero(pos >= 0)]
     rng = [pos[launch[0]]]
-    if attribution == "process":
-        orphan = np.flatnonzero(pos < 0)
+    orphan = np.flatnonzero(pos < 0) if attribution == "process" else ()
+    if len(orphan):
         threads, first = np.unique(r_tid, return_index=True)
         for thread, thread_pid in zip(threads, np.asarray(r_pid)[first], strict=True):  # threads with ranges: few
             q = orphan[(pid[orphan] == thread_pid) & (tid[orphan] != thread)]
@@ -84,8 +83,7 @@ def map_rank(rank_data, options: dict) -> dict:
     r = closed[np.lexsort((-end_all[closed], start_all[closed]))]  # by start, longer first; stable
     start, end, tid, pid = start_all[r], end_all[r], nvtx_events.values("tid")[r], nvtx_events.values("pid")[r]
     n = len(r)
-    levels = stack_levels_of(tid, start, end)
-    parent = parents_of(tid, start, levels)
+    levels, parent = nesting(tid, start, end)
     ops = launched_ops(rank_data)
     op_of, pos = launch_ranges(tid, pid, start, end, ops.tid, ops.pid, ops.call_start_ns, ops.call_end_ns,
                                options.get("attribution") or "process")
@@ -258,7 +256,7 @@ def _prepare(ahead, options: dict) -> _Projection:
 def _view(need: str, frame) -> pa.Table:
     """A span's rows: a range's times, thread, names (end null: never closed); a call's or op's times and key."""
     if need == "nvtx":
-        ranges = one_of(frame.values("event_type"), RANGE_EVENTS)
+        ranges = picked(one_of(frame.values("event_type"), RANGE_EVENTS))
         closed = closed_range_mask(frame)[ranges]
         names = {}
         for col in ("name", "domain"):
@@ -323,18 +321,20 @@ def _ranges_of(carried: dict, names: NameIds, rows: pa.Table | None, span_end: i
     range order, each with its parent's place among them: `parent_at`). `carried` keeps the next id and the ranges
     that may still be open after the span (ends at or after its end: so all open at the next one's start)."""
     opened = carried.get("open") or {c: np.zeros(0, np.int64) for c in OPEN}
-    ranges = _closed_ranges(carried, names, rows, opened) if rows is not None and rows.num_rows else None
-    around = opened if ranges is None else {c: np.r_[opened[c], ranges[c]] for c in OPEN}
+    if rows is not None and rows.num_rows:
+        ranges, around = _closed_ranges(carried, names, rows, opened)
+    else:  # a parent is open while the range is: among them, which come in order of id
+        ranges, around = None, {**opened, "parent_at": np.where(opened["parent"] >= 0,
+                                                                np.searchsorted(opened["id"], opened["parent"]), -1)}
     still = around["end"] >= span_end
-    carried["open"] = {c: v[still] for c, v in around.items()}
-    # a parent is open while the range is: among them, which come in order of id
-    around["parent_at"] = np.where(around["parent"] >= 0, np.searchsorted(around["id"], around["parent"]), -1)
+    carried["open"] = {c: around[c][still] for c in OPEN}
     return ranges, around
 
 
-def _closed_ranges(carried: dict, names: NameIds, rows: pa.Table, opened: dict) -> dict:
+def _closed_ranges(carried: dict, names: NameIds, rows: pa.Table, opened: dict) -> tuple[dict, dict]:
     """A span's closed ranges in range order, with their ids (following `carried`'s next), levels, parents (ids) and
-    names (ids), from its rows and the ranges open at its start (`opened`)."""
+    names (ids), from its rows and the ranges open at its start (`opened`); and those ranges after the open ones, as
+    `_ranges_of` gives them."""
     closed = ~numpy_of(rows.column("end_ns").is_null(), True)
     start, end = numpy_of(rows.column("start_ns")), numpy_of(rows.column("end_ns"))
     take = None  # the closed ranges in range order: the rows as they come (a span's usually are), else one take
@@ -353,17 +353,20 @@ def _closed_ranges(carried: dict, names: NameIds, rows: pa.Table, opened: dict) 
     carried["next_id"] = next_id + len(start)
     # a range's level counts the ranges open at its start, and its parent is one of them: the earlier ones still
     # open then were open at the span's start (in range order, before these)
-    c_id, c_tid, c_start, c_end = (np.r_[opened[c], v] for c, v in
-                                   (("id", ids), ("tid", tid), ("start", start), ("end", end)))
-    c_levels = stack_levels_of(c_tid, c_start, c_end)
-    at = parents_of(c_tid, c_start, c_levels)[len(c_id) - len(ids):]
-    levels = c_levels[len(c_id) - len(ids):]
+    around = {c: np.r_[opened[c], v] for c, v in (("id", ids), ("tid", tid), ("pid", pid), ("start", start),
+                                                  ("end", end))}
+    c_levels, c_parents = nesting(around["tid"], around["start"], around["end"])
+    new = slice(len(opened["id"]), None)
+    at, levels = c_parents[new], c_levels[new]
     up = np.maximum(at, 0)
-    encloses = (at >= 0) & (c_start[up] <= start) & (c_end[up] >= end)
+    encloses = (at >= 0) & (around["start"][up] <= start) & (around["end"][up] >= end)
     if np.any((levels > 0) != encloses) or np.any((at >= 0) != encloses):
         raise NotSorted("NVTX ranges that cross on one thread")  # the nesting below assumes none do
+    # the open ones are the chains of ranges around the span's start, each one's parent the one before it
+    around["parent"] = np.where(c_parents >= 0, around["id"][np.maximum(c_parents, 0)], -1)
+    around["parent_at"] = c_parents
     return {"id": ids, "tid": tid, "pid": pid, "name": name, "domain": domain, "start": start, "end": end,
-            "level": levels, "parent": np.where(at >= 0, c_id[up], -1)}
+            "level": levels, "parent": around["parent"][new]}, around
 
 
 def _fold(state: _Projection, span_start: int, span_end: int, chunk: dict) -> None:

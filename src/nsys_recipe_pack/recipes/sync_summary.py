@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from ..gpu import GPU_NEEDS, PAGEABLE, gpu_intervals, key_places
 from ..gpu import call_key as _call_key
-from ..groups import SortedGroups, Vocabulary, distinct, factorize, one_of
+from ..groups import SortedGroups, Vocabulary, distinct, factorize, one_of, picked
 from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables, sorted_place
 from ..inputs.chunks import END_OF_TIME, Stream
 from ..inputs.selection import Selection
@@ -421,8 +421,7 @@ def _add_ranges(state: dict, span_end: int, ranges: pa.Table | None) -> None:
 
 def _calls_of(calls: dict, pid: int) -> np.ndarray | slice:
     """Where a process's calls are: all of them, as usual, a slice, so that its columns are views, not copies."""
-    on = calls["pid"] == pid
-    return slice(None) if on.all() else np.flatnonzero(on)
+    return picked(calls["pid"] == pid)
 
 
 def _finish(state: dict, names: list) -> dict:
