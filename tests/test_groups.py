@@ -5,7 +5,16 @@ import pandas as pd
 from hypothesis import given
 from hypothesis import strategies as st
 
-from nsys_recipe_pack.groups import SortedGroups, add_counts, distinct, factorize, one_of, runs_of_about, stable_order
+from nsys_recipe_pack.groups import (
+    SortedGroups,
+    add_counts,
+    distinct,
+    factorize,
+    one_of,
+    runs_of_about,
+    stable_order,
+    sums_by_key,
+)
 
 
 def test_groups_of_a_small_case_by_hand():
@@ -32,6 +41,19 @@ def test_groups_agree_with_pandas(rows):
     assert g.size.tolist() == expected["size"].tolist() and values[g.lead].tolist() == expected["first"].tolist()
     assert distinct(key).tolist() == sorted(set(key.tolist()))
 
+
+
+@given(st.lists(st.tuples(st.integers(-5, 5), st.integers(-10**12, 10**12), st.integers(0, 9)), max_size=60),
+       st.sampled_from([1, 10**9]))
+def test_sums_by_key_agree_with_pandas(rows, spread):
+    # keys in a narrow span (counted) or far apart (sorted): the same distinct keys, counts and sums
+    key = np.array([k for k, _, _ in rows], np.int64) * spread
+    values = [np.array([v for _, v, _ in rows], np.int64), np.array([w for _, _, w in rows], np.int64)]
+    keys, count, sums = sums_by_key(key, values)
+    expected = pd.DataFrame({"a": values[0], "b": values[1]}).groupby(key).agg(["sum", "size"])
+    assert keys.tolist() == expected.index.tolist() and count.tolist() == expected[("a", "size")].tolist()
+    assert [s.tolist() for s in sums] == [expected[("a", "sum")].tolist(), expected[("b", "sum")].tolist()]
+    assert count.dtype == np.int64 and all(s.dtype == np.int64 for s in sums)
 
 def test_factorize_of_a_small_case_by_hand():
     words, codes = factorize(np.array([7, 3, 7, 7, 3]))

@@ -59,6 +59,9 @@ def test_innermost_range_and_levels_by_hand():
     # a range of no length at the instant another starts is nested in it, and does not lift it a level
     zero = pd.DataFrame({"tid": [1, 1, 1], "start_ns": [0, 5, 5], "end_ns": [10, 5, 8]})
     assert [lv.tolist() for lv in nesting(*_threads_starts_ends(zero))] == [[0, 2, 1], [-1, 2, 0]]
+    # two of no length at one instant: the second starts while the first is open
+    zeros = pd.DataFrame({"tid": [1, 1, 1], "start_ns": [0, 5, 5], "end_ns": [10, 5, 5]})
+    assert [lv.tolist() for lv in nesting(*_threads_starts_ends(zeros))] == [[0, 1, 2], [-1, 0, 1]]
     tid = np.array([1, 1, 1, 1, 2, 1, 3, 1])
     start = np.array([25, 40, 55, 70, 5, 95, 5, 85])
     end = np.array([28, 45, 58, 80, 6, 99, 6, 120])

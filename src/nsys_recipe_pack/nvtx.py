@@ -36,9 +36,13 @@ def nesting(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.nda
     level, before = np.empty(n, np.int64), np.empty(n, np.int64)  # before: the range before on the thread, or -1
     for rows in _rows_by_thread(thread, len(threads)):
         s, e = (start, end) if rows is None else (start[rows], end[rows])
-        closes = np.searchsorted(s, e, side="left")  # before which start each range has ended
-        zero = np.flatnonzero(e == s)
-        closes[zero] = np.searchsorted(s, e[zero], side="right")
+        # before which start each range has ended: the next one's, unless that starts inside it (as a child does)
+        closes = np.arange(1, len(s) + 1)
+        zero = e == s
+        inside = np.flatnonzero((s[1:] < e[:-1]) | (zero[:-1] & (s[1:] == e[:-1])))
+        closes[inside] = np.searchsorted(s, e[inside], side="left")
+        inside = inside[zero[inside]]  # a range of no length ends after the starts at its instant
+        closes[inside] = np.searchsorted(s, e[inside], side="right")
         ended = np.cumsum(np.bincount(closes, minlength=len(s) + 1)[:len(s)])
         if rows is None:
             level[:] = np.arange(n) - ended

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 
 from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, launched_ops, pair_launches
-from ..groups import SortedGroups, add_counts, distinct, factorize, one_of, picked, stable_order
+from ..groups import SortedGroups, add_counts, distinct, factorize, one_of, picked, stable_order, sums_by_key
 from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.chunks import NotSorted, ReadWhole, Stream
 from ..inputs.selection import RANGE_EVENTS
@@ -136,17 +136,16 @@ def ranges_table(name: pa.Array, domain: pa.Array, columns: dict) -> pa.Table:
 def range_sums(name_codes: np.ndarray, name_words, domain_codes: np.ndarray, domain_words, columns: dict) -> pa.Table:
     """Per name and domain of some ranges: how many, and the sums of their CPU time, GPU projection, GPU busy
     time and GPU ops (the summary's columns, before they are added across ranks)."""
-    domains, domain_at = factorize(domain_codes)  # a few: small keys, sorted by radix
-    groups = SortedGroups(name_codes * (len(domains) + 1) + domain_at)
+    domains, domain_at = factorize(domain_codes)  # a few
     has_op = columns["gpu_ops"] > 0
-    proj = np.where(has_op, columns["gpu_end_ns"] - columns["gpu_start_ns"], 0)
-    return pa.table({"name": dictionary_column(name_codes[groups.lead], name_words),
-                     "domain": dictionary_column(domain_codes[groups.lead], domain_words),
-                     "count": arrow_of(groups.size.astype(np.int64)),
-                     "cpu_total_ns": arrow_of(groups.sum(columns["cpu_end_ns"] - columns["cpu_start_ns"])),
-                     "gpu_proj_total_ns": arrow_of(groups.sum(proj)),
-                     "gpu_busy_total_ns": arrow_of(groups.sum(np.where(has_op, columns["gpu_busy_ns"], 0))),
-                     "gpu_ops": arrow_of(groups.sum(columns["gpu_ops"]))})
+    keys, count, sums = sums_by_key(name_codes * len(domains) + domain_at, [
+        columns["cpu_end_ns"] - columns["cpu_start_ns"],
+        np.where(has_op, columns["gpu_end_ns"] - columns["gpu_start_ns"], 0),
+        np.where(has_op, columns["gpu_busy_ns"], 0), columns["gpu_ops"]])
+    name, domain = np.divmod(keys, max(len(domains), 1))
+    return pa.table({"name": dictionary_column(name, name_words),
+                     "domain": dictionary_column(domains[domain], domain_words),
+                     **dict(zip(SUM_COLUMNS, map(arrow_of, [count, *sums]), strict=True))})
 
 
 def _output_schema(dtypes: dict) -> pa.Schema:
