@@ -357,10 +357,10 @@ def _closed_ranges(carried: dict, names: NameIds, rows: pa.Table, opened: dict) 
     c_levels, c_parents = nesting(around["tid"], around["start"], around["end"])
     new = slice(len(opened["id"]), None)
     at, levels = c_parents[new], c_levels[new]
-    up = np.maximum(at, 0)
-    encloses = (at >= 0) & (around["start"][up] <= start) & (around["end"][up] >= end)
-    if np.any((levels > 0) != encloses) or np.any((at >= 0) != encloses):
-        raise NotSorted("NVTX ranges that cross on one thread")  # the nesting below assumes none do
+    # a parent (there is one above level 0) starts first: it must end last, or the two cross, which the nesting
+    # below assumes they never do
+    if np.any((at >= 0) & (around["end"][np.maximum(at, 0)] < end)):
+        raise NotSorted("NVTX ranges that cross on one thread")
     # the open ones are the chains of ranges around the span's start, each one's parent the one before it
     around["parent"] = np.where(c_parents >= 0, around["id"][np.maximum(c_parents, 0)], -1)
     around["parent_at"] = c_parents
