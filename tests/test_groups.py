@@ -42,7 +42,6 @@ def test_groups_agree_with_pandas(rows):
     assert distinct(key).tolist() == sorted(set(key.tolist()))
 
 
-
 @given(st.lists(st.tuples(st.integers(-5, 5), st.integers(-10**12, 10**12), st.integers(0, 9)), max_size=60),
        st.sampled_from([1, 10**9]))
 def test_sums_by_key_agree_with_pandas(rows, spread):
@@ -54,6 +53,7 @@ def test_sums_by_key_agree_with_pandas(rows, spread):
     assert keys.tolist() == expected.index.tolist() and count.tolist() == expected[("a", "size")].tolist()
     assert [s.tolist() for s in sums] == [expected[("a", "sum")].tolist(), expected[("b", "sum")].tolist()]
     assert count.dtype == np.int64 and all(s.dtype == np.int64 for s in sums)
+
 
 def test_factorize_of_a_small_case_by_hand():
     words, codes = factorize(np.array([7, 3, 7, 7, 3]))

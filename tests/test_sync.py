@@ -125,7 +125,7 @@ def test_parents_against_brute_force():
             continue
         r = np.array(rows, np.int64)
         r = r[np.lexsort((r[:, 1] - r[:, 2], r[:, 1]))] if k % 2 else r[rng.permutation(len(r))]
-        r[:, 1:] *= 2**56 if k % 4 > 1 else 1  # times too far apart to be lifted per group
+        r[:, 1:] *= 2**56 if k % 4 > 1 else 1  # close in time, or far apart
         tid, start = r[:, 0], r[:, 1]
         levels, parents = nesting(tid, start, r[:, 2])
         want = []

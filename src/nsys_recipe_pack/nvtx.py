@@ -149,8 +149,9 @@ def innermost_nested(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, 
     for own, q in zip(_rows_by_thread(code, len(threads)), _rows_by_thread(q_thread, len(threads)), strict=True):
         last = np.searchsorted(r_start if own is None else r_start[own], start if q is None else start[q],
                                side="right") - 1
-        out[slice(None) if q is None else q] = last if own is None else np.where(last >= 0, own[np.maximum(last, 0)],
-                                                                                 -1)
+        if own is not None:  # positions among the thread's ranges, as positions among all
+            last = np.where(last >= 0, own[np.maximum(last, 0)], -1)
+        out[slice(None) if q is None else q] = last
     walking = np.flatnonzero(out >= 0)
     while len(walking):  # up from a range closed by the query's start (one of no length is never open)
         walking = walking[r_end[out[walking]] <= start[walking]]
