@@ -395,3 +395,58 @@ def test_an_nvtx_table_without_domains_reads_in_spans(spill_dir, tmp_path, monke
         m.setattr(rank_data, "STREAM_MIN_ROWS", 0)
         assert _streamed(path) != [None]
     _same_output(path, tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("kept_bytes", [1 << 18, 0])
+def test_a_spill_written_as_the_output_writes_its_names_as_codes(spill_dir, tmp_path, monkeypatch, kept_bytes):
+    """Names given as codes into the words met so far (each piece's dictionary longer, with words no row of it uses,
+    and nulls) are written as codes, several pieces to a row group: read back as the plain text a write of the output
+    itself gives, the file's metadata the same. Each row group's dictionary is its pieces' longest, or past
+    WORDS_KEPT_BYTES, only the words its rows use."""
+    from nsys_recipe_pack import spill
+
+    monkeypatch.setattr(spill, "SPILLED_GROUP_ROWS", 5)
+    monkeypatch.setattr(spill, "WORDS_KEPT_BYTES", kept_bytes)
+    output = pa.schema([("rank", pa.int64()), ("range_id", pa.int64()), ("name", pa.large_string())],
+                       metadata={"pandas": '{"note": "kept"}'})
+    names = pa.dictionary(pa.int32(), pa.large_string())
+    words = ["w0", "w1", "w2", "w3", "w4", "w5", "w6", "w7"]
+    pieces = [([0, 1, 2], [1, None, 1], 3), ([3, 4], [0, 4], 6), ([5, 6, 7], [5, 5, None], 8), ([8], [7], 8)]
+    writer = SpillWriter(pa.schema([("range_id", pa.int64()), ("name", names)]), "range_id", output=output)
+    for ids, codes, known in pieces:
+        writer.write(pa.table({"range_id": ids, "name": pa.DictionaryArray.from_arrays(
+            pa.array(codes, pa.int32()), pa.array(words[:known], pa.large_string()))}))
+    spilled = writer.close()
+    plain = pa.table({"rank": [0] * 9, "range_id": list(range(9)),
+                      "name": ["w1", None, "w1", "w0", "w4", "w5", "w5", None, "w7"]}, schema=output)
+    pq.write_table(plain, tmp_path / "plain.parquet")
+    got = pq.ParquetFile(spilled.path)
+    assert got.read().equals(plain) and got.schema_arrow.equals(output, check_metadata=True)
+    assert got.metadata.metadata == pq.ParquetFile(tmp_path / "plain.parquet").metadata.metadata
+    first = got.metadata.row_group(0)
+    assert [first.column(i).is_stats_set for i in range(3)] == [True, True, False]  # a name's orders nothing
+    groups = [got.read_row_group(g, columns=["name"]).column(0).to_pylist() for g in range(got.num_row_groups)]
+    assert groups == [["w1", None, "w1", "w0", "w4"], ["w5", "w5", None, "w7"]]
+    coded = pq.read_table(spilled.path, read_dictionary=["name"])
+    kept = [words[:6], words] if kept_bytes else [["w0", "w1", "w4"], ["w5", "w7"]]
+    assert [sorted(c.dictionary.to_pylist()) for c in coded.column("name").chunks] == kept
+    spilled.remove()
+
+
+def test_a_row_groups_names_come_to_one_dictionary_of_distinct_words():
+    """Chunks whose dictionaries are the starts of one, or are not, or repeat a word, or whose rows are all null: one
+    dictionary, each word once, the same words row by row."""
+    from nsys_recipe_pack.spill import _used_words
+
+    def chunk(codes, words):
+        return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(words, pa.large_string()))
+
+    cases = [[chunk([0, None, 1], ["a", "b"]), chunk([2, 0], ["a", "b", "c"])],
+             [chunk([0, None, 1], ["a", "b"]), chunk([1, 0], ["c", "a"])],
+             [chunk([0, 2, 1], ["a", "b", "a"])],
+             [chunk([None, None], ["a"])], []]
+    for chunks in cases:
+        column = pa.chunked_array(chunks, pa.dictionary(pa.int32(), pa.large_string()))
+        one = _used_words(column)
+        words = one.dictionary.to_pylist()
+        assert one.to_pylist() == column.to_pylist() and len(set(words)) == len(words), chunks

@@ -6,6 +6,7 @@ its file. Outputs of usual size stay in memory as Arrow tables.
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import tempfile
@@ -17,11 +18,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from .errors import PackError
-from .inputs.frames import arrow_of, numpy_of
+from .inputs.frames import arrow_of, numpy_of, one_array
 from .inputs.readers import read_ahead
 
 ROW_GROUP_ROWS = 1 << 20  # rows per Parquet row group of a table written in pieces
@@ -85,10 +87,20 @@ def parquet_options(schema: pa.Schema) -> dict:
     processes, threads, levels). A time (`_ns`) or an id (`_id`) has about as many as rows, and trying a dictionary
     on it first cost a third of writing nvtx_gpu_proj's 4.8 M ranges (1.25 s against 0.86 s, a smaller file too);
     as integers they are delta-encoded, close to each other as they mostly are (5 M such ranges: 122 MB against
-    64 MB, written in 0.77 s against 0.88 s and read back in 0.24 s against 0.34 s)."""
+    64 MB, written in 0.77 s against 0.88 s and read back in 0.24 s against 0.34 s). Text has no statistics: rows
+    are never in order of a name, so its least and greatest words let a reader skip nothing, and finding them cost a
+    twelfth of writing those ranges (1.00 s against 0.92 s for 3.7 M, best of 7); numbers keep theirs (a time's
+    lets a reader skip row groups)."""
     many = [f for f in schema if f.name.endswith(("_ns", "_id"))]
     return {"use_dictionary": [f.name for f in schema if f not in many],
-            "column_encoding": {f.name: "DELTA_BINARY_PACKED" for f in many if pa.types.is_integer(f.type)}}
+            "column_encoding": {f.name: "DELTA_BINARY_PACKED" for f in many if pa.types.is_integer(f.type)},
+            "write_statistics": [f.name for f in schema if not _is_text(f.type)]}
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    if pa.types.is_dictionary(kind):
+        kind = kind.value_type
+    return pa.types.is_string(kind) or pa.types.is_large_string(kind)
 
 
 def _in_key_order(rows: pa.Table, key: str) -> pa.Table:
@@ -97,6 +109,7 @@ def _in_key_order(rows: pa.Table, key: str) -> pa.Table:
 
 WRITES_AHEAD = 2  # pieces a SpillWriter holds while its thread encodes and writes the ones before
 SPILLED_GROUP_ROWS = 1 << 18  # rows per row group of a spill written as an output (held until written)
+WORDS_KEPT_BYTES = 1 << 18  # a row group's dictionary kept whole up to this size (the writer's page limit is 1 MiB)
 
 
 class SpillWriter:
@@ -112,10 +125,12 @@ class SpillWriter:
         os.close(fd)
         self.key, self.schema, self.output, self.rows = key, schema, output, 0
         self._sink = pa.OSFile(self.path, "wb")
+        self._coded = None
         if output is None:
             self._writer = ipc.new_stream(self._sink, schema, options=ipc.IpcWriteOptions(compression="lz4"))
-        else:
-            self._writer = pq.ParquetWriter(self._sink, output, **parquet_options(output))
+        else:  # text the map gives as codes written as codes (_coded), the file saying what it is (close)
+            self._coded = pa.schema([_coded_field(f, schema) for f in output])
+            self._writer = pq.ParquetWriter(self._sink, self._coded, store_schema=False, **parquet_options(output))
         self._held: list[pa.Table] = []  # pieces of the next row group of a Parquet file, the writing thread's
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="nsys-recipe-spill")
         self._written: deque[Future] = deque()
@@ -127,16 +142,19 @@ class SpillWriter:
             while len(self._written) >= WRITES_AHEAD:
                 self._written.popleft().result()  # what the write raised, raised here
             self._written.append(self._thread.submit(_write_piece, self._writer, self._held, rows, self.schema,
-                                                     self.output))
+                                                     self._coded))
             self.rows += rows.num_rows
 
     def close(self, late: pa.Table | None = None) -> SpilledRows:
         if self.output is not None:  # the last row group
             self._written.append(self._thread.submit(_write_piece, self._writer, self._held, self.schema.empty_table(),
-                                                     self.schema, self.output, True))
+                                                     self.schema, self._coded, True))
         while self._written:
             self._written.popleft().result()
         self._thread.shutdown()
+        if self.output is not None:  # the metadata a write of `output` itself stores: readers get its types
+            self._writer.add_key_value_metadata({**(self.output.metadata or {}),
+                                                 b"ARROW:schema": base64.b64encode(self.output.serialize())})
         self._writer.close()
         self._sink.close()
         self._unclosed.detach()
@@ -146,11 +164,12 @@ class SpillWriter:
         return SpilledRows(self.path, self.key, late, self.rows + late.num_rows, self.output)
 
 
-def _write_piece(writer, held: list[pa.Table], rows: pa.Table, schema: pa.Schema, output: pa.Schema | None,
+def _write_piece(writer, held: list[pa.Table], rows: pa.Table, schema: pa.Schema, coded: pa.Schema | None,
                  last: bool = False) -> None:
     """A SpillWriter's piece written in its thread (given what it writes with, not the SpillWriter, whose last
-    reference would otherwise go in that thread, where its clean-up cannot wait for the thread to end)."""
-    if output is None:
+    reference would otherwise go in that thread, where its clean-up cannot wait for the thread to end); coded: the
+    schema of an output's row groups as written."""
+    if coded is None:
         writer.write_table(rows.cast(schema))
         return
     if rows.num_rows:
@@ -159,8 +178,49 @@ def _write_piece(writer, held: list[pa.Table], rows: pa.Table, schema: pa.Schema
     if count >= SPILLED_GROUP_ROWS or last and count:
         rows = pa.concat_tables([t.cast(schema) for t in held])
         held.clear()
-        rows = rows.add_column(0, output.names[0], arrow_of(np.full(rows.num_rows, SPILLED_RANK, np.int64)))
-        writer.write_table(rows.cast(output), row_group_size=rows.num_rows)
+        rows = rows.add_column(0, coded.names[0], arrow_of(np.full(rows.num_rows, SPILLED_RANK, np.int64)))
+        rows = pa.table([_used_words(rows.column(f.name)) if pa.types.is_dictionary(f.type) else rows.column(f.name)
+                         for f in coded], schema=coded)
+        writer.write_table(rows, row_group_size=rows.num_rows)
+
+
+def _coded_field(field: pa.Field, schema: pa.Schema) -> pa.Field:
+    """An output's text column as the codes `schema` gives it in (a dictionary of that text): the Parquet writer takes
+    a row group's codes as they are, where it would look every row's words up again (writing the 4.5 M ranges of
+    nvtx_gpu_proj on the 680 MB case of bench/huge.py: 0.86-0.90 s against 1.12-1.45 s, best of 5, three times)."""
+    given = schema.field(field.name) if field.name in schema.names else None
+    if given is not None and pa.types.is_dictionary(given.type) and given.type.value_type == field.type:
+        return field.with_type(given.type)
+    return field
+
+
+def _used_words(column: pa.ChunkedArray) -> pa.DictionaryArray:
+    """A dictionary column as one array over one dictionary, each word in it once: at another dictionary the writer
+    would take every row's words again. Where the chunks' dictionaries are each the start of the longest (the names
+    met so far, as a map gives them) and it is short, that one, the codes as they are; else only the words used (a
+    dictionary past the writer's page limit has it write the words plainly)."""
+    longest = max((c.dictionary for c in column.chunks), key=len, default=None)
+    if longest is not None and longest.nbytes <= WORDS_KEPT_BYTES and \
+            all(longest.slice(0, len(c.dictionary)).equals(c.dictionary) for c in column.chunks) and \
+            pc.count_distinct(longest, mode="all").as_py() == len(longest):
+        indices = pa.chunked_array([c.indices for c in column.chunks], column.type.index_type)
+        return pa.DictionaryArray.from_arrays(one_array(indices), longest)
+    dictionaries = [c.dictionary for c in column.chunks]
+    first = np.cumsum([1, *map(len, dictionaries)])  # each chunk's first code among all their words, 0 for a null
+    code = np.empty(len(column), np.int32)
+    at = 0
+    for chunk, offset in zip(column.chunks, first.tolist(), strict=False):
+        code[at:at + len(chunk)] = numpy_of(chunk.indices, -offset)
+        code[at:at + len(chunk)] += offset
+        at += len(chunk)
+    used = np.flatnonzero(np.bincount(code, minlength=int(first[-1]))[1:])
+    words = pa.concat_arrays([pa.array([], column.type.value_type), *dictionaries]).take(arrow_of(used))
+    once = words.dictionary_encode()  # a word in several chunks' dictionaries
+    place = np.full(int(first[-1]), -1, np.int32)
+    place[used + 1] = numpy_of(once.indices)
+    code = place[code]
+    return pa.DictionaryArray.from_arrays(arrow_of(code, valid=code >= 0 if column.null_count else None),
+                                          once.dictionary)
 
 
 def _remove(path: str) -> None:
