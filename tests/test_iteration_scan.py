@@ -71,9 +71,11 @@ FLAT = [(f"op{k}", 1000 * (5 * k + i), 1000 * (5 * k + i) + 10 + k, 1) for k in 
 @pytest.mark.parametrize("instants", [1, 3, 1000])
 @pytest.mark.parametrize("tested", [1, 8])
 @pytest.mark.parametrize("replay_rows", [0, 7, 10**9])
-def test_found_delimiter_is_find_iterations_one(monkeypatch, tmp_path, rows, instants, tested, replay_rows):
+@pytest.mark.parametrize("queries", [10**6, 2])
+def test_found_delimiter_is_find_iterations_one(monkeypatch, tmp_path, rows, instants, tested, replay_rows, queries):
     monkeypatch.setattr(iteration_scan, "INNER_CANDIDATES", tested)  # candidates tested by one read, at most
     monkeypatch.setattr(iteration_scan, "INNER_QUERIES", 0 if tested == 1 else 10**9)
+    monkeypatch.setattr(iteration_scan, "QUERIES", queries)  # (range, candidate) pairs tested at once
     # the first read's rows replayed to the further reads from a file, from memory then a file, or from memory
     monkeypatch.setattr(iteration_scan, "REPLAY_ROWS", replay_rows)
     replays, files = [], []

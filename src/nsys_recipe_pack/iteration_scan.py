@@ -256,7 +256,10 @@ class _Plan:
         self.inner_of[self.inner] = np.arange(len(self.inner))
 
     def add(self, start: np.ndarray, end: np.ndarray, at: np.ndarray) -> None:
-        """A span of a further read, the process's rows: their start, end and tally entry."""
+        """A span of a further read, the process's rows: their start, end and tally entry. Each candidate's last range
+        so far is filled forward over the rows to the tested ranges, where sorting every candidate's ranges by time
+        took half as long again (bench/huge.py's 5.4 GB case: 1931 candidates with 24.3 M ranges, 4,000 tested; 1.35
+        s against 2.24 s)."""
         home = self.home_of[at]
         for i in np.unique(home[home >= 0]).tolist():
             hit = home == i
@@ -266,24 +269,36 @@ class _Plan:
         if not len(rows) or len(self.cand) < 2:
             return
         g, start, end = g[rows], start[rows], end[rows]
-        instant = np.cumsum(np.r_[0, start[1:] != start[:-1]])  # rows are in order of start
-        width = int(instant[-1]) + 1
-        by_cand = SortedGroups(g)
-        key = (g * width + instant)[by_cand.order]  # candidate, then time: sorted
-        last = np.r_[by_cand.first[1:], len(g)] - 1
+        n_cand = len(self.cand)
         queries = np.flatnonzero(self.inner_of[g] >= 0)
-        for part in np.array_split(queries, max(1, len(queries) * len(self.cand) // QUERIES)):
-            i, j = np.repeat(self.inner_of[g[part]], len(self.cand)), np.tile(np.arange(len(self.cand)), len(part))
-            r = np.repeat(part, len(self.cand))
-            # the last range of candidate j started by range r's start: in this span, or carried from before it
-            pos = np.searchsorted(key, j * width + instant[r], side="right") - 1
-            here = (pos >= 0) & (g[by_cand.order[np.maximum(pos, 0)]] == j)
-            holder_end = np.where(here, end[by_cand.order[np.maximum(pos, 0)]], self.carry_end[j])
-            held = (here | self.carry_seen[j]) & (end[r] <= holder_end) & (j != self.inner[i])
-            self.inside += np.bincount(i * len(self.cand) + j, weights=held,
-                                       minlength=self.inside.size).astype(np.int64).reshape(self.inside.shape)
-        self.carry_end[by_cand.keys] = end[by_cand.order[last]]
-        self.carry_seen[by_cand.keys] = True
+        # each query is held by the last range of a candidate started by its start (rows are in order of start): the
+        # last row of each candidate before the first row that starts later, in this span (else carried)
+        seen = np.searchsorted(start, start[queries], side="right")
+        last = np.full(n_cand, -1, np.int64)  # per candidate, its last row of the span so far
+        taken = 0  # the rows that `last` has seen
+        for part in np.array_split(np.arange(len(queries)), max(1, len(queries) * n_cand // QUERIES)):
+            if not len(part):
+                continue
+            rows = np.arange(taken, seen[part[-1]])
+            holder = np.full((len(part), n_cand), -1, np.int64)  # per query of the part and candidate
+            step = np.searchsorted(seen[part], rows, side="right")  # the part's first query that sees the row
+            np.maximum.at(holder.reshape(-1), step * n_cand + g[rows], rows)
+            holder[0] = np.maximum(holder[0], last)
+            np.maximum.accumulate(holder, axis=0, out=holder)
+            last, taken = holder[-1].copy(), seen[part[-1]]
+            q = queries[part]
+            here = holder >= 0
+            held = (here | self.carry_seen) & (end[q][:, None] <= np.where(here, end[np.maximum(holder, 0)],
+                                                                           self.carry_end))
+            tested = self.inner_of[g[q]]
+            held[np.arange(len(part)), self.inner[tested]] = False  # a candidate does not hold its own ranges
+            for i in np.unique(tested).tolist():
+                self.inside[i] += np.count_nonzero(held[tested == i], axis=0)
+        rows = np.arange(taken, len(g))
+        np.maximum.at(last, g[rows], rows)
+        met = last >= 0
+        self.carry_end[met] = end[last[met]]
+        self.carry_seen |= met
 
     def decide(self) -> None:
         """After a further read: the first tested candidate that lies mostly inside no other is the delimiter."""
