@@ -272,13 +272,20 @@ def _let_go(rank: _Rank, before: int, pending: np.ndarray) -> np.ndarray:
         keep = (numpy_of(rows.column("start_ns")) >= before) | (numpy_of(rows.column("end_ns"), 0) > before)
         if attr in GPU_FRAMES:
             kept_ops.append(_key(rows)[keep])
-        rank.rows[attr] = rows.filter(arrow_of(keep))
+        rank.rows[attr] = _kept(rows, keep)
     kept_ops = np.concatenate(kept_ops) if kept_ops else np.zeros(0, np.int64)
     calls = rank.rows.get("runtime")
     if calls is not None:
         key = _key(calls)
         keep = (numpy_of(calls.column("start_ns")) >= before) | (numpy_of(calls.column("end_ns")) > before)
         keep |= pending | np.isin(key, kept_ops)
-        rank.rows["runtime"] = calls.filter(arrow_of(keep))
+        rank.rows["runtime"] = _kept(calls, keep)
         rank.call_at = rank.call_at[keep]
     return kept_ops
+
+
+def _kept(rows: pa.Table, keep: np.ndarray) -> pa.Table:
+    """The rows kept: a slice where they are the last ones (as usual: those starting at `before` or later), which
+    shares their columns until the next span's rows join them, where a filter copies every column."""
+    first = int(np.argmax(keep)) if len(keep) and keep.any() else len(keep)
+    return rows.slice(first) if keep[first:].all() else rows.filter(arrow_of(keep))

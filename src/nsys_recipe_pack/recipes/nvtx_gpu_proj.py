@@ -442,10 +442,13 @@ def _rule_out_two_paths(state: _Projection) -> None:
 
 
 def _add_up(live: dict, ranges: np.ndarray, step: int) -> None:
-    """Add `step` to the pending pairs of these ranges (repeats counting) and of every range around them."""
-    if len(ranges):
-        held, pairs = _rolled_up(live, ranges, {"pairs": (np.ones(len(ranges), np.int64), np.add, 0)})
-        live["pending"][held] += step * pairs["pairs"]
+    """Add `step` to the pending pairs of these ranges (repeats counting) and of every range around them: up each
+    one's chain, where `_rolled_up` takes every live range (a span's few such ranges among 0.26 M live ones: 0.19 ms
+    against 0.60 ms)."""
+    while len(ranges):
+        add_counts(live["pending"], ranges, step)
+        ranges = live["parent_at"][ranges]
+        ranges = ranges[ranges >= 0]
 
 
 def _add_ops(state: _Projection, gpu_ops: dict) -> None:
