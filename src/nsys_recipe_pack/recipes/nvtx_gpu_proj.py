@@ -508,8 +508,9 @@ def _rolled_up(live: dict, where: np.ndarray, values: dict) -> tuple[np.ndarray,
         held[up] = True
     ranges = np.flatnonzero(held)
     level = live["level"][ranges]
-    by_level = ranges[stable_order(level)]  # a slice per level, where a mask per level took every range again
-    bounds = np.searchsorted(live["level"][by_level], np.arange(int(level.max(initial=0)) + 2))
+    order = stable_order(level)  # a slice per level, where a mask per level took every range again
+    by_level = ranges[order]
+    bounds = np.searchsorted(level[order], np.arange(int(level.max(initial=0)) + 2))
     for depth in range(len(bounds) - 2, 0, -1):  # the deepest first: each gives its figures to its parent
         inner = by_level[bounds[depth]:bounds[depth + 1]]
         parent = live["parent_at"][inner]
