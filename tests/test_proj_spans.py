@@ -450,3 +450,21 @@ def test_a_row_groups_names_come_to_one_dictionary_of_distinct_words():
         one = _used_words(column)
         words = one.dictionary.to_pylist()
         assert one.to_pylist() == column.to_pylist() and len(set(words)) == len(words), chunks
+
+
+def test_a_spans_ops_roll_up_to_every_range_around_them():
+    """Each range's figures over the ops launched in it or below it, worked out by hand on a small tree: a range with
+    ops of its own and ops of its children counts both; a range with no op in or below it is not among them."""
+    # ranges in range order: 0 > (1 > 2), (0 > 3); 4 > 5 without ops
+    live = {"id": np.arange(10, 16), "parent_at": np.array([-1, 0, 1, 0, -1, 4]), "level": np.array([0, 1, 2, 1, 0, 1])}
+    where = np.array([2, 0, 3, 2, 1])  # each op's innermost range
+    place = np.array([10, 5, 30, 40, 50])
+    end = np.array([100, 900, 300, 400, 500])
+    values = {"first": (place, np.minimum, 99), "last": (place, np.maximum, -1),
+              "count": (np.ones(5, np.int64), np.add, 0), "reach": (end, np.maximum, -1)}
+    ranges, figures = proj._rolled_up(live, where, values)
+    assert ranges.tolist() == [0, 1, 2, 3]
+    assert figures["count"].tolist() == [5, 3, 2, 1]
+    assert figures["first"].tolist() == [5, 10, 10, 30]
+    assert figures["last"].tolist() == [50, 50, 40, 30]
+    assert figures["reach"].tolist() == [900, 500, 400, 300]
