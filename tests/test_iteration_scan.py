@@ -2,6 +2,8 @@
 such a capture (iterations read ahead, GPU work folded in span by span): the same as find_iterations and the map over
 whole tables, on small ranks built by hand and on every sample input, however the tables are cut."""
 
+import threading
+
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -92,6 +94,30 @@ def test_found_delimiter_is_find_iterations_one(monkeypatch, tmp_path, rows, ins
     assert not list(tmp_path.iterdir())  # ...gone once the iterations are found
     if rows is INSIDE or rows is TIES:  # "load" is tried first; testing one candidate a read, "step" needs a third
         assert want.delimiter.name == "step" and len(replays) == (2 if tested == 1 else 1)
+
+
+def test_a_further_read_that_fails_stops_reading_its_file(monkeypatch, tmp_path):
+    """The file's part of a further read is read in a thread of its own: a test that raises stops it and removes the
+    file, leaving no thread behind."""
+    monkeypatch.setattr(iteration_scan, "REPLAY_ROWS", 0)  # every range replayed from the file
+    tested = []
+
+    def failing(self, start, end, at):
+        tested.append(len(start))
+        raise RuntimeError("a failing test")
+
+    monkeypatch.setattr(iteration_scan._Plan, "add", failing)
+    read, _ = _reader(_rank(FLAT), 1)  # a span an instant: 200 spans in the file, of which one is tested
+    before = set(threading.enumerate())
+    try:
+        iteration_scan.nvtx_iterations(read, spill_dir=str(tmp_path))
+    except RuntimeError as error:  # checked while the error, and so the frames it passed through, are still held
+        assert str(error) == "a failing test"
+        assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+    else:
+        pytest.fail("the failing test was not raised")
+    assert tested == [1]
+    assert not list(tmp_path.iterdir())
 
 
 def _counted(method, calls: list):

@@ -17,6 +17,7 @@ every row of one instant (inputs.chunks.time_chunks), so that ties between start
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ import pyarrow as pa
 from .groups import SortedGroups, Vocabulary, distinct, factorize
 from .inputs.chunks import ReadWhole
 from .inputs.frames import arrow_of, column_codes, dictionary_column, numpy_of, strings_of
+from .inputs.readers import read_ahead
 from .inputs.selection import RANGE_EVENTS
 from .intervals import outermost
 from .iterations import (
@@ -358,12 +360,13 @@ def nvtx_iterations(read: Callable[[], Iterable[pa.Table]], iteration: str | Non
 def _found(plans: dict, replay: _Replay) -> dict:
     """Each process's delimiter, from as many further reads as its candidates take."""
     while not all(p.done for p in plans.values()):
-        for pid, start, end, at in replay:
-            for p, plan in plans.items():
-                if not plan.done:
-                    on = slice(None) if len(pid) and pid[0] == p and pid[-1] == p and (pid == p).all() \
-                        else np.flatnonzero(pid == p)
-                    plan.add(start[on], end[on], at[on])
+        with contextlib.closing(iter(replay)) as spans:  # a test that fails stops the file's read at once
+            for pid, start, end, at in spans:
+                for p, plan in plans.items():
+                    if not plan.done:
+                        on = slice(None) if len(pid) and pid[0] == p and pid[-1] == p and (pid == p).all() \
+                            else np.flatnonzero(pid == p)
+                        plan.add(start[on], end[on], at[on])
         for plan in plans.values():
             if not plan.done:
                 plan.decide()
@@ -431,8 +434,11 @@ class _Replay:
         self.rows += len(placed[0])
 
     def __iter__(self) -> Iterator[tuple]:
+        """A further read: the file's part read in a thread of its own while the caller tests the span before, as
+        nothing else runs beside the tests then."""
         yield from self.held
-        yield from self._from_file()
+        if self._spilled() is not None:
+            yield from read_ahead(self._from_file())
 
     def drain(self) -> Iterator[tuple]:
         """A last read: each span let go of as it is handed over."""
