@@ -475,8 +475,9 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
     updates = meta.get("updates", [])
     again = {r for u in updates for r in u["recipes"]}
     lines += [""] + [f"Rows of {', '.join(u['recipes'])} ({_sizes_text(u)}) measured again by `{u['command']}` on "
-                     f"{u['date']}." for u in updates] + (["Where two of these lines name a row, the later one "
-                                                           "measured it."] if len(updates) > 1 else []) + (
+                     f"{u['date']}{_machine_text(u)}." for u in updates] + (["Where two of these lines name a row, the "
+                                                                             "later one measured it."]
+                                                                           if len(updates) > 1 else []) + (
         ["The other rows are the first run's."] if set(everything["recipe"]) - again else []) if updates else []
     lines += ["", f"Every command, in order, with its output: `{meta['raw']}/commands.log`; raw numbers: "
               f"`{meta['raw']}/huge.json`.", END]
@@ -519,6 +520,11 @@ def _forms(g):
                      f"{counts['CUPTI_ACTIVITY_KIND_RUNTIME'] / 1e6:.2f} M")
         yield (form, p, float(p["pack_s"].median()), float(p["pack_mb"].median()), float(p["floor_s"].median()),
                rows_text, not p["ok"].all())
+
+
+def _machine_text(update: dict) -> str:
+    """The processor an update ran on, where it recorded one: the rows of one section may come from several machines."""
+    return f" ({update['cpu']})" if update.get("cpu") else ""
 
 
 def _sizes_text(update: dict) -> str:
@@ -573,8 +579,8 @@ def main() -> None:
     if earlier:  # the other recipes' rows as the earlier run measured them
         rows = [r for r in earlier["rows"]
                 if not (r["recipe"] in only and (r.get("copies") in copies or r.get("scale") in scales))] + rows
-        meta, update = earlier["meta"], {"command": command, "date": meta["date"], "recipes": sorted(only),
-                                         "copies": copies, "scales": scales}
+        meta, update = earlier["meta"], {"command": command, "date": meta["date"], "cpu": meta["cpu"],
+                                         "recipes": sorted(only), "copies": copies, "scales": scales}
         # an earlier update still names the recipes whose rows of some other size it measured
         meta["updates"] = [{**u, "recipes": sorted(set(u["recipes"]) - only)} if set(u.get("copies", ALL_COPIES))
                            <= set(copies) and set(u.get("scales", ())) <= set(scales) else u
