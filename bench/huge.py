@@ -474,11 +474,13 @@ def write_section(results: Path, rows: list[dict], meta: dict) -> None:
     lines += _synthetic_lines(synthetic, place, label)
     updates = meta.get("updates", [])
     again = {r for u in updates for r in u["recipes"]}
-    lines += [""] + [f"Rows of {', '.join(u['recipes'])} ({_sizes_text(u)}) measured again by `{u['command']}` on "
-                     f"{u['date']}{_machine_text(u)}." for u in updates] + (["Where two of these lines name a row, the "
-                                                                             "later one measured it."]
-                                                                           if len(updates) > 1 else []) + (
-        ["The other rows are the first run's."] if set(everything["recipe"]) - again else []) if updates else []
+    if updates:
+        lines += [""] + [f"Rows of {', '.join(u['recipes'])} ({_sizes_text(u)}) measured again by `{u['command']}` "
+                         f"on {u['date']}{_machine_text(u)}." for u in updates]
+        if len(updates) > 1:
+            lines.append("Where two of these lines name a row, the later one measured it.")
+        if set(everything["recipe"]) - again:
+            lines.append("The other rows are the first run's.")
     lines += ["", f"Every command, in order, with its output: `{meta['raw']}/commands.log`; raw numbers: "
               f"`{meta['raw']}/huge.json`.", END]
     replace_section(results, BEGIN, END, "\n".join(lines))
