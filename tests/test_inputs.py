@@ -105,6 +105,22 @@ def test_export_cache_is_reused_across_copies_and_renewed_on_change(nsys, mpi_co
     assert calls == ["export", "export", "export"]
 
 
+def test_what_a_killed_export_left_is_cleared_by_the_next_one(nsys, mpi_copy, monkeypatch, tmp_path):
+    report = mpi_copy / "report1.qdrep"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "clean-cache"))
+    (clean,) = inputs.load_file(report, {"nvtx", "kernel"})
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))
+    entry = export.export_entry(report, nsys_tool.Nsys(nsys.path, nsys.version, "test"))
+    half = export.staging_dir(entry) / "x"  # what a run killed (SIGKILL) while nsys wrote its tables leaves
+    half.mkdir(parents=True)
+    (half / "NVTX_EVENTS.arrow").write_bytes(b"cut short")
+    (after,) = inputs.load_file(report, {"nvtx", "kernel"})
+    assert not export.staging_dir(entry).exists()
+    assert not [p for p in entry.parent.iterdir() if p.name.startswith(".")]
+    pdt.assert_frame_equal(after.nvtx, clean.nvtx)
+    pdt.assert_frame_equal(after.kernels, clean.kernels)
+
+
 def test_a_warm_load_reads_back_exactly_what_the_first_load_made(nsys, report_copy, monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "fresh-cache"))
     (cold,) = inputs.load_file(report_copy, NEEDS)

@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -73,8 +72,12 @@ def export_report(report: Path, tables: list[str], nsys: nsys_tool.Nsys) -> Expo
         if not missing:
             return ExportSource(entry, kind, origin=report)
         entry.mkdir(exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".export-", dir=entry.parent))
+        # one staging folder per entry, used only under its lock: made inside the try, so a signal at any point
+        # leaves none behind, and one a killed run left (SIGKILL, a lost machine) is cleared by the next export
+        tmp = staging_dir(entry)
         try:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir()
             out = tmp / "x"
             nsys_tool.run_nsys(nsys, export_args(report, missing, out, kind), report=report)
             for f in out.glob(f"*{FOLDER_SUFFIXES[kind]}") if out.exists() else []:
@@ -87,10 +90,15 @@ def export_report(report: Path, tables: list[str], nsys: nsys_tool.Nsys) -> Expo
             "kind": kind,
             "requested": sorted(requested | set(missing)),
         }
-        tmp_manifest = entry / f".manifest.{os.getpid()}.json"
+        tmp_manifest = entry / ".manifest.json.partial"  # under the lock: a killed run's is overwritten
         tmp_manifest.write_text(json.dumps(manifest, indent=1))
         os.replace(tmp_manifest, manifest_path)
     return ExportSource(entry, kind, origin=report, exported_now=True)
+
+
+def staging_dir(entry: Path) -> Path:
+    """Where nsys writes the tables being added to a cache entry, before they join it."""
+    return entry.parent / f".export-{entry.name}"
 
 
 def export_kind(report: Path) -> str:
