@@ -106,7 +106,8 @@ def write_section(results: Path, data: dict) -> None:
              "system seconds of the whole process tree (medians of "
              f"{data['repeat']} runs); export: one `nsys export` of a report's tables, to the files and in the "
              "environment the tool exports to and in (the built-in: `--type parquetdir`; the pack: `--type "
-             "arrowdir`, as for any report up to 64 MiB, and `GLIBC_TUNABLES=glibc.malloc.hugetlb=1`), the "
+             "arrowdir`, as for any report up to 64 MiB, and `GLIBC_TUNABLES="
+             f"{nsys_tool.HUGE_PAGES_TUNABLE}:{nsys_tool.HEAP_PAD_TUNABLE}`), the "
              f"median of {data['repeat']} runs of each of the {data['sources']} source reports, their mean, times "
              f"{n}.", "",
              "| tool | tables exported | wall s | CPU s | export CPU s per report | export CPU s, all reports | "

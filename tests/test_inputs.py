@@ -866,10 +866,14 @@ def test_every_map_sets_the_allocator_up_first(monkeypatch, tmp_path):
     assert called == [True]
 
 
+PAD = "glibc.malloc.top_pad=67108864"
+
+
 @pytest.mark.parametrize(("user_tunables", "seen"), [
-    (None, "glibc.malloc.hugetlb=1"),
-    ("glibc.malloc.arena_max=2", "glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1"),
-    ("glibc.malloc.hugetlb=0", "glibc.malloc.hugetlb=0"),
+    (None, f"glibc.malloc.hugetlb=1:{PAD}"),
+    ("glibc.malloc.arena_max=2", f"glibc.malloc.arena_max=2:glibc.malloc.hugetlb=1:{PAD}"),
+    ("glibc.malloc.hugetlb=0", f"glibc.malloc.hugetlb=0:{PAD}"),
+    ("glibc.malloc.top_pad=0:glibc.malloc.hugetlb=0", "glibc.malloc.top_pad=0:glibc.malloc.hugetlb=0"),
 ])
 def test_nsys_runs_with_its_heap_in_huge_pages_unless_the_user_chose(user_tunables, seen, monkeypatch, tmp_path):
     fake = tmp_path / "nsys"
