@@ -121,13 +121,13 @@ def test_ctrl_c_at_each_stage_of_several_recipes_leaves_nothing_and_a_rerun_just
     proc = start(args, cwd=tmp_path, env=interrupted_env)
     exports = tmp_path / "cold" / "nsys-recipe-pack" / "exports"
 
-    def staged(name):
-        return [p for p in out.glob(".straggler_heatmap.partial-*") if (p / name).exists()] if out.exists() else []
+    def staged(name):  # the first recipe's folder, inside the run's own (several recipes are one output)
+        return [p for p in tmp_path.glob(".o.partial-*/.straggler_heatmap.partial-*") if (p / name).exists()]
 
     if stage == "loading":
         _wait_for(lambda: exports.exists() and any(p.name.startswith(".export-") for p in exports.iterdir()), proc)
     elif stage == "analysis":
-        _wait_for(lambda: out.exists() and any(out.glob(".straggler_heatmap.partial-*")), proc)
+        _wait_for(lambda: any(tmp_path.glob(".o.partial-*/.straggler_heatmap.partial-*")), proc)
     else:
         _wait_for(lambda: staged("iterations.parquet"), proc)
     proc.send_signal(signal.SIGINT)
@@ -140,3 +140,29 @@ def test_ctrl_c_at_each_stage_of_several_recipes_leaves_nothing_and_a_rerun_just
                            capture_output=True, text=True)
     assert again.returncode == 0, again.stderr
     assert (out / "straggler_heatmap" / "report.html").exists() and (out / "kernel_pace" / "report.html").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_run_of_several_recipes_interrupted_between_them_leaves_nothing(tmp_path, sig):
+    """Several recipes are one output: stopped after the first has finished, the run leaves no folder, so that
+    running it again needs no --force-overwrite."""
+    from conftest import SAMPLES
+
+    out = tmp_path / "o"
+    args = ["run", "--name", "straggler_heatmap,kernel_pace", "--mode", "none", "--report", "--output", str(out),
+            str(SAMPLES / "h100_gloo_8rank")]
+    proc = start(args, cwd=tmp_path)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob(".o.partial-*/straggler_heatmap")) and time.time() < deadline \
+            and proc.poll() is None:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be interrupted"
+    proc.send_signal(sig)  # kernel_pace (and its notebook) still to come
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    assert not out.exists() and not list(tmp_path.glob(".o.*"))
+    again = start(args, cwd=tmp_path)
+    res_out, err = again.communicate(timeout=300)
+    assert again.returncode == 0, err
+    assert (out / "straggler_heatmap" / "report.html").exists() and (out / "kernel_pace" / "report.html").exists()
+    assert f"output: {out / 'kernel_pace'}" in res_out and f"report: {out / 'kernel_pace' / 'report.html'}" in res_out

@@ -187,7 +187,7 @@ def test_kernel_pace_of_a_long_capture_is_the_whole_reads(synthetic, monkeypatch
                 if isinstance(want, str):
                     assert got == want, (path, options)
                     continue
-                assert got["delimiter"] == want["delimiter"] and got["stats"] == want["stats"], (path, options)
+                assert got["delimiter"] == want["delimiter"], (path, options)
                 for key in ("start_ns", "end_ns"):
                     assert np.array_equal(got[key], want[key]), (path, options, key)
 

@@ -223,14 +223,20 @@ def test_a_report_too_new_for_the_nsys_found_is_one_line_and_exit_3(nsys, tmp_pa
     assert line.count("2025.5.1.121, newer than") == 1 and "nsys export --type sqlite REPORT" in line
     assert str(report) in line and str(tmp_path / "second.nsys-rep") in line
     (tmp_path / "second.nsys-rep").unlink()
-    # an export older than the report is not used, and the line says why
+    # an export older than the report is all that can be read: it is read, and a line says which and why
     stale = tmp_path / "pdl_2p2c.sqlite"
     shutil.move(synthetic_export(tmp_path, "stale"), stale)
     os.utime(stale, ns=(report.stat().st_mtime_ns - 10**9,) * 2)
     res = cli("run", "--name", "kernel_pace", report, "--output", tmp_path / "o")
+    assert res.returncode == 0, res.stderr
+    assert (f"note: {report}: read pdl_2p2c.sqlite beside it, 1 s older than the report: the nsys found "
+            f"({nsys.version}) cannot read a report made by Nsight Systems 2025.5.1") in res.stderr
+    # one that cannot stand for the report (here: not an export at all) is named in the error
+    stale.write_text("not a database")
+    res = cli("run", "--name", "kernel_pace", report, "--output", tmp_path / "o2")
     assert res.returncode == 3
     (line,) = error_lines(res)
-    assert "2025.5.1" in line and "pdl_2p2c.sqlite beside it is older than the report" in line
+    assert "2025.5.1" in line and "pdl_2p2c.sqlite beside it is not a readable export" in line
 
 
 @pytest.mark.parametrize("engine", ["auto", "nsys", "pack"])

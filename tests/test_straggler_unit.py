@@ -271,3 +271,24 @@ def test_child_ranges_are_the_outermost_ranges_inside_each_iteration(ranges, win
     want.sort(key=lambda w: w[0])
     got = list(zip(*(a.tolist() for a in child_ranges(r, it)), strict=True))
     assert got == want
+
+
+def test_flagged_cells_that_no_component_explains_have_no_cause(monkeypatch, tmp_path):
+    """Where no component of a flagged cell stands above the other ranks' (per-op NVTX names that no other rank
+    shares), the cell has no cause: the rank's top cause is None and its verdict speaks of busy time."""
+    from conftest import SAMPLES
+
+    from nsys_recipe_pack import runner
+    from nsys_recipe_pack.recipes import straggler_heatmap as sh
+
+    def unexplained(cell_iteration, *args):
+        n = len(cell_iteration)
+        return np.ones(n, bool), np.full(n, None, dtype=object), np.full(n, None, dtype=object)
+
+    monkeypatch.setattr(sh, "_component_causes", unexplained)
+    out = runner.run("straggler_heatmap", [str(SAMPLES / "h100_gloo_8rank")], str(tmp_path / "o"), engine="pack",
+                     mode="none")
+    ranks = pd.read_parquet(out / "ranks.parquet").set_index("rank")
+    assert ranks.loc[3, "straggler_iterations"] == 10 and ranks.loc[3, "top_cause"] is None
+    assert ranks["top_cause_side"].isna().all()
+    assert sh.headline(out).startswith("rank ") and "busy time" in sh.headline(out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import os
 import signal
@@ -38,8 +39,10 @@ from .errors import (  # noqa: E402
     MissingTraceError,
     PackError,
     UsageError,
+    one_line,
 )
 from .escape import terminal_text  # noqa: E402
+from .staging import STOP, staged_output  # noqa: E402
 
 MODES = ["none", "concurrent", "dask-futures"]
 
@@ -210,48 +213,57 @@ def cmd_run(args) -> int:
     options = _recipe_options(args, names)
     if args.dask_scheduler and args.mode != "dask-futures":
         raise UsageError("--dask-scheduler goes with --mode dask-futures")
-    base = Path(args.output) if args.output else None
-    if len(names) > 1:
-        base = base or runner.default_output("nsys-recipe")
-        runner.check_output(base, args.force_overwrite)
-    try:
-        results = _run_each(args, names, inputs, base, options)
-    finally:  # interrupted, or no recipe ran: nothing of this run stays
-        if len(names) > 1 and base.is_dir() and not any(base.iterdir()):
-            base.rmdir()
-    return summary.print_recipe_table(results) if len(names) > 1 else 0
+    if len(names) == 1:
+        _run_each(args, names, inputs, Path(args.output) if args.output else None, None, options)
+        return 0
+    # several recipes are one output: written into a hidden folder that becomes --output once they have all run,
+    # so an interrupted run leaves nothing, and a finished one every recipe that could run
+    base = Path(args.output) if args.output else runner.default_output("nsys-recipe")
+    runner.check_output(base, args.force_overwrite)
+    results = []
+    with contextlib.suppress(_NothingWritten), staged_output(base, args.force_overwrite) as staged:
+        results = _run_each(args, names, inputs, base, staged, options)
+        if not any(status == "done" for _, status, _, _ in results):
+            raise _NothingWritten
+    return summary.print_recipe_table(results)
 
 
-def _run_each(args, names: list[str], inputs: list[str], base: Path | None,
+class _NothingWritten(Exception):
+    """No recipe of a run of several could run: its output folder is not made."""
+
+
+def _run_each(args, names: list[str], inputs: list[str], base: Path | None, staged: Path | None,
               options: dict[str, dict]) -> list[tuple[str, str, str, int]]:
-    """Run the recipes one after another: (recipe, status, output or reason, exit code) of each. With several,
-    a recipe that cannot run does not stop the others."""
+    """Run the recipes one after another: (recipe, status, output or reason, exit code) of each. With several
+    (written under `staged`, which becomes `base`), a recipe that cannot run does not stop the others."""
     from . import runner, summary
 
     results = []
     for name in names:
-        output = (base / name) if len(names) > 1 else base
+        output, shown = (staged / name, base / name) if staged is not None else (base, None)
         try:
             if name not in options:
                 nsys = nsys_tool.find_nsys(args.nsys)
                 out = runner.run_builtin(name, inputs, str(output) if output else None, force=args.force_overwrite,
                                          mode=args.mode, nsys=nsys, dask_scheduler=args.dask_scheduler)
-                print(f"output: {out}")
+                print(f"output: {shown or out}")
             else:
                 given = {**options[name], "_dask_scheduler": args.dask_scheduler, "skip_bad": args.skip_bad}
                 out = runner.run(name, inputs, str(output) if output else None, force=args.force_overwrite,
                                  mode=args.mode, engine=args.engine, report=args.report, nsys_path=args.nsys,
                                  jobs=args.jobs, options=given)
-                summary.print_summary(name, out)
-            results.append((name, "done", str(out), 0))
+                summary.print_summary(name, out, shown)
+            results.append((name, "done", str(shown or out), 0))
         except (UsageError, MissingToolError):
             raise  # the same for every recipe: nothing more can run
-        except PackError as exc:
-            if len(names) == 1:
+        except Exception as exc:
+            if staged is None:
                 raise
-            print(terminal_text(f"nsys-recipe: {name}: {exc}"), file=sys.stderr)
+            said = one_line(exc)
+            print(terminal_text(f"nsys-recipe: {name}: {said}"), file=sys.stderr)
             applies = not isinstance(exc, MissingTraceError)  # a missing trace: the recipe does not apply
-            results.append((name, "failed" if applies else "skipped", str(exc), exc.exit_code if applies else 0))
+            code = exc.exit_code if isinstance(exc, PackError) else 1
+            results.append((name, "failed" if applies else "skipped", said, code if applies else 0))
     return results
 
 
@@ -393,12 +405,34 @@ COMMANDS = {"list": cmd_list, "run": cmd_run, "diff": cmd_diff, "report": cmd_re
 
 
 def _terminated(signum, frame):
+    STOP.set()  # remembered: the exception below may land where Python drops it (staging.py)
     raise KeyboardInterrupt  # the same clean-up as Ctrl-C: no half-written output, no broken cache entry
 
 
+@contextlib.contextmanager
+def _stopped_by_signals():
+    """SIGTERM, and Ctrl-C unless the shell had it ignored, stop the command through _terminated while it runs."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    STOP.clear()
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, _terminated)
+    if before[signal.SIGINT] is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _terminated)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def main(argv: list[str] | None = None) -> int:
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _terminated)
+    with _stopped_by_signals():
+        return _main(argv)
+
+
+def _main(argv: list[str] | None) -> int:
     try:
         argv = list(sys.argv[1:] if argv is None else argv)
         job = None

@@ -12,12 +12,15 @@ points.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from . import inputs, recipes, runner
+from .errors import one_line
+from .escape import terminal_text
 from .staging import staged_output
 
 MIN_SHARE = 0.05
@@ -28,17 +31,26 @@ def metrics() -> dict:
     return {m.name: m for r in recipes.all_recipes().values() for m in r.metrics}
 
 
-def load_run(spec: str, nsys_path: str | None) -> list:
+def load_run(spec: str, nsys_path: str | None, log=lambda m: print(m, file=sys.stderr)) -> list:
     needs = set().union(*(r.diff_needs for r in recipes.all_recipes().values() if r.diff_metrics))
     ranks = []
     for f in inputs.expand_inputs([spec]):
         ranks.extend(inputs.load_file(f, needs, nsys_path))
+    for said in dict.fromkeys(f"{r.file}: {r.read_note}" for r in ranks if r.read_note):
+        log(terminal_text(f"nsys-recipe: note: {said}"))
     return ranks
 
 
-def run_metrics(ranks) -> pd.DataFrame:
-    """Columns metric, key, value for one run (a list of RankData)."""
-    rows = [r.diff_metrics(ranks) for r in recipes.all_recipes().values() if r.diff_metrics]
+def run_metrics(ranks, log=lambda m: print(m, file=sys.stderr)) -> pd.DataFrame:
+    """Columns metric, key, value for one run (a list of RankData). A recipe whose metrics cannot be had on this run
+    is left out and said so, not the end of the comparison."""
+    rows = []
+    for recipe in recipes.all_recipes().values():
+        if recipe.diff_metrics:
+            try:
+                rows.append(recipe.diff_metrics(ranks))
+            except Exception as exc:
+                log(terminal_text(f"nsys-recipe: note: {recipe.name}'s metrics left out: {one_line(exc)}"))
     rows = [t for t in rows if t is not None and len(t)]
     if not rows:
         return pd.DataFrame(columns=["metric", "key", "value"])

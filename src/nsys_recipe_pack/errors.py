@@ -1,5 +1,8 @@
 """Errors the command line turns into one line on stderr and an exit code."""
 
+import os
+import traceback
+
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_BAD_INPUT = 3
@@ -31,3 +34,18 @@ class MissingToolError(PackError):
 
 class MissingTraceError(BadInputError):
     """A rank lacks a trace the recipe needs; the run fails only if every rank lacks it."""
+
+
+class NotApplicableError(MissingTraceError):
+    """The run holds nothing the recipe speaks of (no NCCL kernels for comm_overlap): said instead of empty tables."""
+
+
+def one_line(exc: BaseException) -> str:
+    """What a recipe that could not run says where the others go on (`run` with several, `report`): the pack's own
+    message, or an internal error in one line (NSYS_RECIPE_DEBUG=1 prints its traceback too)."""
+    if isinstance(exc, PackError):
+        return str(exc)
+    if os.environ.get("NSYS_RECIPE_DEBUG"):
+        traceback.print_exception(exc)
+    first = (str(exc).strip().splitlines() or [""])[0]
+    return f"internal error: {type(exc).__name__}: {first}"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from .errors import BadInputError
+from .errors import BadInputError, MissingTraceError
 from .groups import one_of, picked
 from .inputs.frames import arrow_of, dictionary_column
 from .inputs.selection import RANGE_EVENTS
@@ -198,7 +198,7 @@ def find_iterations(rank_data, iteration: str | None = None, iteration_kernel: s
                 if len(named) and (named == most_common(named)).sum() >= MIN_REPEATS:
                     return _kernel_iterations(kernels, str(words[most_common(named)]), "auto", rank_data.file)
             has_kernels = kernels is not None and bool(len(kernels))
-            raise BadInputError(f"{rank_data.file}: {no_iterations_text(bool(len(r)), has_kernels)}")
+            raise MissingTraceError(f"{rank_data.file}: {no_iterations_text(bool(len(r)), has_kernels)}")
         n, d = found
         sel = (r.name == n) & (r.domain == d)
         delim = Delimiter("nvtx", str(r.names[n]), r.domains[d] or None, "auto")
@@ -324,3 +324,33 @@ def sync_points(rank_data, ranges: Ranges, sync_names: list[str] | None = None) 
     source = np.concatenate([np.full(len(p[0]), p[2], np.int64) for p in parts])
     order = np.argsort(start, kind="stable")
     return SyncPoints(start[order], end[order], source[order])
+
+
+WARMUP_FACTOR = 2.0  # a leading iteration longer than this many times the run's median iteration is warm-up
+WARMUP_RULE = (f"warm-up: on each rank, the iterations from its first on that each last more than {WARMUP_FACTOR:g} x "
+               "the median iteration of the run (all ranks); the first shorter one ends them")
+
+
+def warmup(rank: np.ndarray, iteration: np.ndarray, duration: np.ndarray) -> np.ndarray:
+    """Which rows are warm-up iterations (WARMUP_RULE): CUDA context and library start-up, autotuning and first
+    allocations make a job's first steps many times its usual one, and steadiness measured over them measures
+    the start-up."""
+    n = len(duration)
+    if not n:
+        return np.zeros(0, bool)
+    steady = duration <= WARMUP_FACTOR * np.median(duration)
+    order = np.lexsort((iteration, rank))
+    r, s = rank[order], steady[order].astype(np.int64)
+    first = np.r_[True, r[1:] != r[:-1]]
+    seen = np.cumsum(s)  # steady iterations so far, on the rank: from the run's start, less those of earlier ranks
+    before = (seen - s)[first][np.cumsum(first) - 1]
+    out = np.empty(n, bool)
+    out[order] = (seen - before) == 0
+    return out
+
+
+def warmup_option(add) -> None:
+    """--keep-warmup, for the recipes that leave warm-up iterations out of their statistics."""
+    add("--keep-warmup", action="store_true", default=False,
+        help="count warm-up iterations in statistics and flags too (default: marked and left out; "
+             "README.md, 'Warm-up iterations')")

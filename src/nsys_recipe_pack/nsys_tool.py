@@ -129,11 +129,15 @@ def find_nsys(explicit: str | None = None, required: bool = True) -> Nsys | None
             continue
         return Nsys(p, _version_of(str(p)), source)
     if required:
-        raise MissingToolError(
-            "no Nsight Systems `nsys` found (looked at --nsys, $NSYS, PATH, /opt/nvidia/nsight-systems, "
-            f"/usr/local/cuda/bin, {cache_root()}/nsys); run `nsys-recipe setup-nsys`"
-        )
+        raise MissingToolError(not_found_message())
     return None
+
+
+def not_found_message(report: Path | None = None, beside: str = "") -> str:
+    """One line for a missing nsys; for a report it was needed for, with what lies beside it (`beside`)."""
+    return ((f"{report}: " if report else "") + "no Nsight Systems `nsys` found (looked at --nsys, $NSYS, PATH, "
+            f"/opt/nvidia/nsight-systems, /usr/local/cuda/bin, {cache_root()}/nsys)"
+            + (f" to export this report; {beside}" if beside else "") + "; run `nsys-recipe setup-nsys`")
 
 
 # ---------------------------------------------------------------------------------------------------

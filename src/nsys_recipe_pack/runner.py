@@ -41,7 +41,7 @@ from .spill import SPILL_DIR, RankedRows, parquet_options, remove_spilled
 from .staging import staged_output
 
 # `file` is the input as named; `read_from` what was read for it: the report itself, or an export beside it
-FILES_COLUMNS = ["rank", "file", "rank_source", "host", "local_rank", "gpu", "pid", "read_from"]
+FILES_COLUMNS = ["rank", "file", "rank_source", "host", "local_rank", "gpu", "pid", "read_from", "read_note"]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -51,7 +51,7 @@ FILES_COLUMNS = ["rank", "file", "rank_source", "host", "local_rank", "gpu", "pi
 # what the reduce needs to know of each rank besides its result: key -> RankData attribute
 IDENTITY = {"file": "file", "read_from": "read_from", "pid": "pid", "candidates": "rank_candidates", "host": "host",
             "local_rank": "local_rank", "gpu": "gpu", "session_start_ns": "session_start_ns",
-            "synthetic": "synthetic", "unclosed_ranges": "unclosed_ranges"}
+            "synthetic": "synthetic", "unclosed_ranges": "unclosed_ranges", "read_note": "read_note"}
 
 
 def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None) -> list[dict]:
@@ -114,6 +114,7 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
     ids["pid"] = ids["pid"].astype("Int64")
     ids = assign_ranks(ids)
     notes = list(ids.attrs.get("notes", []))
+    notes.extend(read_notes(ids))
     unclosed = ids[ids["unclosed_ranges"] > 0]
     if len(unclosed):
         notes.append(f"{int(unclosed['unclosed_ranges'].sum())} NVTX range(s) never closed (no end) were left out, "
@@ -179,6 +180,13 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
         "notes": notes,
     }
     return tables, analysis
+
+
+def read_notes(files: pd.DataFrame) -> list[str]:
+    """One line for each way inputs were read that a user would not expect (an export beside a report skipped, or
+    read though older than it), naming the files."""
+    return [f"{', '.join(names.head(3))}{f' and {len(names) - 3} more' if len(names) > 3 else ''}: {note}"
+            for note, names in files[files["read_note"].notna()].groupby("read_note", sort=False)["file"]]
 
 
 def _iteration_count(mapped: dict) -> int:
@@ -389,7 +397,9 @@ def framework_argv(recipe: str, options: dict) -> list[str]:
     argv = []
     for key in recipes.get(recipe).option_names():
         value = options.get(key)
-        if value is not None:
+        if isinstance(value, bool):  # a flag (store_true): named when set
+            argv += ["--" + key.replace("_", "-")] if value else []
+        elif value is not None:
             argv += ["--" + key.replace("_", "-"), ",".join(value) if isinstance(value, list) else str(value)]
     if options.get("skip_bad"):
         argv.append("--skip-bad")
@@ -480,6 +490,8 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
                 analysis["engine"] = "pack"
                 analysis["nsys_version"] = version
                 analysis["notes"] = [*notes, *analysis.get("notes", [])]
+                for note in read_notes(tables["files"]):
+                    log(f"note: {note}")
                 written = write_tables(staged, tables, analysis)
             finally:
                 remove_spilled(mapped)

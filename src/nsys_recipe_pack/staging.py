@@ -5,11 +5,16 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 from .errors import UsageError
+
+# set when a signal asked the command to stop (cli.py's handlers): the KeyboardInterrupt they raise can land where
+# Python drops it (in a finalizer the garbage collector runs), and no output is made whole after it all the same
+STOP = threading.Event()
 
 
 @contextlib.contextmanager
@@ -23,6 +28,8 @@ def staged_output(output: Path, replace: bool = False) -> Iterator[Path]:
     staged.mkdir()  # unlike tempfile.mkdtemp, with the user's umask: the output is as readable as any folder
     try:
         yield staged
+        if STOP.is_set():
+            raise KeyboardInterrupt
         if not output.exists() and not output.is_symlink():
             os.replace(staged, output)
             return

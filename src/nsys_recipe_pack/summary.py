@@ -8,15 +8,15 @@ from . import recipes
 from .escape import terminal_text
 
 
-def print_summary(recipe: str, out: Path) -> None:
+def print_summary(recipe: str, out: Path, shown: Path | None = None) -> None:
+    """The recipe's lines from its output `out`, and where it lies: `shown`, where it will be once the run ends."""
     lines = recipes.get(recipe).summary
     if lines is not None:
         for line in lines(out):
             print(terminal_text(line))
-    print(f"output: {out}")
-    html = out / "report.html"
-    if html.exists():
-        print(f"report: {html}")
+    print(f"output: {shown or out}")
+    if (out / "report.html").exists():
+        print(f"report: {(shown or out) / 'report.html'}")
 
 
 def print_recipe_table(results: list[tuple[str, str, str, int]]) -> int:

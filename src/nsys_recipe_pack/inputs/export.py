@@ -14,7 +14,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from .. import nsys_tool, versions
-from ..errors import BadInputError
+from ..errors import BadInputError, MissingToolError
 from .discovery import EXPORTS_BESIDE, input_kind, report_stem
 from .readers import ALWAYS, FOLDER_SUFFIXES, MPI_PREFIX, TABLES, ExportSource, small_table
 
@@ -151,11 +151,25 @@ def open_source(path: Path, needs: set[str], nsys_path: str | None = None) -> Ex
         beside, why_not = export_beside(path, needs)
         if beside is not None:
             return open_source(beside, needs)
-        nsys = nsys_tool.find_nsys(nsys_path)
+        stale = export_beside(path, needs, older_too=True)[0]  # complete, but older than the report
+        nsys = nsys_tool.find_nsys(nsys_path, required=False)
         made_by = versions.report_version(path)
-        if versions.newer_than(made_by, nsys.version):  # nsys would fail, for some releases as if corrupt
+        if nsys is None or versions.newer_than(made_by, nsys.version):  # nsys would fail, some as if corrupt
+            if stale is not None:  # nothing else can be read: the export, said so
+                src = open_source(stale, needs)
+                src.note = (f"read {stale.name} beside it, {_older(stale, path)} than the report: "
+                            + ("no nsys was found to export the report" if nsys is None else
+                               f"the nsys found ({nsys.version}) cannot read a report made by Nsight Systems "
+                               f"{made_by}") + f"; {TOUCH_HINT.format(export=stale.name)}")
+                return src
+            if nsys is None:
+                raise MissingToolError(nsys_tool.not_found_message(path, why_not))
             raise BadInputError(nsys_tool.too_new_message(path, made_by, nsys, why_not))
-        return export_report(path, table_names(needs), nsys)
+        src = export_report(path, table_names(needs), nsys)
+        if stale is not None:
+            src.note = (f"{stale.name} beside it is {_older(stale, path)} than the report, so the report was exported "
+                        f"again; {TOUCH_HINT.format(export=stale.name)}")
+        return src
     if kind == "sqlite":
         if path.stat().st_size == 0:
             raise BadInputError(f"{path}: empty file; re-export it with `nsys export --type sqlite`")
@@ -164,25 +178,44 @@ def open_source(path: Path, needs: set[str], nsys_path: str | None = None) -> Ex
         return ExportSource(path, "parquetdir")
     raise BadInputError(f"{path}: not a report or export")
 
-def export_beside(report: Path, needs: set[str]) -> tuple[Path | None, str]:
+TOUCH_HINT = ("if {export} is the report's own export, `touch` it (or copy folders with `cp -a`/`rsync -a`, which keep "
+              "modification times) and it is read instead")
+
+
+def export_beside(report: Path, needs: set[str], older_too: bool = False) -> tuple[Path | None, str]:
     """The export next to a report to read instead of it, else None and why those there do not qualify ("" when
     there are none).
 
     `nsys profile --stats` and `nsys export` leave one there, and reading it needs no nsys, not even one
     as new as the report. One qualifies when it is a complete export (see `_beside_problem`) and not older
-    than the report: a report profiled again under the same name leaves the old export stale."""
+    than the report: a report profiled again under the same name leaves the old export stale (`older_too`: a
+    complete one, whatever its age)."""
     stem, why = report_stem(report), []
     for suffix in EXPORTS_BESIDE:
         candidate = report.with_name(stem + suffix)
         if candidate.exists():
-            problem = _beside_problem(candidate, report, needs)
+            problem = _beside_problem(candidate, report, needs, older_too)
             if problem is None:
                 return candidate, ""
             why.append(f"{candidate.name} beside it {problem}")
     return None, "; ".join(why)
 
 
-def _beside_problem(export: Path, report: Path, needs: set[str]) -> str | None:
+def _older(export: Path, report: Path) -> str:
+    """How much older an export is than its report, in words."""
+    ns = report.stat().st_mtime_ns - _stamp(export).stat().st_mtime_ns
+    for unit, size in (("day", 86_400e9), ("h", 3_600e9), ("min", 60e9), ("s", 1e9), ("ms", 1e6)):
+        if ns >= size:
+            return f"{ns / size:.0f} {unit}{'s' if unit == 'day' and ns >= 1.5 * size else ''} older"
+    return "older"
+
+
+def _stamp(export: Path) -> Path:
+    """The file whose modification time dates an export."""
+    return export if export.name.endswith(".sqlite") else export / "StringIds.parquet"
+
+
+def _beside_problem(export: Path, report: Path, needs: set[str], older_too: bool = False) -> str | None:
     """None when this export can stand for the report, else what is wrong with it.
 
     Complete means a full export (META_DATA_EXPORT present with no table filter: every table the report has is
@@ -192,10 +225,9 @@ def _beside_problem(export: Path, report: Path, needs: set[str]) -> str | None:
     sqlite_file = export.name.endswith(".sqlite")
     if export.is_dir() == sqlite_file:
         return "is not an export"
-    stamp = export if sqlite_file else export / "StringIds.parquet"
     try:
-        if stamp.stat().st_mtime_ns < report.stat().st_mtime_ns:
-            return "is older than the report"
+        if not older_too and _stamp(export).stat().st_mtime_ns < report.stat().st_mtime_ns:
+            return f"is {_older(export, report)} than the report"
         tables, filtered = _export_tables(export)
     except (OSError, pa.ArrowException, BadInputError):
         return "is not a readable export"

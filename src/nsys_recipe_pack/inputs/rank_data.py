@@ -59,9 +59,10 @@ class RankData:
     def __init__(self, file: str, pid: int | None, session_start_ns: int, env: dict | None = None,
                  rank_candidates: dict | None = None, host: str | None = None, local_rank: int | None = None,
                  has_cuda: bool = False, synthetic: bool = False, unclosed_ranges: int = 0,
-                 read_from: str | None = None, extents: dict | None = None, **tables):
+                 read_from: str | None = None, extents: dict | None = None, read_note: str | None = None, **tables):
         self.file = file  # the input as the user named it
         self.read_from = read_from or file  # what was read: the report, or the export beside it
+        self.read_note = read_note  # why, where that is not what a user would expect (an export skipped)
         self.pid = pid
         self.session_start_ns = session_start_ns  # TARGET_INFO_SESSION_START_TIME.utcEpochNs, 0 when absent
         self.env = env or {}
@@ -173,7 +174,7 @@ def load_file(path: Path, needs: set[str], nsys_path: str | None = None,
                 _write_loaded(cache, *loaded)
     finally:
         src.close()
-    return _split_ranks(path, *loaded, read_from=src.origin)
+    return _split_ranks(path, *loaded, read_from=src.origin, read_note=src.note)
 
 
 def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | None = None,
@@ -409,7 +410,8 @@ def _rank_in_name(name) -> str | None:
     return m.group(1) if m else None
 
 
-def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = None) -> list[RankData]:
+def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = None,
+                 read_note: str | None = None) -> list[RankData]:
     pids, env = meta["pids"], meta["env"]
     file_rank = None
     m = FILE_RANK_RE.search(report_stem(path))
@@ -433,7 +435,8 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
         rank_data = RankData(file=str(path), pid=pid, session_start_ns=meta["session_start_ns"], env=env,
                       rank_candidates=cands, host=host, local_rank=local[0] if local and len(pids) == 1 else None,
                       has_cuda=meta["has_cuda"], synthetic=meta["synthetic"],
-                      read_from=str(read_from) if read_from is not None else None, extents=extents)
+                      read_from=str(read_from) if read_from is not None else None, extents=extents,
+                      read_note=read_note)
         if streamed is not None:
             rank_data.streamed = (streamed.get(pid) if len(pids) > 1 else next(iter(streamed.values()), None))
         for attr, frame in frames.items():

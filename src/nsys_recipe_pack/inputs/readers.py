@@ -83,6 +83,7 @@ class ExportSource:
         self.kind = kind
         self.origin = origin or path
         self.exported_now = exported_now  # a report's export, made by this read (inputs.export)
+        self.note: str | None = None  # what the user should know of how the input was read (an export skipped)
         self._tables: set[str] | None = None  # a folder export's are listed on first use
         self._cols: dict[str, list[str]] = {}
         self._counts: dict[str, int] = {}
@@ -433,13 +434,14 @@ def _normalised(col: pa.ChunkedArray | pa.Array, text: bool, dictionary: bool = 
     col = one_array(col)
     kind = col.type
     if dictionary and text and pa.types.is_dictionary(kind) and pa.types.is_string(kind.value_type):
-        return col
+        return pa.DictionaryArray.from_arrays(col.indices, utf8(col.dictionary)) if not valid_utf8(col.dictionary) \
+            else col
     if pa.types.is_dictionary(kind):
         col, kind = col.dictionary_decode(), kind.value_type
     if text:
-        if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-            return col.cast(pa.string())
-        return col.cast(pa.string()) if not pa.types.is_null(kind) else pa.nulls(len(col), pa.string())
+        if pa.types.is_null(kind):
+            return pa.nulls(len(col), pa.string())
+        return utf8(col.cast(pa.string(), safe=False))  # unchecked: utf8() replaces what is not UTF-8
     if kind == pa.int64():
         return col
     if pa.types.is_integer(kind):
@@ -456,6 +458,25 @@ def _normalised(col: pa.ChunkedArray | pa.Array, text: bool, dictionary: bool = 
     numbers = pd.to_numeric(pd.Series(col.to_pylist(), dtype=object), errors="coerce")
     ok = numbers.notna().to_numpy()
     return arrow_of(numbers.fillna(0).to_numpy().astype(np.int64), valid=ok)
+
+
+def valid_utf8(col: pa.Array) -> bool:
+    try:
+        col.validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def utf8(col: pa.Array) -> pa.Array:
+    """Text with any bytes that are not UTF-8 (a name a program wrote as raw bytes, a damaged export) read as U+FFFD,
+    as a text editor shows them: the drivers hand such bytes on unchecked, and every later step would fail on them.
+    Only the distinct values are decoded."""
+    if valid_utf8(col):
+        return col
+    codes = col.cast(pa.binary()).dictionary_encode()
+    words = [w.decode("utf-8", "replace") for w in codes.dictionary.to_pylist()]
+    return pa.DictionaryArray.from_arrays(codes.indices, pa.array(words, pa.string())).dictionary_decode()
 
 
 def valid_of(col: pa.Array) -> np.ndarray:

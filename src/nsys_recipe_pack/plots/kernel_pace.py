@@ -27,10 +27,29 @@ def progress(pace: pd.DataFrame) -> go.Figure:
                                        hovertemplate=f"{name}<br>iteration %{{x}}<br>%{{y:.3f}} ms<extra></extra>"))
         title = f"Duration of each iteration across {len(ranks)} ranks (percentiles over ranks)"
     fig.update_layout(title=title, xaxis_title="iteration", yaxis_title="duration (ms)")
+    return warmup_off_axis(fig, pace, "duration_ns")
+
+
+def warmup_off_axis(fig: go.Figure, rows: pd.DataFrame, column: str) -> go.Figure:
+    """The y axis fitted to the steady iterations, with a note on the warm-up ones above it: a first step of
+    0.7 s among 30 ms steps would otherwise flatten every line."""
+    warm = rows["is_warmup"].to_numpy(bool) if "is_warmup" in rows else None
+    if warm is None or not warm.any() or warm.all():
+        return fig
+    steady_top, warm_top = rows.loc[~warm, column].max() / 1e6, rows.loc[warm, column].max() / 1e6
+    if warm_top <= steady_top:
+        return fig
+    iterations = sorted(rows.loc[warm, "iteration"].unique())
+    shown = ", ".join(map(str, iterations[:5])) + (", …" if len(iterations) > 5 else "")
+    fig.update_yaxes(range=[0, 1.1 * steady_top])
+    fig.add_annotation(text=f"warm-up iteration(s) {shown} above the axis, up to {warm_top:,.1f} ms",
+                       xref="paper", yref="paper", x=0, y=1.0, xanchor="left", yanchor="bottom", showarrow=False)
     return fig
 
 
 def consistency(pace: pd.DataFrame) -> go.Figure:
+    if "is_warmup" in pace and pace["is_warmup"].any() and not pace["is_warmup"].all():
+        pace = pace[~pace["is_warmup"]]  # the spread of the steady iterations
     ranks = sorted(pace["rank"].unique())
     fig = go.Figure()
     if len(ranks) <= 64:

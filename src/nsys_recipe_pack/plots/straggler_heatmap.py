@@ -71,6 +71,11 @@ def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
                                  marker={"symbol": "x-thin", "size": 7, "line": {"width": 1.5, "color": "black"}},
                                  hoverinfo="skip"))
     title = "Busy time relative to the iteration's cross-rank median (× marks flagged cells)"
+    warm = np.unique(df.loc[df["is_warmup"].astype(bool), "iteration"]) if "is_warmup" in df else []
+    for i in warm:  # start-up, not compared: shaded
+        fig.add_vrect(x0=i - 0.5, x1=i + 0.5, fillcolor="grey", opacity=0.35, line_width=0)
+    if len(warm):
+        title += "<br><sup>shaded: warm-up iterations, not compared</sup>"
     if binned:
         title += f"<br><sup>{len(ranks)} ranks shown in {max_rows} bins; each cell is the worst rank of its bin</sup>"
     fig.update_layout(title=title, xaxis=_iteration_axis(df["iteration"]), yaxis_title="rank", yaxis_type="category",

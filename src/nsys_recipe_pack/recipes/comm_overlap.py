@@ -26,7 +26,7 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from ..errors import BadInputError
+from ..errors import BadInputError, NotApplicableError
 from ..gpu import call_key, key_places, launched_ops
 from ..groups import Vocabulary, factorize
 from ..inputs.chunks import END_OF_TIME
@@ -266,6 +266,11 @@ def _ranked(per_rank: list[dict], key: str, columns: list[str]) -> pd.DataFrame:
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
     windows = _ranked(per_rank, "windows", WINDOW_COLUMNS).astype({c: "int64" for c in WINDOW_COLUMNS})
+    if not windows["comm_ns"].sum():
+        raise NotApplicableError(
+            f"comm_overlap does not apply: none of the {len(per_rank)} rank(s) ran communication kernels on the GPU "
+            "(NCCL's ncclKernel*/ncclDevKernel*, or kernels launched inside NCCL's NVTX ranges); collectives run by "
+            "the host (gloo, MPI) have no GPU time to overlap")
     by_kind = _ranked(per_rank, "by_kind", KIND_COLUMNS)
     by_kind = by_kind.astype({c: "int64" for c in KIND_COLUMNS if c != "kind"})
     by_kind["kind"] = by_kind["kind"].astype(str)

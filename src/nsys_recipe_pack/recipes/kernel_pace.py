@@ -8,6 +8,8 @@ Statistics are exact: quantiles over all rows, not approximations.
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pyarrow as pa
 
@@ -18,7 +20,7 @@ from ..inputs import arrow_of, dictionary_column, numpy_of
 from ..inputs.chunks import Stream
 from ..intervals import split_into_windows
 from ..iteration_scan import iterations_ahead, no_windows_text
-from ..iterations import closest_names, find_iterations
+from ..iterations import WARMUP_RULE, closest_names, find_iterations, warmup, warmup_option
 from ..lazy import pd
 from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
 
@@ -65,7 +67,7 @@ def map_rank(rank_data, options: dict) -> dict:
                 per_iteration = SortedGroups(win)
                 idx = per_iteration.keys
                 start[idx], end[idx] = per_iteration.min(cs), per_iteration.max(ce)
-    return {"start_ns": start, "end_ns": end, "delimiter": delimiter, "stats": _stats(end - start, -1)}
+    return {"start_ns": start, "end_ns": end, "delimiter": delimiter}
 
 
 def _prepare(ahead, options: dict) -> dict:
@@ -110,8 +112,7 @@ def _finish(state: dict, names: list) -> dict:
         start, end = it.start_ns.copy(), it.end_ns.copy()
         worked = state["low"][p] <= state["high"][p]
         start[worked], end[worked] = state["low"][p][worked], state["high"][p][worked]
-        out[p] = {"start_ns": start, "end_ns": end, "delimiter": it.delimiter.as_dict(),
-                  "stats": _stats(end - start, -1)}
+        out[p] = {"start_ns": start, "end_ns": end, "delimiter": it.delimiter.as_dict()}
     return out
 
 
@@ -149,18 +150,27 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     names, name_of_rank = np.unique(np.array([r["delimiter"]["name"] for r in per_rank], dtype=object),
                                     return_inverse=True)
     kernel = dictionary_column(np.repeat(name_of_rank, counts), names).dictionary_decode()
+    rank = np.repeat([int(r["rank"]) for r in per_rank], counts).astype(np.int64)
+    duration = end - start
+    is_warmup = warmup(rank, iteration, duration)
     pace = pd.DataFrame({
-        "rank": np.repeat([int(r["rank"]) for r in per_rank], counts).astype(np.int64),
+        "rank": rank,
         "iteration": iteration,
         "kernel": pd.Series(kernel, dtype="str"),
-        "start_ns": start, "end_ns": end, "start_aligned_ns": aligned, "duration_ns": end - start,
-        "delta_ns": delta, "lag_ns": aligned - earliest[iteration],
+        "start_ns": start, "end_ns": end, "start_aligned_ns": aligned, "duration_ns": duration,
+        "delta_ns": delta, "lag_ns": aligned - earliest[iteration], "is_warmup": is_warmup,
     })
-    # per-rank statistics come from the map step (computed where the rank's rows are); -1 is all ranks
-    stats = [{**r["stats"], "rank": int(r["rank"])} for r in per_rank]
-    stats.append(_stats(end - start, -1))
-    stats = pd.DataFrame(stats).astype({"rank": "int64", "count": "int64", "min_ns": "Int64", "max_ns": "Int64"})
-    return {"pace": pace, "stats": stats}
+    # steadiness without the start-up, unless asked (--keep-warmup); -1 is all ranks
+    counted = np.ones(len(duration), bool) if options.get("keep_warmup") else ~is_warmup
+    stats = [{**_stats(duration[lo:lo + n][counted[lo:lo + n]], int(r["rank"])),
+              "warmup_iterations": int(is_warmup[lo:lo + n].sum())}
+             for r, lo, n in zip(per_rank, first, counts, strict=True)]
+    stats.append({**_stats(duration[counted], -1), "warmup_iterations": int(is_warmup.sum())})
+    stats = pd.DataFrame(stats).astype({"rank": "int64", "count": "int64", "min_ns": "Int64", "max_ns": "Int64",
+                                        "warmup_iterations": "int64"})
+    settings = {"warmup": {"rule": WARMUP_RULE, "left_out": not options.get("keep_warmup"),
+                           "iterations": int(is_warmup.sum())}}
+    return {"pace": pace, "stats": stats, "settings": settings}
 
 
 def add_options(add, framework: bool = False) -> None:
@@ -169,6 +179,7 @@ def add_options(add, framework: bool = False) -> None:
     add(*flags, dest="kernel", metavar="KERNEL", default=None,
         help="one iteration per launch of this kernel (its short name), as cuda_gpu_kern_pace --name")
     iteration_options(add)
+    warmup_option(add)
 
 
 def summary(out, top: int = 5) -> list[str]:
@@ -182,12 +193,32 @@ def summary(out, top: int = 5) -> list[str]:
     })
     worst = table.iloc[:-1].assign(_cv=stats["cv"].iloc[:-1]).sort_values("_cv", ascending=False).head(top)
     rows = pd.concat([worst.drop(columns="_cv"), table.iloc[[-1]]])
-    return indented("least steady ranks (by coefficient of variation):", rows.to_string(index=False))
+    return [*indented("least steady ranks (by coefficient of variation):", rows.to_string(index=False)),
+            *([said] if (said := warmup_said(out)) else [])]
+
+
+def warmup_said(out) -> str:
+    """How many warm-up iterations there were and whether the statistics leave them out ("" for none)."""
+    stats = pd.read_parquet(out / "stats.parquet").set_index("rank")
+    if "warmup_iterations" not in stats or not stats.loc[-1, "warmup_iterations"]:
+        return ""
+    per_rank = stats.drop(index=-1)["warmup_iterations"]
+    counts = per_rank.value_counts()
+    spread = (f"{counts.index[0]} on each rank" if len(counts) == 1 else
+              f"{per_rank.min()} to {per_rank.max()} per rank")
+    return (f"warm-up: {int(stats.loc[-1, 'warmup_iterations'])} iteration(s), {spread}, "
+            + ("counted (--keep-warmup)" if _kept(out) else "left out of these statistics (--keep-warmup counts them)"))
 
 
 def headline(out) -> str:
     s = pd.read_parquet(out / "stats.parquet").set_index("rank").loc[-1]
-    return f"median iteration {ms(s['median_ns'])}, p95 {ms(s['p95_ns'])}, cv {s['cv']:.2f}"
+    warm = int(s["warmup_iterations"]) if "warmup_iterations" in s else 0
+    return (f"median iteration {ms(s['median_ns'])}, p95 {ms(s['p95_ns'])}, cv {s['cv']:.2f}"
+            + (f" ({warm} warm-up iteration(s) {'counted' if _kept(out) else 'left out'})" if warm else ""))
+
+
+def _kept(out) -> bool:
+    return not json.loads((out / "analysis.json").read_text()).get("warmup", {}).get("left_out", True)
 
 
 def diff_metrics(ranks) -> pd.DataFrame | None:

@@ -32,10 +32,13 @@ from ..iteration_slices import sliced_stream
 from ..iterations import (
     DEFAULT_SYNC_RE,
     SYNC_SOURCES,
+    WARMUP_RULE,
     SyncPoints,
     find_iterations,
     range_arrays,
     sync_points,
+    warmup,
+    warmup_option,
 )
 from ..lazy import pd
 from ..phases import child_ranges, launching_child
@@ -489,9 +492,13 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     med_busy = iters.groupby("iteration")["busy_ns"].transform("median")
     iters["excess_ns"] = (iters["busy_ns"] - med_busy).round().astype("int64")
     iters["score"] = np.where(med_busy > 0, iters["busy_ns"] / med_busy.where(med_busy > 0, 1), 1.0)
+    # an iteration that is warm-up on any rank (start-up, not straggling) is not compared, nor sets the noise scale
+    warm = warmup(iters["rank"].to_numpy(), iters["iteration"].to_numpy(), iters["duration_ns"].to_numpy())
+    iters["is_warmup"] = np.isin(iters["iteration"].to_numpy(), np.unique(iters["iteration"].to_numpy()[warm]))
+    compared = ~iters["is_warmup"] if not options.get("keep_warmup") else pd.Series(True, index=iters.index)
     typical = float(np.median(med_busy)) if len(med_busy) else 0.0
     floor = max(1000.0, 0.005 * typical)
-    busy_scale = max(_robust_scale(iters["excess_ns"]), floor)
+    busy_scale = max(_robust_scale(iters["excess_ns"][compared]), floor)
     z_busy = iters["excess_ns"] / busy_scale
 
     key = ["rank", "iteration"]
@@ -511,10 +518,11 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     med_duration = iters.groupby("iteration")["duration_ns"].transform("median")
     iters["is_straggler"] = (iters["excess_ns"] > threshold * med_duration) & (
         (z_busy > sigma) | (noise_ok & (z_busy > COMPONENT_BUSY_SIGMA * sigma)))
-    iters.loc[n_ranks < 2, "is_straggler"] = False
+    iters.loc[(n_ranks < 2) | ~compared, "is_straggler"] = False
 
     cols = ["rank", "iteration", "start_ns", "start_aligned_ns", "duration_ns", "wait_ns", "busy_ns",
-            "gpu_busy_ns", "arrival_skew_ns", "score", "is_straggler", "cause", "cause_side", "excess_ns", "noise_z"]
+            "gpu_busy_ns", "arrival_skew_ns", "score", "is_straggler", "cause", "cause_side", "excess_ns", "noise_z",
+            "is_warmup"]
     iterations = iters[cols].sort_values(key, kind="mergesort").reset_index(drop=True)
     for c in ["rank", "iteration", "start_ns", "start_aligned_ns", "duration_ns", "wait_ns", "busy_ns",
               "excess_ns"]:
@@ -532,11 +540,12 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
         "worst_score": g["score"].max(),
     })
     flagged = stragglers.groupby("rank")
-    ranks["top_cause"] = flagged["cause"].agg(lambda s: s.value_counts().index[0] if s.notna().any() else None)
+    ranks["top_cause"] = flagged["cause"].agg(most_frequent)
     ranks["excess_total_ns"] = flagged["excess_ns"].sum().reindex(ranks.index).fillna(0).astype("int64")
     ranks["top_cause"] = ranks["top_cause"].astype(object).where(ranks["top_cause"].notna(), None)
-    of_top = stragglers[stragglers["cause"].to_numpy() == stragglers["rank"].map(ranks["top_cause"]).to_numpy()]
-    side = of_top.groupby("rank")["cause_side"].agg(lambda s: s.value_counts().index[0])
+    top_cause = stragglers["rank"].map(ranks["top_cause"])
+    of_top = stragglers[top_cause.notna().to_numpy() & (stragglers["cause"].to_numpy() == top_cause.to_numpy())]
+    side = of_top.groupby("rank")["cause_side"].agg(most_frequent)
     ranks["top_cause_side"] = side.reindex(ranks.index).astype(object).where(lambda s: s.notna(), None)
     ranks = ranks.reset_index().sort_values(
         ["straggler_iterations", "excess_total_ns", "median_score"], ascending=False, kind="mergesort"
@@ -550,8 +559,18 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     used = np.sum([r.get("sync_points", [0] * len(SYNC_SOURCES)) for r in per_rank], axis=0)
     settings = {"threshold": threshold, "sigma": sigma, "busy_noise_ns": busy_scale,
                 "sync_points": {name: int(c) for name, c in zip(SYNC_SOURCES, used, strict=True) if c},
-                "run_ns": run_ns, "pattern": pattern(ranks)}
+                "run_ns": run_ns, "pattern": pattern(ranks),
+                "warmup": {"rule": WARMUP_RULE, "left_out": not options.get("keep_warmup"),
+                           "iterations": sorted(int(i) for i in iterations.loc[iterations["is_warmup"], "iteration"]
+                                                .unique())}}
     return {"iterations": iterations, "ranks": ranks, "stragglers": stragglers, "settings": settings}
+
+
+def most_frequent(values: pd.Series):
+    """The most frequent value that is not missing, None when every one is (a flagged cell that no component
+    explains has no cause)."""
+    counts = values.value_counts()
+    return counts.index[0] if len(counts) else None
 
 
 FIXED_CAUSES = {"gpu_compute": "GPU compute (kernels not launched inside an NVTX phase)",
@@ -700,6 +719,7 @@ def add_options(add, framework: bool = False) -> None:
         help="minimum excess busy time over the iteration's cross-rank median, as a fraction (default 0.1)")
     add("--sigma", type=float, default=DEFAULT_SIGMA,
         help="minimum excess in units of the run-wide robust noise scale (default 4)")
+    warmup_option(add)
 
 
 def summary(out, top: int = 5) -> list[str]:
