@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 from conftest import MPI_SET, SAMPLES
 
-from nsys_recipe_pack import inputs, nsys_tool, recipes, runner
+from nsys_recipe_pack import allocator, inputs, nsys_tool, recipes, runner
 from nsys_recipe_pack.errors import BadInputError, UsageError
 from nsys_recipe_pack.inputs import export, frames, rank_data, readers
 
@@ -809,13 +809,13 @@ def test_pid_of_takes_bits_24_to_47_of_signed_ids_as_of_unsigned():
 MMAPPED_CHUNKS = """
 import ctypes
 import numpy as np
-from nsys_recipe_pack import runner
+from nsys_recipe_pack import allocator
 libc = ctypes.CDLL("libc.so.6")
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
                                                 "uordblks", "fordblks", "keepcost")]
 libc.mallinfo2.restype = Info
-runner.reuse_freed_memory()
+allocator.reuse_freed_memory()
 for size in (3 << 20, 8 << 20):
     before = libc.mallinfo2().hblks
     held = np.ones(size, np.uint8)
@@ -825,9 +825,9 @@ for size in (3 << 20, 8 << 20):
 
 
 def test_a_map_process_takes_arrays_of_a_few_mb_from_freed_heap_not_fresh_mappings():
-    """Once a map has set glibc's allocator up (runner.reuse_freed_memory), a 3 MB array comes from the heap, where
-    freed arrays are handed on, and an 8 MB one is still mapped fresh (one more mapped chunk), as glibc maps both by
-    default in a fresh process."""
+    """Once the command has set glibc's allocator up (allocator.reuse_freed_memory), a 3 MB array comes from the
+    heap, where freed arrays are handed on, and an 8 MB one is still mapped fresh (one more mapped chunk), as glibc
+    maps both by default in a fresh process."""
     if not hasattr(ctypes.CDLL(None), "mallinfo2"):
         pytest.skip("not glibc 2.33 or later")
     mapped = subprocess.run([sys.executable, "-c", MMAPPED_CHUNKS], capture_output=True, text=True, check=True,
@@ -837,8 +837,8 @@ def test_a_map_process_takes_arrays_of_a_few_mb_from_freed_heap_not_fresh_mappin
 
 ARROW_POOL = """
 import pyarrow as pa
-from nsys_recipe_pack import runner
-runner.reuse_freed_memory()
+from nsys_recipe_pack import allocator
+allocator.reuse_freed_memory()
 print(pa.default_memory_pool().backend_name)
 """
 
@@ -857,13 +857,40 @@ def test_a_map_process_takes_arrows_buffers_from_jemalloc_unless_the_user_chose_
     assert backend == (chosen or "jemalloc")
 
 
-def test_every_map_sets_the_allocator_up_first(monkeypatch, tmp_path):
-    called = []
-    monkeypatch.setattr(runner, "reuse_freed_memory", lambda: called.append(True))
-    empty = tmp_path / "empty.sqlite"
-    empty.write_bytes(b"")
-    runner.map_file(str(empty), "kernel_pace", {})
-    assert called == [True]
+POOL_AFTER = """
+import sys
+import pyarrow as pa
+from nsys_recipe_pack import cli, run_recipe
+before = pa.default_memory_pool().backend_name
+if sys.argv[1] == "api":
+    run_recipe("kernel_pace", sys.argv[2], sys.argv[3], mode="none")
+else:
+    assert cli.main(["run", "--name", "kernel_pace", "--mode", "none", "--output", sys.argv[3], sys.argv[2]]) == 0
+print(before, pa.default_memory_pool().backend_name)
+"""
+
+
+@pytest.mark.parametrize("caller", ["api", "cli"])
+def test_only_the_command_line_sets_the_process_allocator_up(caller, tmp_path):
+    """The command's process (and the map workers that fork from it) takes Arrow's buffers from jemalloc; a Python
+    API caller (a JupyterLab kernel) keeps the pool and glibc settings it had."""
+    try:
+        pa.jemalloc_memory_pool()
+    except NotImplementedError:
+        pytest.skip("this pyarrow has no jemalloc")
+    env = {k: v for k, v in os.environ.items() if k != "ARROW_DEFAULT_MEMORY_POOL"}
+    export = SAMPLES / "h100_gloo_8rank" / "rank0.sqlite"
+    said = subprocess.run([sys.executable, "-c", POOL_AFTER, caller, str(export), str(tmp_path / "o")],
+                          capture_output=True, text=True, check=True, timeout=300, env=env).stdout
+    before, after = said.splitlines()[-1].split()
+    assert after == ("jemalloc" if caller == "cli" else before)
+
+
+def test_a_dask_worker_started_by_the_command_gets_the_same_allocator_settings():
+    env = allocator.worker_env({"GLIBC_TUNABLES": "glibc.malloc.trim_threshold=0"})
+    assert env["GLIBC_TUNABLES"] == "glibc.malloc.trim_threshold=0:glibc.malloc.mmap_threshold=4194304"
+    assert env["ARROW_DEFAULT_MEMORY_POOL"] == "jemalloc"
+    assert allocator.worker_env({"ARROW_DEFAULT_MEMORY_POOL": "system"})["ARROW_DEFAULT_MEMORY_POOL"] == "system"
 
 
 PAD = "glibc.malloc.top_pad=67108864"

@@ -17,18 +17,17 @@ TRIM_THRESHOLD_BYTES = 32 << 20
 
 @functools.cache
 def reuse_freed_memory() -> None:
-    """Let glibc hand the arrays a map frees (up to 4 MB each) on to the next ones, keeping up to 32 MB of free heap,
+    """Called by the command line only (cli.py), whose map workers fork from it: the Python API leaves the allocator
+    of a user's process (a JupyterLab kernel) as it was.
+
+    Let glibc hand the arrays a map frees (up to 4 MB each) on to the next ones, keeping up to 32 MB of free heap,
     where by default it maps most of them fresh from the system and faults their pages in again: a long capture's
-    span-by-span map makes thousands. Measured on bench/RESULTS.md's huge reports: compute_memory_share on the
-    SYNTHETIC x4 Parquet export 12.5 s against 11.4 s (system time 4.8 s against 3.4 s), straggler_heatmap on the
-    5.4 GB SQLite export 54.8 s against 49.2 s, its peak 1.30 GB against 1.39 GB. Keeping 64 MB was faster still
-    and took that peak to 1.45 GB: each read-ahead thread's arena keeps its own.
+    span-by-span map makes thousands. A larger free heap is quicker still but raises the peak, as each read-ahead
+    thread's arena keeps its own.
 
     Arrow's buffers come from its jemalloc pool where pyarrow has one and ARROW_DEFAULT_MEMORY_POOL chooses none:
-    mimalloc, pyarrow's default of late, gives freed pages back sooner and faults them in again. On the 680 MB
-    Parquet export (two runs each, mimalloc against jemalloc): straggler_heatmap 5.4-5.7 s against 4.6-4.7 s (system
-    time 2.5 s against 1.1 s, peak 0.90 GB against 0.82), comm_overlap 5.6-5.9 s against 4.9-5.3 s,
-    compute_memory_share 3.7-3.8 s against 3.4-3.6 s."""
+    mimalloc, pyarrow's default of late, gives freed pages back sooner and faults them in again, which costs a long
+    capture's map system time."""
     libc = _glibc()
     if libc is not None:  # else: its own defaults
         libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
@@ -47,11 +46,25 @@ def _glibc() -> ctypes.CDLL | None:
     return None
 
 
+def worker_env(env: dict) -> dict:
+    """The environment of a worker process the command line starts without forking (`nsys-recipe dask-worker`): the
+    same allocator settings as reuse_freed_memory's, through glibc's tunables and Arrow's pool variable, where the
+    user set none of their own."""
+    env = dict(env)
+    tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t]
+    for name, value in (("glibc.malloc.mmap_threshold", MMAP_THRESHOLD_BYTES),
+                        ("glibc.malloc.trim_threshold", TRIM_THRESHOLD_BYTES)):
+        if not any(t.startswith(name + "=") for t in tunables):
+            tunables.append(f"{name}={value}")
+    env["GLIBC_TUNABLES"] = ":".join(tunables)
+    env.setdefault("ARROW_DEFAULT_MEMORY_POOL", "jemalloc")
+    return env
+
+
 def give_back_freed_memory() -> None:
     """Hands the pages freed back to the system: glibc keeps what the read-ahead threads freed in their own arenas,
-    where others cannot reuse it. Before the reduce (a long capture's map: 0.4 GB of 1.1 GB), and between a long
-    capture's read ahead of its spans and the spans (inputs.rank_data: straggler_heatmap on the 5.4 GB Parquet
-    export of bench/RESULTS.md peaked at 1.54 GB without, 1.20 GB with)."""
+    where others cannot reuse it. Before the reduce, and between a long capture's read ahead of its spans and the
+    spans (inputs.rank_data), where it lowers the peak by about a fifth."""
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)

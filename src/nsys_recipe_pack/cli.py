@@ -16,10 +16,9 @@ BLAS_THREADS = "OPENBLAS_NUM_THREADS"
 
 
 def _numpy_with_one_blas_thread() -> None:
-    """NumPy's OpenBLAS starts a thread per core when NumPy is imported, and they spin idle for a while: on 2 cores
-    0.1-0.3 s of CPU time of every command, for a pack that makes no BLAS calls and runs workers of its own
-    (README.md, "Many ranks: Dask and the benchmarks"). A number the user set stays; the processes the pack starts
-    (nsys, the job `profile` runs) get the environment as it was."""
+    """NumPy's OpenBLAS starts a thread per core when NumPy is imported, and they spin idle for a while: CPU time
+    spent by every command, for a pack that makes no BLAS calls and runs workers of its own. A number the user set
+    stays; the processes the pack starts (nsys, the job `profile` runs) get the environment as it was."""
     told = os.environ.get(BLAS_THREADS)
     os.environ[BLAS_THREADS] = told or "1"
     try:
@@ -32,6 +31,7 @@ def _numpy_with_one_blas_thread() -> None:
 _numpy_with_one_blas_thread()
 
 from . import nsys_tool, recipes, resources  # noqa: E402
+from .allocator import reuse_freed_memory, worker_env  # noqa: E402
 from .errors import (  # noqa: E402
     EXIT_MISSING_TOOL,
     EXIT_USAGE,
@@ -350,7 +350,7 @@ def cmd_dask_worker(args) -> int:
     else:
         print("nsys-recipe: note: no nsys with a recipe framework found; this worker runs the pack's runner only "
               "(--engine pack)", file=sys.stderr)
-    env = dict(os.environ)
+    env = worker_env(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([*paths, *filter(None, [env.get("PYTHONPATH")])])
     if nsys is not None:
         env.setdefault("NSYS", str(nsys.path))
@@ -442,6 +442,8 @@ def _main(argv: list[str] | None) -> int:
         args = build_parser().parse_args(argv)
         if job is not None:
             args.job = job
+        if args.command in ("run", "report", "diff"):
+            reuse_freed_memory()  # this process and the workers that fork from it; not a Python API caller's
         return COMMANDS[args.command](args)
     except PackError as exc:
         print(terminal_text(f"nsys-recipe: error: {exc}"), file=sys.stderr)
@@ -466,7 +468,7 @@ def entry() -> None:
     """The `nsys-recipe` command: main(), then exit without tearing the interpreter down.
 
     Everything is written and flushed by then; freeing pandas' and Arrow's modules and objects one by one
-    would add 0.1-0.2 s to every command.
+    would only add time to every command.
     """
     code = main() or 0
     try:

@@ -131,8 +131,7 @@ def prefix_union_lengths(group: np.ndarray, starts: np.ndarray, ends: np.ndarray
     One sort by group and start serves every prefix. Where the lowest level holds nearly all intervals, as kernels
     mostly do, its union is taken once and each later prefix adds the union of the few others in it less the part
     the lowest level's covers (a cumulative sum and a binary search over its pieces); else each prefix is a pass over
-    all its intervals (1 M intervals of 4 levels: 0.10 s against 0.14 s with 5 % outside the lowest level, 0.24 s
-    against 0.17 s with half)."""
+    all its intervals, which is then the quicker."""
     covered = np.zeros((levels + 1, n), np.int64)
     if not len(starts):
         return covered
@@ -259,9 +258,9 @@ def outermost(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarr
 
 def _by_group_start_longest(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
     """np.lexsort((-end, start, group)). Rows in order of group and start already (ranges of a table sorted by
-    start, grouped by iteration) are only sorted within their ties: a few passes, where the lexsort of 100 k
-    ranges takes 5 ms. Rows in order of start from a few groups taking turns (a span's ranges, by thread) are
-    first put in group order by a stable sort of the groups' codes (by radix)."""
+    start, grouped by iteration) are only sorted within their ties: a few passes instead of a lexsort. Rows in
+    order of start from a few groups taking turns (a span's ranges, by thread) are first put in group order by a
+    stable sort of the groups' codes (by radix)."""
     order = _in_group_start_order(group, start, end)
     if order is None and len(start) >= 256:
         _, code = factorize(group)

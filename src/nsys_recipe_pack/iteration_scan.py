@@ -376,8 +376,7 @@ def _found(plans: dict, replay: _Replay) -> dict:
 class FirstRead:
     """A first read's closed ranges, kept for the spans of a map that would otherwise read the table again
     (iteration_slices): per range its process, start, end and tally entry (`_Replay`), which holds its thread, name
-    and domain. Reading them back costs less than reading the table again and making its frames (the 38.6 M ranges
-    of bench/RESULTS.md's 5.4 GB Parquet export: 1.9 CPU s against 6.4)."""
+    and domain. Reading them back costs a fraction of reading the table again and making its frames."""
 
     def __init__(self, scan: RangeScan, replay: _Replay):
         self.scan, self.replay = scan, replay

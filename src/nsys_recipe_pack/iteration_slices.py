@@ -286,7 +286,6 @@ def _let_go(rank: _Rank, before: int, pending: np.ndarray) -> np.ndarray:
 
 def _kept(rows: pa.Table, keep: np.ndarray) -> pa.Table:
     """The rows kept: a slice where they are the last ones (as usual: those starting at `before` or later), which
-    shares their columns until the next span's rows join them, where a filter copies every column (`_let_go` on the
-    5.4 GB case of bench/huge.py: 0.76 s against 1.27-1.37 s of thread CPU, a run each)."""
+    shares their columns until the next span's rows join them, where a filter copies every column."""
     first = int(np.argmax(keep)) if len(keep) and keep.any() else len(keep)
     return rows.slice(first) if keep[first:].all() else rows.filter(arrow_of(keep))

@@ -297,9 +297,8 @@ def nsys_env() -> dict:
     at a time.
 
     A small report's export spends over a quarter of its CPU time zeroing the 4 KiB pages its heap first touches;
-    with 2 MiB pages it takes about a fifth less (bench/RESULTS.md, "Cold runs"), and growing the heap in larger
-    steps takes some 3 ms off each such export (README, "Many ranks"). A glibc older than 2.35 ignores the huge pages;
-    a tunable the user set stays as it is."""
+    2 MiB pages and a heap grown in larger steps spare most of that (bench/RESULTS.md, "Cold runs"). A glibc older
+    than 2.35 ignores the huge pages; a tunable the user set stays as it is."""
     env = dict(os.environ)
     tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":") if t]
     for tunable in (HUGE_PAGES_TUNABLE, HEAP_PAD_TUNABLE):

@@ -89,7 +89,7 @@ def innermost_of(r_tid: np.ndarray, r_start: np.ndarray, r_end: np.ndarray, tid:
     ends by its time, a range's level is the depth before its start, and the range around a query is the last
     start of level depth - 1 before it (any later start of that level would be nested deeper). Counting ends with
     a binary search over the sorted ends, not sorting every start, end and query together, is what keeps this to
-    one sort of the ends (1.0 s against 2.8 s for 4.8 M ranges and 2.8 M queries on two threads).
+    one sort of the ends.
     """
     tid = np.asarray(tid, np.int64)
     out = np.full(len(tid), -1, np.int64)

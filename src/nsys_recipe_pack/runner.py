@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import errors, nsys_tool, progress, recipes, resources, versions
-from .allocator import give_back_freed_memory, reuse_freed_memory
+from .allocator import give_back_freed_memory
 from .errors import BadInputError, MissingToolError, MissingTraceError, PackError, UsageError
 from .inputs import (
     expand_inputs,
@@ -56,7 +56,6 @@ IDENTITY = {"file": "file", "read_from": "read_from", "pid": "pid", "candidates"
 
 def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None) -> list[dict]:
     """Load one input and run the recipe's per-rank analysis on each rank it holds."""
-    reuse_freed_memory()
     spec = recipes.get(recipe)
     out = []
     try:
@@ -482,7 +481,6 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
         else:
             log(f"running {recipe} with the pack's runner on {len(files)} input(s)")
             version = _nsys_version_or_none(files, nsys_path)  # before the map: the workers inherit it
-            reuse_freed_memory()  # for the reduce and the writing here too, and workers that fork
             mapped = run_pack_engine(recipe, files, {**options, SPILL_DIR: str(staged)}, mode, jobs, nsys_path)
             give_back_freed_memory()
             try:

@@ -84,12 +84,10 @@ class SpilledRows:
 
 def parquet_options(schema: pa.Schema) -> dict:
     """How an output table is written: dictionary-encoded only in the columns of few distinct values (names, kinds,
-    processes, threads, levels). A time (`_ns`) or an id (`_id`) has about as many as rows, and trying a dictionary
-    on it first cost a third of writing nvtx_gpu_proj's 4.8 M ranges (1.25 s against 0.86 s, a smaller file too);
-    as integers they are delta-encoded, close to each other as they mostly are (5 M such ranges: 122 MB against
-    64 MB, written in 0.77 s against 0.88 s and read back in 0.24 s against 0.34 s). Text has no statistics: rows
-    are never in order of a name, so its least and greatest words let a reader skip nothing, and finding them cost a
-    twelfth of writing those ranges (1.00 s against 0.92 s for 3.7 M, best of 7); numbers keep theirs (a time's
+    processes, threads, levels). A time (`_ns`) or an id (`_id`) has about as many as rows, so trying a dictionary
+    on it first is wasted work; as integers they are delta-encoded, close to each other as they mostly are (a
+    smaller file, written and read back quicker). Text has no statistics: rows are never in order of a name, so its
+    least and greatest words let a reader skip nothing and only cost time to find; numbers keep theirs (a time's
     lets a reader skip row groups)."""
     many = [f for f in schema if f.name.endswith(("_ns", "_id"))]
     return {"use_dictionary": [f.name for f in schema if f not in many],
@@ -186,8 +184,7 @@ def _write_piece(writer, held: list[pa.Table], rows: pa.Table, schema: pa.Schema
 
 def _coded_field(field: pa.Field, schema: pa.Schema) -> pa.Field:
     """An output's text column as the codes `schema` gives it in (a dictionary of that text): the Parquet writer takes
-    a row group's codes as they are, where it would look every row's words up again (writing the 4.5 M ranges of
-    nvtx_gpu_proj on the 680 MB case of bench/huge.py: 0.86-0.90 s against 1.12-1.45 s, best of 5, three times)."""
+    a row group's codes as they are, where it would look every row's words up again."""
     given = schema.field(field.name) if field.name in schema.names else None
     if given is not None and pa.types.is_dictionary(given.type) and given.type.value_type == field.type:
         return field.with_type(given.type)

@@ -122,8 +122,8 @@ _NUMPY_TYPES = {pa.int64(): np.int64, pa.int32(): np.int32, pa.int16(): np.int16
 
 
 def one_array(col: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """A column as one Arrow array: its only chunk as it is, where pyarrow's combine_chunks copies even that (a read
-    batch's every column: 0.4 GB of int64 in 1.1 s, faulting fresh pages in)."""
+    """A column as one Arrow array: its only chunk as it is, where pyarrow's combine_chunks copies even that (every
+    column of every read batch, faulting fresh pages in)."""
     if not isinstance(col, pa.ChunkedArray):
         return col
     return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()

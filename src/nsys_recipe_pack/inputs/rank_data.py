@@ -453,9 +453,8 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
 
 # the loaded frames of a cached report export, kept beside it as Arrow files: a warm run reads them
 # memory-mapped instead of decoding the export's files and string ids again. They are written by the second read
-# of an export, not by the read that made it: a report looked at once (a cold run) does not pay for them, about a
-# tenth of the pack's own CPU time (nsys's exports aside) on a cold run of small reports (README.md, "Many ranks: Dask
-# and the benchmarks")
+# of an export, not by the read that made it: a report looked at once (a cold run) does not pay for them
+# (docs/internals.md, "Reading exports")
 
 LOADED_FORMAT = 7  # bump when _read_frames or the layout below changes
 LOADED_FILE = "frames.arrows"

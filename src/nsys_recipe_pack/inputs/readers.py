@@ -65,7 +65,7 @@ def threads_pay(rows: int) -> bool:
     return rows >= THREADED_READ_MIN_ROWS
 
 # connections that read the batches of an SQLite table read alone: the driver lets go of Python while it reads,
-# so such a table takes about half the time on two cores (README, "Huge reports")
+# so such a table takes about half the time on two cores
 SQLITE_READERS = 2
 
 
