@@ -166,4 +166,56 @@ def build(root: Path) -> dict[str, list[Path]]:
     cases["every event table empty"] = [edit(p, *[f"DELETE FROM {t}" for t in EVENT_TABLES]) for p in two("empty")]
     cases["zero-length and reversed events"] = [odd_times(p) for p in two("odd_times")]
     cases["names with invalid UTF-8"] = [bad_utf8(p) for p in two("bad_utf8")]
+    memory = two("memory")
+    plant_memory(memory[0], leak=MIB, leak_steps=range(5, 9))
+    cases["memory events on one rank of two"] = memory
     return cases
+
+
+MEMORY_TABLE = """CREATE TABLE CUDA_GPU_MEMORY_USAGE_EVENTS (
+    start INTEGER NOT NULL, globalPid INTEGER, deviceId INTEGER NOT NULL, contextId INTEGER NOT NULL,
+    address INTEGER NOT NULL, pc INTEGER NOT NULL, bytes INTEGER NOT NULL, memKind INTEGER NOT NULL,
+    memoryOperationType INTEGER NOT NULL, name TEXT, correlationId INTEGER, streamId INTEGER,
+    localMemoryPoolAddress INTEGER, localMemoryPoolReleaseThreshold INTEGER, localMemoryPoolSize INTEGER,
+    localMemoryPoolUtilizedSize INTEGER, importedMemoryPoolAddress INTEGER, importedMemoryPoolProcessId INTEGER)"""
+MIB = 1 << 20
+
+
+def first_call_in(con: sqlite3.Connection, phase: str) -> list[tuple[int, int, int]]:
+    """Per step, in order: (start, correlationId, globalTid) of the first runtime call inside the step's `phase`
+    range, on that range's thread."""
+    return con.execute(f"""
+        SELECT (SELECT r.start FROM CUPTI_ACTIVITY_KIND_RUNTIME r WHERE r.globalTid = n.globalTid
+                  AND r.start >= n.start AND r.end <= n.end ORDER BY r.start LIMIT 1),
+               (SELECT r.correlationId FROM CUPTI_ACTIVITY_KIND_RUNTIME r WHERE r.globalTid = n.globalTid
+                  AND r.start >= n.start AND r.end <= n.end ORDER BY r.start LIMIT 1), n.globalTid
+        FROM NVTX_EVENTS n LEFT JOIN StringIds s ON s.id = n.textId
+        WHERE coalesce(n.text, s.value) = '{phase}' ORDER BY n.start""").fetchall()
+
+
+def plant_memory(path: Path, activation: int = 512 * MIB, leak: int = 0, leak_steps: range = range(0),
+                 weights: int = 2048 * MIB, before: int = 256 * MIB) -> dict:
+    """CUDA memory usage events planted into a real export, as `nsys profile --cuda-memory-usage=true` records them
+    (device memory, kind 2), each made by a real runtime call of the export (its correlationId, just after its start):
+    `weights` allocated before the first step, a free of `before` bytes the capture never saw allocated, `activation`
+    allocated at the first call in each step's forward and freed at the first call in its optimizer, and `leak`
+    bytes allocated at the first call in backward of the steps in `leak_steps`, never freed. Returns the plan."""
+    con = sqlite3.connect(path)
+    pid = con.execute("SELECT globalPid FROM CUPTI_ACTIVITY_KIND_KERNEL LIMIT 1").fetchone()[0]
+    first = con.execute("SELECT min(start) FROM CUPTI_ACTIVITY_KIND_RUNTIME").fetchone()[0]
+    forward, backward, optimizer = (first_call_in(con, p) for p in ("forward", "backward", "optimizer"))
+    rows = [(first + 1, 0x7000_0000_0000, before, 1, 0), (first + 2, 0x7100_0000_0000, weights, 0, 0)]
+    for k, ((fs, fc, _), (bs, bc, _), (os_, oc, _)) in enumerate(zip(forward, backward, optimizer, strict=True)):
+        rows.append((fs + 1, 0x7200_0000_0000 + k * (1 << 32), activation, 0, fc))
+        rows.append((os_ + 1, 0x7200_0000_0000 + k * (1 << 32), activation, 1, oc))
+        if k in leak_steps:
+            rows.append((bs + 1, 0x7300_0000_0000 + k * (1 << 32), leak, 0, bc))
+    con.execute(MEMORY_TABLE)
+    con.executemany("INSERT INTO CUDA_GPU_MEMORY_USAGE_EVENTS (start, globalPid, deviceId, contextId, address, pc, "
+                    "bytes, memKind, memoryOperationType, correlationId, localMemoryPoolAddress, localMemoryPoolSize) "
+                    "VALUES (?, ?, 0, 1, ?, 0, ?, 2, ?, ?, 0, 0)",
+                    [(t, pid, address, size, op, corr) for t, address, size, op, corr in rows])
+    con.commit()
+    con.close()
+    return {"weights": weights, "before": before, "activation": activation, "leak": leak,
+            "leak_steps": list(leak_steps), "steps": len(forward)}

@@ -40,9 +40,11 @@ def test_every_recipe_answers_or_says_why_in_one_line(cases, tmp_path):
                 assert len(said) == 1 and not out.exists(), (case, name, err[-2000:])
             else:
                 assert (out / "files.parquet").exists(), (case, name)
-    answered = sum(code == 0 for *_, code in outcomes)
-    # most cases still give answers: the variants damage a part of the data, not all of it
-    assert len(outcomes) == len(cases) * len(recipes.all_recipes()) and answered >= 0.75 * len(outcomes)
+    assert len(outcomes) == len(cases) * len(recipes.all_recipes())
+    # the variants damage a part of the data, not all of it: most still give answers
+    answered = {case for case, _, code in outcomes if code == 0}
+    assert answered >= set(cases) - {"every event table empty"}, set(cases) - answered
+    assert ("memory events on one rank of two", "gpu_memory", 0) in outcomes
 
 
 def test_diff_metrics_of_every_case(cases, capsys):

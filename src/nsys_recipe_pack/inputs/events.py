@@ -8,7 +8,7 @@ import pyarrow.compute as pc
 
 from ..errors import BadInputError
 from .frames import Frame, arrow_of, numpy_of, one_array, strings_of
-from .readers import MPI_PREFIX, TABLES, ExportSource, StringTable, pid_of, small_table, valid_of
+from .readers import MEMORY_EVENTS, MPI_PREFIX, TABLES, ExportSource, StringTable, pid_of, small_table, valid_of
 
 
 def recorded_env(src: ExportSource) -> tuple[dict, str | None]:
@@ -239,3 +239,40 @@ def read_mpi(src: ExportSource, strings: StringTable) -> Frame:
     # names are `str` when every table lacks textId (all "MPI"), else `object`, as pandas infers them
     named = not raws or any("textId" in raw.column_names for raw in raws)
     return Frame(pa.table(arrays), {**MPI_DTYPES, "name": "object" if named else "str"})
+
+
+# ENUM_CUDA_MEM_KIND as Nsight Systems writes it, for an export that lacks the table
+MEMORY_KINDS = {0: "Pageable", 1: "Pinned", 2: "Device", 3: "Array", 4: "Managed", 5: "Device Static",
+                6: "Managed Static", 7: "Unknown"}
+MEMORY_COLUMNS = [("deviceId", "device", -1), ("correlationId", "correlation_id", 0), ("address", "address", 0),
+                  ("bytes", "bytes", 0), ("memKind", "mem_kind", 7), ("memoryOperationType", "op", -1),
+                  ("localMemoryPoolAddress", "pool", 0), ("localMemoryPoolSize", "pool_size", 0)]
+
+
+def read_memory(src: ExportSource) -> Frame:
+    """Every CUDA allocation and free (`nsys profile --cuda-memory-usage=true`): op 0 allocates, 1 frees; the memory
+    kind by its number and its name (the export's ENUM_CUDA_MEM_KIND); a pool's address and size where the memory
+    came from a stream-ordered pool (0 where not)."""
+    (table, cols), = [(t, c) for t, c in TABLES["memory"].items() if t == MEMORY_EVENTS]
+    raw = _read_events(src, table, cols, ("start",))
+    arrays = {"start_ns": arrow_of(_ints(raw, "start")), "pid": arrow_of(pid_of(_ints(raw, "globalPid")))}
+    for column, name, fill in MEMORY_COLUMNS:
+        arrays[name] = arrow_of(_ints(raw, column, fill))
+    kinds = small_table(src, "ENUM_CUDA_MEM_KIND", ["id", "label"]) if src.has("ENUM_CUDA_MEM_KIND") else {}
+    named = {**MEMORY_KINDS, **{int(i): str(w) for i, w in zip(kinds.get("id", []), kinds.get("label", []),
+                                                               strict=False) if i is not None and w}}
+    codes, at = np.unique(numpy_of(arrays["mem_kind"]), return_inverse=True)
+    words = np.array([named.get(int(c), f"kind {int(c)}") for c in codes] or [""], object)
+    arrays["kind"] = _dictionary_of(words, at.reshape(-1))
+    return Frame(pa.table(arrays), {**dict.fromkeys(arrays, "int64"), "kind": "str"})
+
+
+def read_gpus(src: ExportSource) -> Frame:
+    """The GPUs of the report: device id, name and total memory in bytes (0 where not recorded)."""
+    gpus = small_table(src, "TARGET_INFO_GPU", ["id", "name", "totalMemory"]) if src.has("TARGET_INFO_GPU") else {}
+    ids = [int(i) if i is not None else -1 for i in gpus.get("id", [])]
+    rows = {"device": arrow_of(np.array(ids, np.int64)),
+            "gpu_name": strings_of(np.array([str(n or "") for n in gpus.get("name", [""] * len(ids))], object)),
+            "total_bytes": arrow_of(np.array([int(b or 0) for b in gpus.get("totalMemory", [0] * len(ids))],
+                                             np.int64))}
+    return Frame(pa.table(rows), {"device": "int64", "gpu_name": "str", "total_bytes": "int64"})

@@ -28,10 +28,10 @@ from ..groups import one_of
 from ..lazy import pd
 from .chunks import STREAM_MIN_ROWS, Ahead, ReadWhole, Stream, first_read_label, prefolded, time_chunks
 from .discovery import report_stem
-from .events import read_gpu, read_mpi, read_nvtx, read_runtime, recorded_env, session_start
+from .events import read_gpu, read_gpus, read_memory, read_mpi, read_nvtx, read_runtime, recorded_env, session_start
 from .export import open_source
 from .frames import FRAME_NAMES, Frame, as_frame, read_arrow_streams, write_arrow_streams
-from .readers import TABLES, ExportSource, small_table, string_table, threads_pay
+from .readers import MEMORY_EVENTS, TABLES, ExportSource, small_table, string_table, threads_pay
 from .selection import RANGE_EVENTS, Extents, Selection, read_selected
 
 RANK_ENV_KEYS = ["RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK"]
@@ -102,9 +102,9 @@ class RankData:
 
     def require(self, what: str, recipe: str) -> None:
         """Raise the one-line error naming the missing trace and the `nsys profile -t` value that records it."""
-        desc, flag = TRACES[what]
+        desc, flag = TRACES.get(what, ("", ""))
         names = {"nvtx": ["nvtx"], "kernel": ["kernels"], "runtime": ["runtime"],
-                 "gpu": ["kernels", "memcpy", "memset"]}[what]
+                 "gpu": ["kernels", "memcpy", "memset"], "memory": ["memory"]}[what]
         frames = [self.frame(n) for n in names]
         if any(n in self.extents for n in names):
             present = any(self.extents.get(n, (0,))[0] for n in names)
@@ -112,6 +112,10 @@ class RankData:
             present = frames[0] is not None and bool(one_of(frames[0].values("event_type"), RANGE_EVENTS).any())
         else:
             present = any(f is not None and len(f) for f in frames)
+        if not present and what == "memory":
+            raise MissingTraceError(
+                f"{self.file}: {recipe} needs CUDA memory usage events ({MEMORY_EVENTS}) and this report has none; "
+                "profile with `nsys profile --cuda-memory-usage=true` (`nsys-recipe profile` turns it on)")
         if not present and what == "nvtx":
             raise MissingTraceError(
                 f"{self.file}: {recipe} needs NVTX ranges and this report has none: if the application marks its "
@@ -242,6 +246,9 @@ def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | No
         reads["runtime"] = ("CUPTI_ACTIVITY_KIND_RUNTIME", functools.partial(read_runtime, src, strings))
     if "mpi" in needs and not spans:  # a stream that needs them reads them itself
         reads["mpi"] = (None, functools.partial(read_mpi, src, strings))
+    if "memory" in needs:
+        reads["memory"] = (MEMORY_EVENTS, functools.partial(read_memory, src))
+        reads["gpus"] = (None, functools.partial(read_gpus, src))
     frames.update(_side_by_side(reads, sum(counts.values()), done))
     nvtx = frames.pop("nvtx") if nvtx is None else nvtx
     if "nvtx" in needs:

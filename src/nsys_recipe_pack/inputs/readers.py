@@ -38,7 +38,14 @@ TABLES = {
     "runtime": {"CUPTI_ACTIVITY_KIND_RUNTIME": ["start", "end", "globalTid", "correlationId", "nameId"]},
     "sync": {"CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": ["start", "end", "deviceId", "streamId", "correlationId",
                                                       "globalPid", "syncType"]},
+    # `nsys profile --cuda-memory-usage=true`: every allocation and free, the GPUs' sizes and the memory kinds' names
+    "memory": {"CUDA_GPU_MEMORY_USAGE_EVENTS": ["start", "globalPid", "deviceId", "correlationId", "address", "bytes",
+                                                "memKind", "memoryOperationType", "localMemoryPoolAddress",
+                                                "localMemoryPoolSize"],
+               "TARGET_INFO_GPU": ["id", "name", "totalMemory"],
+               "ENUM_CUDA_MEM_KIND": ["id", "label"]},
 }
+MEMORY_EVENTS = "CUDA_GPU_MEMORY_USAGE_EVENTS"
 # exported from every report: names, the clock, and the environment the rank is read from (a report made
 # by nsys is never synthetic, so the generator's META_DATA_EXPORT label is not needed from it)
 ALWAYS = ["StringIds", "TARGET_INFO_SESSION_START_TIME", "TARGET_INFO_SYSTEM_ENV"]
@@ -48,7 +55,7 @@ MPI_PREFIX = "MPI_"
 # the few text columns the pack reads (NVTX_EVENTS.text, StringIds.value, the name/value rows of the TARGET_INFO
 # and META_DATA tables); every other column it reads holds integers
 TEXT_COLUMNS = {"NVTX_EVENTS": {"text"}, "StringIds": {"value"}, "TARGET_INFO_SYSTEM_ENV": {"name", "value"},
-                "META_DATA_EXPORT": {"name", "value"}}
+                "META_DATA_EXPORT": {"name", "value"}, "TARGET_INFO_GPU": {"name"}, "ENUM_CUDA_MEM_KIND": {"label"}}
 # text a batched read (ExportSource.read_batches) gives from Parquet as the file's dictionary: NVTX range names repeat,
 # and making a string of every row, then hashing them all again, took most of the text's time (38.6 M names in
 # bench/RESULTS.md's 5.4 GB export: 2.7 s a read, against 0.25 s)

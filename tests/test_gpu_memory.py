@@ -1,0 +1,143 @@
+"""gpu_memory on real exports of the H100 job with memory events planted by SQL (tests/export_variants.py): weights
+held from the start, activations allocated and freed in every step, one rank leaking in some steps, one rank with a
+larger step; every figure against the plan and against SQL over the export."""
+
+import json
+import shutil
+import sqlite3
+
+import numpy as np
+import pandas as pd
+import pytest
+from export_variants import H100, MIB, plant_memory
+
+from nsys_recipe_pack import recipes, runner
+from nsys_recipe_pack.inputs import load_file
+from nsys_recipe_pack.recipes.gpu_memory import MemoryFold, events_of, thin
+
+LEAKER, BIG = 1, 2
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    d = tmp_path_factory.mktemp("memjob")
+    plans = {}
+    for r in range(4):
+        path = d / f"rank{r}.sqlite"
+        shutil.copyfile(H100 / f"rank{r}.sqlite", path)
+        leaks = range(10, 20) if r == LEAKER else range(0)
+        plans[r] = plant_memory(path, activation=(2048 if r == BIG else 512) * MIB, leak=64 * MIB if r == LEAKER else 0,
+                                leak_steps=leaks)
+    return d, plans
+
+
+@pytest.fixture(scope="module")
+def out(job, tmp_path_factory):
+    return runner.run("gpu_memory", [str(job[0])], str(tmp_path_factory.mktemp("o") / "mem"), engine="pack",
+                      mode="none")
+
+
+def sql_levels(path) -> tuple[np.ndarray, np.ndarray]:
+    """(start, device memory in use after each event) by SQL, from the capture's own zero."""
+    con = sqlite3.connect(path)
+    rows = con.execute("SELECT start, sum(CASE memoryOperationType WHEN 0 THEN bytes ELSE -bytes END) OVER "
+                       "(ORDER BY start, rowid) FROM CUDA_GPU_MEMORY_USAGE_EVENTS WHERE memKind = 2").fetchall()
+    con.close()
+    return np.array([r[0] for r in rows]), np.array([r[1] for r in rows])
+
+
+def test_peaks_leaks_and_headroom_as_planted(job, out):
+    d, plans = job
+    ranks = pd.read_parquet(out / "ranks.parquet")
+    device = ranks[ranks["kind"] == "Device"].set_index("rank")
+    for r, plan in plans.items():
+        leaked = plan["leak"] * len(plan["leak_steps"])
+        # what was held before the capture is freed at its start: the line starts there, then holds the weights
+        assert device.loc[r, "held_before_bytes"] == plan["before"]
+        assert device.loc[r, "peak_bytes"] == plan["weights"] + plan["activation"] + leaked
+        assert device.loc[r, "leaked_bytes"] == leaked and device.loc[r, "leak"] == (r == LEAKER)
+        assert device.loc[r, "held_at_end_bytes"] == plan["weights"] + leaked
+        t, level = sql_levels(d / f"rank{r}.sqlite")
+        assert device.loc[r, "held_before_bytes"] == -level.min()
+        assert device.loc[r, "peak_bytes"] == level.max() - level.min()
+        assert device.loc[r, "total_bytes"] == 85017493504  # the H100's, from TARGET_INFO_GPU
+        assert device.loc[r, "headroom_pct"] == pytest.approx(100 * (1 - device.loc[r, "peak_bytes"] / 85017493504))
+    # the first peak: the first step's activation, or for the leaking rank its last leak in step 19
+    assert device.loc[0, "peak_iteration"] == 0 and device.loc[LEAKER, "peak_iteration"] == 19
+    assert device.loc[0, "peak_range"] == "forward" and device.loc[LEAKER, "peak_range"] == "backward"
+    assert device.loc[BIG, "peak_bytes"] == device["peak_bytes"].max()
+
+
+def test_iterations_and_timeline_equal_sql(job, out):
+    d, plans = job
+    it = pd.read_parquet(out / "iterations.parquet")
+    timeline = pd.read_parquet(out / "timeline.parquet")
+    for r, plan in plans.items():
+        mine = it[it["rank"] == r].set_index("iteration")
+        assert len(mine) == plan["steps"] == 60
+        leaks = np.isin(mine.index, plan["leak_steps"])
+        assert (mine["alloc_bytes"] == plan["activation"] + np.where(leaks, plan["leak"], 0)).all()
+        assert (mine["free_bytes"] == plan["activation"]).all()
+        assert (mine["allocs"] == 1 + leaks).all() and (mine["frees"] == 1).all()
+        held = plan["weights"] + plan["leak"] * np.cumsum(leaks)
+        assert (mine["end_bytes"] == held).all()
+        assert (mine["peak_bytes"] == held + plan["activation"]).all()
+        assert (mine["start_bytes"] == np.r_[plan["weights"], held[:-1]]).all()
+        t, level = sql_levels(d / f"rank{r}.sqlite")
+        line = timeline[(timeline["rank"] == r) & (timeline["kind"] == "Device")]
+        assert np.array_equal(line["time_ns"], t) and np.array_equal(line["bytes_in_use"], level - level.min())
+        assert (line["bytes_in_use"] >= 0).all()
+
+
+def test_by_range_and_findings(out):
+    by_range = pd.read_parquet(out / "by_range.parquet")
+    mine = by_range[by_range["rank"] == LEAKER].set_index("range")
+    assert mine.loc["forward", "alloc_bytes"] == 60 * 512 * MIB and mine.loc["forward", "free_bytes"] == 0
+    assert mine.loc["optimizer", "free_bytes"] == 60 * 512 * MIB
+    assert mine.loc["backward", "net_bytes"] == 10 * 64 * MIB
+    findings = pd.read_parquet(out / "findings.parquet")["finding"].tolist()
+    assert findings[0] == f"rank {BIG} peaks at 4.0 GiB of 79.2 GiB (95 % left) in iteration 0, inside forward"
+    assert (f"rank {LEAKER} leaks 640.0 MiB in 10 iteration(s), 64.0 MiB each: 10 allocation(s) made inside "
+            "iterations and never freed") in findings
+    assert any(f.startswith(f"rank {BIG} holds ") for f in findings)
+    assert json.loads((out / "analysis.json").read_text())["leak_rule"].startswith("a rank leaks")
+
+
+def test_the_fold_gives_the_same_tables_in_chunks_of_a_few_events(job):
+    rank = load_file(job[0] / f"rank{LEAKER}.sqlite", set(recipes.get("gpu_memory").needs))[0]
+    events = events_of(rank)
+    from nsys_recipe_pack.iterations import find_iterations
+
+    it = find_iterations(rank)
+    whole = MemoryFold(it.start_ns, it.end_ns)
+    whole.add(events)
+    cut = MemoryFold(it.start_ns, it.end_ns)
+    for lo in range(0, len(events["start_ns"]), 7):
+        cut.add({k: v[lo:lo + 7] for k, v in events.items()})
+    a, b = whole.result()["series"], cut.result()["series"]
+    assert len(a) == len(b) == 1
+    for key in a[0]:
+        if isinstance(a[0][key], dict) and key == "iterations":
+            for c in a[0][key]:
+                assert np.array_equal(a[0][key][c], b[0][key][c]), c
+        elif isinstance(a[0][key], np.ndarray):
+            assert np.array_equal(a[0][key], b[0][key]), key
+        else:
+            assert a[0][key] == b[0][key], key
+
+
+def test_thinning_keeps_each_buckets_extremes_and_the_peak():
+    rng = np.random.default_rng(3)
+    level = np.cumsum(rng.integers(-5, 6, 100_000))
+    t = np.arange(len(level)) * 10
+    kept_t, kept = thin(t, level, 1000)
+    assert len(kept) <= 1002 and kept.max() == level.max() and kept.min() == level.min()
+    assert np.array_equal(level[kept_t // 10], kept) and kept_t[0] == 0 and kept_t[-1] == t[-1]
+
+
+def test_a_report_without_memory_events_is_one_line_and_exit_3(tmp_path):
+    from nsys_recipe_pack import cli
+
+    code = cli.main(["run", "--name", "gpu_memory", "--output", str(tmp_path / "o"),
+                     str(H100 / "rank0.sqlite")])
+    assert code == 3 and not (tmp_path / "o").exists()
