@@ -141,3 +141,27 @@ def test_a_report_without_memory_events_is_one_line_and_exit_3(tmp_path):
     code = cli.main(["run", "--name", "gpu_memory", "--output", str(tmp_path / "o"),
                      str(H100 / "rank0.sqlite")])
     assert code == 3 and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("fmt", ["parquetdir", "sqlite"])
+def test_synthetic_memory_truth(tmp_path, fmt):
+    """The generator's memory plan (a leaking rank, a rank with twice the activation, weights, memory held from
+    before the capture) found exactly; SYNTHETIC data, labelled so in its truth.json."""
+    from nsys_recipe_pack.synth import MemoryPlan, write_synthetic
+
+    plan = MemoryPlan(leak_rank=1, leak_first=10, leak_last=19, big_rank=2)
+    d = write_synthetic(tmp_path / "syn", ranks=4, iterations=40, fmt=fmt, memory=plan)
+    truth = json.loads((d / "truth.json").read_text())
+    assert truth["synthetic"] is True
+    out = runner.run("gpu_memory", [str(d)], str(tmp_path / "o"), engine="pack", mode="none")
+    ranks = pd.read_parquet(out / "ranks.parquet").set_index("rank")
+    it = pd.read_parquet(out / "iterations.parquet")
+    for want in truth["memory"]["ranks"]:
+        got = ranks.loc[want["rank"]]
+        for c in ("peak_bytes", "peak_iteration", "held_before_bytes", "held_at_end_bytes", "leaked_bytes"):
+            assert got[c] == want[c], (want["rank"], c)
+        assert got["leak"] == (want["rank"] == plan.leak_rank)
+        assert got["peak_range"] == ("backward" if want["rank"] == plan.leak_rank else "forward")
+        mine = it[it["rank"] == want["rank"]].sort_values("iteration")
+        assert mine["alloc_bytes"].tolist() == want["alloc_bytes_per_iteration"]
+    assert json.loads((out / "analysis.json").read_text())["synthetic"] is True

@@ -153,6 +153,52 @@ def parse_straggler(text: str) -> Straggler:
     return Straggler(int(fields["rank"]), first, last, cause, slowdown)
 
 
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Device memory every rank allocates (CUDA_GPU_MEMORY_USAGE_EVENTS, kind Device, as `nsys profile
+    --cuda-memory-usage=true` records it): `held` bytes freed 2 ms before the first step though allocated before the
+    capture, `weights` allocated 1 ms before it and kept, `activation` allocated at the start of each forward range and
+    freed at the start of each optimizer range. Rank `big_rank` allocates `big_factor` times the activation; rank
+    `leak_rank` also allocates `leak` bytes at the start of backward in iterations leak_first..leak_last (-1: to the
+    end) and never frees them. Every event 5 us after the instant named."""
+    held: int = 64 << 20
+    weights: int = 1 << 30
+    activation: int = 256 << 20
+    leak_rank: int = -1
+    leak: int = 16 << 20
+    leak_first: int = 0
+    leak_last: int = -1
+    big_rank: int = -1
+    big_factor: int = 2
+
+    def activation_of(self, rank: int) -> int:
+        return self.activation * (self.big_factor if rank == self.big_rank else 1)
+
+    def leaks(self, rank: int, iterations: int) -> np.ndarray:
+        """Whether the rank leaks in each iteration."""
+        last = iterations - 1 if self.leak_last == -1 else self.leak_last
+        i = np.arange(iterations)
+        return (rank == self.leak_rank) & (i >= self.leak_first) & (i <= last)
+
+
+def parse_memory(text: str) -> MemoryPlan:
+    """`leak=R,iterations=A-B,big=R` (each optional; '' for every rank alike)."""
+    usage = f"--memory {text!r}: give leak=R[,iterations=A-B][,big=R]"
+    fields = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key.strip() not in ("leak", "iterations", "big") or not re.fullmatch(r"[\d-]+", value.strip()):
+            raise ValueError(usage)
+        fields[key.strip()] = value.strip()
+    span = re.fullmatch(r"(\d+)-(\d+)", fields.get("iterations", "0-0"))
+    if span is None or int(span.group(2)) < int(span.group(1)) or any(
+            not fields[k].isdigit() for k in ("leak", "big") if k in fields):
+        raise ValueError(usage)
+    first, last = (int(span.group(1)), int(span.group(2))) if "iterations" in fields else (0, -1)
+    return MemoryPlan(leak_rank=int(fields.get("leak", -1)), leak_first=first, leak_last=last,
+                      big_rank=int(fields.get("big", -1)))
+
+
 # ---------------------------------------------------------------------------------------------------------
 # schema
 
@@ -185,6 +231,13 @@ EXTRA_TABLES = {
     "ENUM_CUDA_MEM_KIND": _ENUM,
     "ENUM_CUPTI_SYNC_TYPE": _ENUM,
     "MPI_OTHER_EVENTS": _spec("start:int64! end:int64 globalTid:uint64 textId:int64"),
+    # written only with a MemoryPlan: its columns as Nsight Systems documents the table
+    "CUDA_GPU_MEMORY_USAGE_EVENTS": _spec(
+        "start:int64! globalPid:uint64 deviceId:int64! contextId:uint64! address:uint64! pc:uint64! bytes:uint64! "
+        "memKind:int64! memoryOperationType:int64! name:string correlationId:int64 streamId:uint64 "
+        "localMemoryPoolAddress:uint64 localMemoryPoolReleaseThreshold:uint64 localMemoryPoolSize:uint64 "
+        "localMemoryPoolUtilizedSize:uint64 importedMemoryPoolAddress:uint64 importedMemoryPoolProcessId:uint64"),
+    "ENUM_CUDA_DEV_MEM_EVENT_OPER": _ENUM,
 }
 # The enum values the exports use (CUPTI's enums as Nsight Systems numbers them).
 ENUMS = {
@@ -292,7 +345,7 @@ def _timeline(ranks: int, iterations: int, stragglers: list[Straggler], rng) -> 
 
 
 def _rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: int, strings: dict, first: int = 0,
-                 total: int | None = None) -> dict:
+                 total: int | None = None, memory: MemoryPlan | None = None) -> dict:
     """The event tables of one rank; local time = common time + shift (the rank's clock). `tl` may hold a block
     of the iterations (`_block`): those from `first` on, of `total`; the ids are those the whole run gives."""
     pid = PID_BASE + r
@@ -369,7 +422,10 @@ def _rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: i
     })
     first_extra = 101 + KERNELS_PER_STEP * (iterations if total is None else total) + EXTRA_IDS * first
     extra = _gpu_extras(spans, iterations, gtid, gpid, pid, device, gpus_per_node, first_extra, strings)
+    memory_events = {} if memory is None else {
+        "CUDA_GPU_MEMORY_USAGE_EVENTS": _memory_events(memory, r, spans, first, total or iterations, gpid, device)}
     return {
+        **memory_events,
         "NVTX_EVENTS": _by_start(nvtx, extra["nvtx"]),
         "CUPTI_ACTIVITY_KIND_KERNEL": _by_start(kernels, extra["kernels"]),
         "CUPTI_ACTIVITY_KIND_RUNTIME": _by_start(runtime, extra["runtime"]),
@@ -377,6 +433,32 @@ def _rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: i
         "CUPTI_ACTIVITY_KIND_MEMSET": _by_start(extra["memset"]),
         "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": _by_start(extra["sync"]),
     }
+
+
+def _memory_events(plan: MemoryPlan, r: int, spans: dict, first: int, total: int, gpid: int,
+                   device: int) -> pd.DataFrame:
+    """The rank's memory events of iterations first.. (MemoryPlan), in time order."""
+    n = len(spans["step"][0])
+    it = first + np.arange(n)
+    base = 0x7F00_0000_0000
+    rows = [(spans["forward"][0] + 5 * US, base + (it << 32), np.full(n, plan.activation_of(r)), 0),
+            (spans["optimizer"][0] + 5 * US, base + (it << 32), np.full(n, plan.activation_of(r)), 1)]
+    leaking = plan.leaks(r, total)[first:first + n]
+    rows.append((spans["backward"][0][leaking] + 5 * US, base + (1 << 44) + (it[leaking] << 32),
+                 np.full(int(leaking.sum()), plan.leak), 0))
+    if first == 0:  # before the first step: memory held from before the capture is freed, the weights allocated
+        s0 = int(spans["step"][0][0])
+        rows.append((np.array([s0 - 2 * MS, s0 - MS]), np.array([base + (2 << 44), base + (3 << 44)]),
+                     np.array([plan.held, plan.weights]), np.array([1, 0])))
+    start = np.concatenate([np.asarray(t, np.int64) for t, *_ in rows])
+    frame = pd.DataFrame({
+        "start": start, "globalPid": np.uint64(gpid), "deviceId": device, "contextId": np.uint64(1),
+        "address": np.concatenate([np.asarray(a, np.int64) for _, a, _, _ in rows]).astype(np.uint64),
+        "pc": np.uint64(0), "bytes": np.concatenate([np.asarray(b, np.int64) for _, _, b, _ in rows]).astype(np.uint64),
+        "memKind": 2,
+        "memoryOperationType": np.concatenate([np.broadcast_to(o, len(t)) for t, _, _, o in rows]).astype(np.int64),
+        "correlationId": 0, "localMemoryPoolAddress": np.uint64(0), "localMemoryPoolSize": np.uint64(0)})
+    return frame.sort_values("start", kind="stable").reset_index(drop=True)
 
 
 def _block(tl: dict, first: int, stop: int) -> dict:
@@ -671,10 +753,14 @@ def _check_output(out: Path, overwrite: bool) -> None:
 
 def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str = "parquetdir",
                     stragglers=(), seed: int = 0, gpus_per_node: int = 8, schema: str = "2023.4",
-                    overwrite: bool = False, job: str = "nccl") -> Path:
+                    overwrite: bool = False, job: str = "nccl", memory: MemoryPlan | None = None) -> Path:
     """Write one SYNTHETIC export per rank (`rank{R}.sqlite` or `rank{R}_pqtdir/`) plus truth.json and
     README.md into output_dir; return it. The folder appears complete or not at all. `job`: "nccl" (NVTX
-    phases and an NCCL all-reduce per step) or "mpi" (no NVTX: a kernel, a device sync, MPI_Allreduce)."""
+    phases and an NCCL all-reduce per step) or "mpi" (no NVTX: a kernel, a device sync, MPI_Allreduce).
+    `memory`: CUDA memory usage events as the plan says (nccl jobs)."""
+    if memory is not None and job != "nccl":
+        raise UsageError("--memory goes with --job nccl: its steps have the forward, backward and optimizer ranges "
+                         "the plan allocates in")
     if fmt not in ("sqlite", "parquetdir"):
         raise UsageError(f"--format {fmt}: use sqlite or parquetdir")
     if job not in JOBS:
@@ -689,14 +775,15 @@ def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str =
     out = Path(output_dir)
     _check_output(out, overwrite)
     with staged_output(out, replace=True) as tmp:
-        truth = _write_all(tmp, ranks, iterations, fmt, stragglers, seed, gpus_per_node, shape, schema, job)
+        truth = _write_all(tmp, ranks, iterations, fmt, stragglers, seed, gpus_per_node, shape, schema, job, memory)
         (tmp / "truth.json").write_text(json.dumps(truth, indent=1))
         (tmp / "README.md").write_text(_readme(truth))
     return out
 
 
 def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: list[Straggler], seed: int,
-               gpus_per_node: int, shape: str, schema: dict, job: str = "nccl") -> dict:
+               gpus_per_node: int, shape: str, schema: dict, job: str = "nccl",
+               memory: MemoryPlan | None = None) -> dict:
     rng = np.random.default_rng(seed)
     tl = (_timeline if job == "nccl" else _mpi_timeline)(ranks, iterations, stragglers, rng)
     # Session starts a few ms apart; a rank whose session started later has smaller local timestamps.
@@ -704,7 +791,12 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
     first_step = int(offsets.max()) + FIRST_STEP_NS  # on the common clock: every rank's local times are >= 1 s
     strings = _strings()
     shared = _shared_tables(strings, schema)
+    if memory is not None:
+        shared["ENUM_CUDA_DEV_MEM_EVENT_OPER"] = _typed("ENUM_CUDA_DEV_MEM_EVENT_OPER", pd.DataFrame({
+            "id": [0, 1], "name": ["CUDA_DEV_MEM_EVENT_OPR_ALLOCATION", "CUDA_DEV_MEM_EVENT_OPR_DEALLOCATION"],
+            "label": ["Allocation", "Deallocation"]}), schema)
     rank_tables = _rank_tables if job == "nccl" else _mpi_rank_tables
+    more = {"memory": memory} if memory is not None else {}
     blocks = [(first, min(first + BLOCK_ITERATIONS, iterations)) for first in range(0, iterations, BLOCK_ITERATIONS)]
     done = progress.Counter(ranks * iterations if len(blocks) > 1 else 0, "synthetic iterations written")
     for r in range(ranks):
@@ -719,7 +811,7 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
             write({**shared, **{t: _typed(t, df, schema) for t, df in frames.items()}})
             for first, stop in blocks:
                 events = rank_tables(r, _block(tl, first, stop), stop - first, shift, gpus_per_node, strings, first,
-                                     iterations)
+                                     iterations, **more)
                 write({t: _typed(t, df, schema) for t, df in events.items()})
                 done.advance(stop - first)
     done.close()
@@ -743,6 +835,7 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
             "sync_points": [MPI_SYNC_API, MPI_CALL]}),
         "jitter": JITTER,
         "stragglers": [asdict(s) for s in stragglers],
+        **({"memory": _memory_truth(memory, ranks, iterations)} if memory is not None else {}),
         "cells": cells,
         "session_start_utc_ns": [BASE_UTC_NS + int(o) for o in offsets],
         "session_offsets_ns": offsets.tolist(),
@@ -751,6 +844,22 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
         ("nccl_end_aligned_ns" if job == "nccl" else "release_aligned_ns"):
             (tl["release"] + first_step - earliest).tolist(),
     }
+
+
+def _memory_truth(plan: MemoryPlan, ranks: int, iterations: int) -> dict:
+    """What the memory plan makes each rank hold (device memory, bytes): its peak and the iteration that first
+    reaches it, what is held at the end, what leaks, and per iteration what is allocated."""
+    per_rank = []
+    for r in range(ranks):
+        leaks = plan.leaks(r, iterations)
+        leaked = np.cumsum(leaks) * plan.leak
+        # in each iteration the activation, then any leak, are held on top of the weights and earlier leaks
+        peaks = plan.weights + leaked + plan.activation_of(r)
+        per_rank.append({"rank": r, "peak_bytes": int(peaks.max()), "peak_iteration": int(np.argmax(peaks)),
+                         "held_before_bytes": plan.held, "held_at_end_bytes": int(plan.weights + leaked[-1]),
+                         "leaked_bytes": int(leaked[-1]), "leaked_iterations": [int(i) for i in np.flatnonzero(leaks)],
+                         "alloc_bytes_per_iteration": (plan.activation_of(r) + leaks * plan.leak).tolist()})
+    return {"plan": asdict(plan), "ranks": per_rank, "kind": "Device"}
 
 
 def _readme(truth: dict) -> str:
@@ -767,7 +876,9 @@ def _readme(truth: dict) -> str:
            "`textId` (StringIds), the others in `text`.\n" if truth["job"] == "nccl" else
            f"- An MPI job without NVTX: each iteration launches `{MPI_KERNEL}`, waits for it in "
            f"`{MPI_SYNC_API}` and meets the other ranks in `{MPI_CALL}` (`MPI_OTHER_EVENTS`).\n")
-        + "- The injected stragglers and every affected (rank, iteration) cell are in `truth.json`.\n")
+        + "- The injected stragglers and every affected (rank, iteration) cell are in `truth.json`.\n"
+        + ("- CUDA memory usage events (device memory) as `truth.json`'s `memory` plan says, with what each rank "
+           "holds, peaks at and leaks.\n" if "memory" in truth else ""))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -787,6 +898,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--schema", choices=["2023.4", "newer"], default="2023.4",
                         help="the export shape: Nsight Systems 2023.4's, or a newer one with extra columns and tables")
+    parser.add_argument("--memory", default=None, metavar="SPEC",
+                        help="also CUDA memory usage events: weights, an activation per step; leak=R,iterations=A-B "
+                             "makes rank R leak in those steps, big=R gives rank R twice the activation ('' for none)")
     parser.add_argument("--output", required=True)
     parser.add_argument("--force-overwrite", action="store_true", help="replace an existing --output folder")
 
@@ -794,11 +908,13 @@ def add_arguments(parser) -> None:
 def main(args) -> int:
     try:
         stragglers = [parse_straggler(s) for s in args.straggler]
+        memory = parse_memory(args.memory) if getattr(args, "memory", None) is not None else None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     out = write_synthetic(args.output, args.ranks, args.iterations, args.format, stragglers, args.seed,
                           args.gpus_per_node, getattr(args, "schema", "2023.4"),
-                          overwrite=getattr(args, "force_overwrite", False), job=getattr(args, "job", "nccl"))
+                          overwrite=getattr(args, "force_overwrite", False), job=getattr(args, "job", "nccl"),
+                          memory=memory)
     print(f"wrote SYNTHETIC exports ({args.ranks} ranks x {args.iterations} iterations, {args.format}) to {out} "
           f"(injected cells in {out / 'truth.json'})")
     return 0
