@@ -98,6 +98,15 @@ def build_parser() -> argparse.ArgumentParser:
     diff.add_argument("--force-overwrite", action="store_true")
     diff.add_argument("--tolerance", type=float, default=5.0, metavar="PCT",
                       help="change that counts, in percent (percentage points for shares); default 5")
+    diff.add_argument("--gate", action="append", default=[], metavar="METRIC=PCT",
+                      help="a tolerance of its own for one metric (repeatable), or METRIC=off: it never fails the "
+                           "comparison; metrics: recoverable_ns, median_iteration_ns, exposed_comm_ns, peak_bytes, ...")
+    diff.add_argument("--fail-on-missing", action="store_true",
+                      help="exit 1 when a recipe that ran on the base run could not run on the new one")
+    diff.add_argument("--junit", default=None, metavar="FILE",
+                      help="also write a JUnit XML report: one test case per tracked metric and key")
+    diff.add_argument("--summary", default=None, metavar="FILE",
+                      help="also write a Markdown summary (appended to $GITHUB_STEP_SUMMARY as well, when set)")
     diff.add_argument("--nsys", default=None)
 
     doctor = sub.add_parser("doctor", help="what nsys and packages the pack finds, and what is missing")
@@ -275,10 +284,17 @@ def cmd_report(args) -> int:
 
 
 def cmd_diff(args) -> int:
-    from .diff import MIN_SHARE, diff_runs, most_moved
+    from .diff import MIN_SHARE, by_time_moved, diff_runs, exit_code, most_moved, parse_gates
 
-    out, table = diff_runs(args.base, args.new, args.output, tolerance=args.tolerance, force=args.force_overwrite,
-                           nsys_path=args.nsys)
+    gates = parse_gates(args.gate)
+    try:
+        out, table, missing = diff_runs(args.base, args.new, args.output, tolerance=args.tolerance,
+                                        force=args.force_overwrite, nsys_path=args.nsys, gates=gates)
+    except PackError as exc:  # the CI job's page and test report say so too
+        _ci_outputs(args, gates, None, [], None, error=str(exc), code=exc.exit_code)
+        raise
+    code = exit_code(table, missing, args.fail_on_missing)
+    _ci_outputs(args, gates, table, missing, out, code=code)
 
     gating = table[table["gates"]]
     for verdict, title in (("regressed", "slower"), ("improved", "faster")):
@@ -292,13 +308,40 @@ def cmd_diff(args) -> int:
     print(f"output: {out}")
     print(f"tracked: keys worth at least {MIN_SHARE:.0%} of their metric in either run, the shares of GPU time and "
           f"the median iteration; a tracked time that grows by more than {args.tolerance:g} % (a share that "
-          f"moves the wrong way by more than {args.tolerance:g} points) fails the comparison")
+          f"moves the wrong way by more than {args.tolerance:g} points) fails the comparison"
+          + ("; " + ", ".join(f"{k} {'off' if v is None else f'{v:g}'}" for k, v in gates.items()) if gates else ""))
+    if missing:
+        print(f"ran on the base run only: {', '.join(missing)}"
+              + (" (fails the comparison: --fail-on-missing)" if args.fail_on_missing else ""))
     if len(gating):
         print(terminal_text(f"verdict: {len(gating)} tracked metric(s) regressed: "
-                            + ", ".join(f"{r.key} ({r.change_pct:+.1f} %)" for r in gating.head(5).itertuples())))
-        return 1
-    print(f"verdict: no tracked metric regressed by more than {args.tolerance:g} %")
-    return 0
+                            + ", ".join(f"{r.key} ({r.change_pct:+.1f} %)"
+                                        for r in by_time_moved(gating, 5).itertuples())))
+    elif code:
+        print(f"verdict: {', '.join(missing)} could not run on the new run (--fail-on-missing)")
+    else:
+        print(f"verdict: no tracked metric regressed by more than {args.tolerance:g} %")
+    return code
+
+
+def _ci_outputs(args, gates: dict, table, missing: list[str], out, error: str | None = None, code: int = 0) -> None:
+    """`diff --junit`/`--summary` and $GITHUB_STEP_SUMMARY: what a CI system shows of the comparison."""
+    from .diff import junit_xml, summary_markdown, write_text
+    from .lazy import pd
+
+    if table is None:
+        table = pd.DataFrame(columns=["metric", "key", "base", "new", "change_pct", "verdict", "gates", "reason"])
+        table["gates"] = table["gates"].astype(bool)
+    if args.junit:
+        write_text(Path(args.junit), junit_xml(table, missing, args.fail_on_missing, error))
+    summary_file = os.environ.get("GITHUB_STEP_SUMMARY")
+    if args.summary or summary_file:
+        text = summary_markdown(table, missing, args.fail_on_missing, args.base, args.new, args.tolerance, gates,
+                                Path(out) / "report.html" if out is not None else None, error, code)
+        if args.summary:
+            write_text(Path(args.summary), text)
+        if summary_file:
+            write_text(Path(summary_file), text, append=True)
 
 
 def cmd_doctor(args) -> int:

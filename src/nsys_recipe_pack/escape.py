@@ -14,6 +14,7 @@ import re
 
 _MARKDOWN_SPECIAL = re.compile(r"[\x00-\x1f!-/:-@\[-`{-~\x7f]")  # ASCII controls and punctuation
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_NOT_XML = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")  # characters XML 1.0 cannot hold at all
 
 
 def html_text(value) -> str:
@@ -49,3 +50,9 @@ def terminal_text(value) -> str:
     """For lines printed to a terminal: control characters (escape sequences could rewrite the screen or
     the window title) are shown as `\\xNN`; tabs and newlines are kept."""
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+
+
+def xml_text(value) -> str:
+    """For an XML writer (which escapes markup itself): the characters XML 1.0 cannot hold, even escaped, shown as
+    `\\xNN`, so that a name with a control character still makes a well-formed file."""
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))

@@ -327,8 +327,8 @@ def sync_points(rank_data, ranges: Ranges, sync_names: list[str] | None = None) 
 
 
 WARMUP_FACTOR = 2.0  # a leading iteration longer than this many times the run's median iteration is warm-up
-WARMUP_RULE = (f"warm-up: on each rank, the iterations from its first on that each last more than {WARMUP_FACTOR:g} x "
-               "the median iteration of the run (all ranks); the first shorter one ends them")
+WARMUP_RULE = (f"on each rank, the iterations from its first on that each last more than {WARMUP_FACTOR:g} x the "
+               "median iteration of the run (all ranks); the first shorter one ends them")
 
 
 def warmup(rank: np.ndarray, iteration: np.ndarray, duration: np.ndarray) -> np.ndarray:

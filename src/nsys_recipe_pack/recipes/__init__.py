@@ -38,6 +38,7 @@ class Metric:
     share: bool = False
     good_keys: tuple = ()
     always_tracked: bool = False  # tracked even when its keys are small against the metric's total
+    new_is_bad: bool = False  # a value where the base run had none at all is a regression (a new straggler, a leak)
 
 
 @dataclass(frozen=True)

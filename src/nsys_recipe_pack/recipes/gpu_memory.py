@@ -419,5 +419,5 @@ RECIPE = Recipe(
     diff_metrics=diff_metrics,
     diff_needs=frozenset(NEEDS),
     metrics=(Metric("peak_bytes", "peak device memory", always_tracked=True),
-             Metric("leaked_bytes", "leaked device memory", always_tracked=True)),
+             Metric("leaked_bytes", "leaked device memory", always_tracked=True, new_is_bad=True)),
 )

@@ -786,5 +786,5 @@ RECIPE = Recipe(
     figures="nsys_recipe_pack.plots.straggler_heatmap",
     diff_metrics=diff_metrics,
     diff_needs=frozenset(NEEDS),
-    metrics=(Metric("recoverable_ns", "recoverable time", always_tracked=True),),
+    metrics=(Metric("recoverable_ns", "recoverable time", always_tracked=True, new_is_bad=True),),
 )
