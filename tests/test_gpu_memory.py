@@ -165,3 +165,31 @@ def test_synthetic_memory_truth(tmp_path, fmt):
         mine = it[it["rank"] == want["rank"]].sort_values("iteration")
         assert mine["alloc_bytes"].tolist() == want["alloc_bytes_per_iteration"]
     assert json.loads((out / "analysis.json").read_text())["synthetic"] is True
+
+
+def test_stream_ordered_pools_reserved_apart_from_what_is_allocated(tmp_path):
+    """Two pools on one GPU (cudaMallocAsync): what they hold (localMemoryPoolSize, kept after frees until trimmed)
+    is a series of its own, the pools' sizes added up."""
+    path = tmp_path / "rank0.sqlite"
+    shutil.copyfile(H100 / "rank0.sqlite", path)
+    plant_memory(path)
+    con = sqlite3.connect(path)
+    pid, t0 = con.execute("SELECT globalPid, min(start) FROM CUPTI_ACTIVITY_KIND_KERNEL").fetchone()
+    pool_p, pool_q = 0xA000_0000, 0xB000_0000
+    planted = [  # (time, address, bytes, op, pool, pool size after the event)
+        (t0 + 1000, 0x1, 100 * MIB, 0, pool_p, 256 * MIB), (t0 + 2000, 0x2, 200 * MIB, 0, pool_p, 512 * MIB),
+        (t0 + 2500, 0x3, 50 * MIB, 0, pool_q, 64 * MIB), (t0 + 3000, 0x1, 100 * MIB, 1, pool_p, 512 * MIB),
+        (t0 + 4000, 0x2, 200 * MIB, 1, pool_p, 128 * MIB)]
+    con.executemany("INSERT INTO CUDA_GPU_MEMORY_USAGE_EVENTS (start, globalPid, deviceId, contextId, address, pc, "
+                    "bytes, memKind, memoryOperationType, correlationId, localMemoryPoolAddress, localMemoryPoolSize) "
+                    "VALUES (?, ?, 0, 1, ?, 0, ?, 2, ?, 0, ?, ?)",
+                    [(t, pid, a, b, o, p, z) for t, a, b, o, p, z in planted])
+    con.commit()
+    con.close()
+    out = runner.run("gpu_memory", [str(path)], str(tmp_path / "o"), engine="pack", mode="none")
+    ranks = pd.read_parquet(out / "ranks.parquet").set_index("kind")
+    reserved = ranks.loc["Device pool reserved"]
+    assert reserved["peak_bytes"] == (512 + 64) * MIB and reserved["held_at_end_bytes"] == (128 + 64) * MIB
+    line = pd.read_parquet(out / "timeline.parquet")
+    line = line[line["kind"] == "Device pool reserved"]
+    assert (line["bytes_in_use"] // MIB).tolist() == [256, 512, 576, 576, 192]

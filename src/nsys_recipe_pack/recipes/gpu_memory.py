@@ -22,6 +22,7 @@ from . import Metric, Recipe, indented, iteration_options
 
 NEEDS = {"memory", "nvtx", "kernel", "runtime"}
 DEVICE = "Device"  # the memory kind cudaMalloc gives: what a GPU runs out of
+POOL_RESERVED = "Device pool reserved"  # what stream-ordered pools hold of the GPU, used or not (localMemoryPoolSize)
 LEAK_SHARE = 0.05  # a rank leaks when what it allocated in iterations and never freed exceeds this share of its peak
 TIMELINE_ROWS = 20_000  # timeline rows kept per rank, device and kind; beyond, each bucket keeps its lowest and highest
 ALLOC_API = re.compile(r"^cu(da)?(Malloc|MemAlloc|MemCreate|ArrayCreate|Array3DCreate)")
@@ -59,10 +60,12 @@ class MemoryFold:
         self.per_iteration: dict[tuple[int, str], dict[str, np.ndarray]] = {}
         self.open = {c: np.zeros(0, np.int64) for c in ("device", "address", "bytes", "iteration")}
         self.open["kind"] = np.zeros(0, object)
+        self.pool_size: dict[tuple[int, int], int] = {}  # (device, pool address) -> its size at the last event
 
     def add(self, chunk: dict) -> None:
         """Fold in the next events, in time order: start_ns, device, kind (names), op (0 allocates, 1 frees), bytes,
-        address and range (the innermost NVTX range around each, None for none)."""
+        address, range (the innermost NVTX range around each, None for none), and pool and pool_size (a stream-ordered
+        pool's address and size after the event, 0 for memory from no pool)."""
         if not len(chunk["start_ns"]):
             return
         iteration = self._iteration_of(chunk["start_ns"])
@@ -72,6 +75,31 @@ class MemoryFold:
         for code in np.unique(key):
             rows = np.flatnonzero(key == code)
             self._fold_series((int(code // len(kinds)), str(kinds[code % len(kinds)])), chunk, rows, iteration[rows])
+        self._fold_pools(chunk, iteration)
+
+    def _fold_pools(self, chunk: dict, iteration: np.ndarray) -> None:
+        """What the stream-ordered pools of each device hold, as a series of its own: each event of a pool changes
+        the total by what the pool's size changed since its last event."""
+        rows = np.flatnonzero(chunk["pool"] != 0)
+        if not len(rows):
+            return
+        device, pool, size = chunk["device"][rows], chunk["pool"][rows], chunk["pool_size"][rows]
+        order = np.lexsort((np.arange(len(rows)), pool, device))  # each pool's events together, in time order
+        first = np.r_[True, (device[order][1:] != device[order][:-1]) | (pool[order][1:] != pool[order][:-1])]
+        before = np.r_[0, size[order][:-1]]
+        carried = np.array([self.pool_size.get((int(d), int(p)), 0) for d, p in zip(device[order][first],
+                                                                                  pool[order][first], strict=True)])
+        before[first] = carried
+        change = np.empty(len(rows), np.int64)
+        change[order] = size[order] - before
+        last = np.r_[first[1:], True]
+        for d, p, v in zip(device[order][last], pool[order][last], size[order][last], strict=True):
+            self.pool_size[(int(d), int(p))] = int(v)
+        reserved = {**{k: chunk[k][rows] for k in ("start_ns", "device", "range")},
+                    "op": np.where(change >= 0, 0, 1), "bytes": np.abs(change)}
+        for d in np.unique(device):
+            on = np.flatnonzero(device == d)
+            self._fold_series((int(d), POOL_RESERVED), reserved, on, iteration[rows][on])
 
     def _iteration_of(self, t: np.ndarray) -> np.ndarray:
         """The iteration each instant lies in (its start to its end, both in), -1 for none."""
@@ -202,7 +230,8 @@ def events_of(rank_data) -> dict:
     codes, words = m.codes("kind")
     events = {"start_ns": m.values("start_ns")[order], "device": m.values("device")[order],
               "kind": np.where(codes < 0, "Unknown", np.asarray(words, object)[codes])[order].astype(object),
-              "op": m.values("op")[order], "bytes": m.values("bytes")[order], "address": m.values("address")[order]}
+              "op": m.values("op")[order], "bytes": m.values("bytes")[order], "address": m.values("address")[order],
+              "pool": m.values("pool")[order], "pool_size": m.values("pool_size")[order]}
     corr = m.values("correlation_id")[order]
     r = range_arrays(rank_data.frame("nvtx"))
     where = np.full(len(corr), -1, np.int64)
