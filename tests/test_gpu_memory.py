@@ -117,9 +117,9 @@ def test_the_fold_gives_the_same_tables_in_chunks_of_a_few_events(job):
     a, b = whole.result()["series"], cut.result()["series"]
     assert len(a) == len(b) == 1
     for key in a[0]:
-        if isinstance(a[0][key], dict) and key == "iterations":
+        if isinstance(a[0][key], dict):  # iterations, ranges
             for c in a[0][key]:
-                assert np.array_equal(a[0][key][c], b[0][key][c]), c
+                assert np.array_equal(a[0][key][c], b[0][key][c]), (key, c)
         elif isinstance(a[0][key], np.ndarray):
             assert np.array_equal(a[0][key], b[0][key]), key
         else:
@@ -193,3 +193,20 @@ def test_stream_ordered_pools_reserved_apart_from_what_is_allocated(tmp_path):
     line = pd.read_parquet(out / "timeline.parquet")
     line = line[line["kind"] == "Device pool reserved"]
     assert (line["bytes_in_use"] // MIB).tolist() == [256, 512, 576, 576, 192]
+
+
+def test_per_op_range_names_are_one_row_per_op(tmp_path):
+    """With PyTorch's emit_nvtx every op instance has its own name: by_range adds an op's instances up."""
+    from export_variants import nvtx_names
+
+    path = tmp_path / "rank0.sqlite"
+    shutil.copyfile(H100 / "rank0.sqlite", path)
+    plan = plant_memory(path)
+    nvtx_names(path, "unique", keep="step")  # "forward, op_id = 123", ...
+    out = runner.run("gpu_memory", [str(path)], str(tmp_path / "o"), engine="pack", mode="none")
+    by_range = pd.read_parquet(out / "by_range.parquet").set_index("range")
+    assert set(by_range.index) == {"forward", "optimizer"}
+    assert by_range.loc["forward", "alloc_bytes"] == plan["steps"] * plan["activation"]
+    assert by_range.loc["optimizer", "frees"] == plan["steps"]
+    peak = pd.read_parquet(out / "ranks.parquet").set_index("kind").loc["Device", "peak_range"]
+    assert peak.startswith("forward, op_id = ")  # the range as recorded

@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import MissingTraceError
 from ..iterations import find_iterations, range_arrays
 from ..lazy import pd
-from ..nvtx import innermost_of
+from ..nvtx import innermost_of, op_name
 from . import Metric, Recipe, indented, iteration_options
 
 NEEDS = {"memory", "nvtx", "kernel", "runtime"}
@@ -29,6 +29,7 @@ ALLOC_API = re.compile(r"^cu(da)?(Malloc|MemAlloc|MemCreate|ArrayCreate|Array3DC
 FREE_API = re.compile(r"^cu(da)?(Free|MemFree|MemRelease|ArrayDestroy)")
 INT64_MIN = np.iinfo(np.int64).min
 ITERATION_SUMS = ("alloc_bytes", "free_bytes", "allocs", "frees")
+RANGE_SUMS = ITERATION_SUMS
 
 
 @dataclass
@@ -43,7 +44,7 @@ class _Series:
     times: list = field(default_factory=list)
     levels: list = field(default_factory=list)
     held: int = 0  # timeline points held in times/levels
-    ranges: dict = field(default_factory=dict)  # range name -> [alloc bytes, free bytes, allocs, frees, peak level]
+    ranges: list = field(default_factory=list)  # per NVTX range name: its RANGE_SUMS, a part per chunk (_ranges_of)
 
 
 class MemoryFold:
@@ -132,19 +133,12 @@ class MemoryFold:
         named = np.flatnonzero(np.not_equal(ranges, None))
         if not len(named):
             return
-        names, at = np.unique(ranges[named].astype(str), return_inverse=True)
-        at = at.reshape(-1)
-        n = len(names)
-        a, sz, lv = alloc[named], size[named], level[named]
-        sums = [np.bincount(at, np.where(a, sz, 0), n), np.bincount(at, np.where(a, 0, sz), n),
-                np.bincount(at, a, n), np.bincount(at, ~a, n)]
-        peak = np.full(n, INT64_MIN)
-        np.maximum.at(peak, at, lv)
-        for i, name in enumerate(names.tolist()):
-            held = s.ranges.setdefault(name, [0, 0, 0, 0, INT64_MIN])
-            for j in range(4):
-                held[j] += int(sums[j][i])
-            held[4] = max(held[4], int(peak[i]))
+        a, sz = alloc[named], size[named]
+        s.ranges.append({"name": ranges[named].astype(str), "alloc_bytes": np.where(a, sz, 0),
+                         "free_bytes": np.where(a, 0, sz), "allocs": a.astype(np.int64),
+                         "frees": (~a).astype(np.int64), "peak_bytes": level[named]})
+        if sum(len(p["name"]) for p in s.ranges) > 4 * TIMELINE_ROWS:  # added up as it goes: bounded by the names
+            s.ranges = [_ranges_of(s.ranges)]
 
     def _fold_iterations(self, key, t, level, before: int, alloc, size, iteration) -> None:
         n = len(self.it_start)
@@ -194,7 +188,7 @@ class MemoryFold:
                    "leaked_allocs": int(leaked.sum()),
                    "leaked_iterations": int(len(np.unique(self.open["iteration"][leaked]))),
                    "time_ns": t, "bytes_in_use": level + held_before,
-                   "ranges": {name: [*v[:4], v[4] + held_before] for name, v in s.ranges.items()}}
+                   "ranges": {**(summed := _ranges_of(s.ranges)), "peak_bytes": summed["peak_bytes"] + held_before}}
             it = self.per_iteration.get(key)
             if it is not None:
                 start = np.where(it["start_known"], it["start"], s.level) + held_before
@@ -204,6 +198,21 @@ class MemoryFold:
                                      "peak_bytes": peak, **{c: it[c] for c in ITERATION_SUMS}}
             out.append(row)
         return {"series": out}
+
+
+def _ranges_of(parts: list[dict]) -> dict:
+    """Parts of per-event (or per-name) range rows added up per name: sums, and the highest level for the peak."""
+    if not parts:
+        return {"name": np.zeros(0, object), **{c: np.zeros(0, np.int64) for c in RANGE_SUMS}, "peak_bytes":
+                np.zeros(0, np.int64)}
+    names, at = np.unique(np.concatenate([p["name"] for p in parts]), return_inverse=True)
+    at = at.reshape(-1)
+    out = {"name": names.astype(object)}
+    for c in RANGE_SUMS:
+        out[c] = np.bincount(at, np.concatenate([p[c] for p in parts]), len(names)).astype(np.int64)
+    out["peak_bytes"] = np.full(len(names), INT64_MIN)
+    np.maximum.at(out["peak_bytes"], at, np.concatenate([p["peak_bytes"] for p in parts]))
+    return out
 
 
 def thin(t: np.ndarray, level: np.ndarray, rows: int) -> tuple[np.ndarray, np.ndarray]:
@@ -312,11 +321,10 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
                                           "bytes_in_use": s["bytes_in_use"]}))
             if s["kind"] == DEVICE and "iterations" in s:
                 iterations.append(pd.DataFrame({"rank": r["rank"], "device": s["device"], **s["iterations"]}))
-            if s["kind"] == DEVICE and s["ranges"]:
-                by_range.append(pd.DataFrame(
-                    [(r["rank"], s["device"], name, *v) for name, v in s["ranges"].items()],
-                    columns=["rank", "device", "range", "alloc_bytes", "free_bytes", "allocs", "frees",
-                             "peak_bytes"]))
+            if s["kind"] == DEVICE and len(s["ranges"]["name"]):
+                by_range.append(pd.DataFrame({"rank": r["rank"], "device": s["device"],
+                                              "range": op_name(pd.Series(s["ranges"]["name"], dtype=object)),
+                                              **{c: s["ranges"][c] for c in (*RANGE_SUMS, "peak_bytes")}}))
     ranks = pd.DataFrame(ranks, columns=[c for c in RANK_COLUMNS if c not in ("headroom_pct", "leak")])
     ranks["peak_iteration"] = ranks["peak_iteration"].astype("Int64")
     total = ranks["total_bytes"].where(ranks["total_bytes"] > 0)
@@ -330,8 +338,10 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
                                         *ITERATION_SUMS]))
     iterations = iterations.astype("int64")
     by_range = (pd.concat(by_range, ignore_index=True) if by_range else
-                pd.DataFrame(columns=["rank", "device", "range", "alloc_bytes", "free_bytes", "allocs", "frees",
-                                      "peak_bytes"]))
+                pd.DataFrame(columns=["rank", "device", "range", *RANGE_SUMS, "peak_bytes"]))
+    # PyTorch's emit_nvtx numbers every op instance: an op's instances as one row (nvtx.op_name)
+    by_range = by_range.groupby(["rank", "device", "range"], as_index=False, sort=False).agg(
+        {**dict.fromkeys(RANGE_SUMS, "sum"), "peak_bytes": "max"})
     by_range.insert(5, "net_bytes", by_range["alloc_bytes"] - by_range["free_bytes"])
     by_range = by_range.sort_values(["rank", "device", "alloc_bytes"], ascending=[True, True, False],
                                     kind="stable").reset_index(drop=True)
