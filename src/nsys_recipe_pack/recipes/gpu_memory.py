@@ -4,7 +4,8 @@ to running out of memory.
 From `nsys profile --cuda-memory-usage=true` (CUDA_GPU_MEMORY_USAGE_EVENTS): an allocation adds its bytes to its
 device and memory kind, a free takes them away. The analysis is one fold over a rank's events in time order
 (`MemoryFold.add`): a report read whole is one chunk, and any cut of the events into time-ordered chunks gives the
-same tables (tests/test_gpu_memory.py).
+same tables (tests/test_gpu_memory.py), but for the timeline of a capture of more than 2 x TIMELINE_ROWS changes,
+thinned as it goes: its points then depend on the cut, each stretch's lowest and highest kept exactly either way.
 """
 
 from __future__ import annotations
