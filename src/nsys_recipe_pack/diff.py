@@ -38,7 +38,8 @@ def load_run(spec: str, nsys_path: str | None, log=lambda m: print(m, file=sys.s
     ranks = []
     for f in inputs.expand_inputs([spec]):
         ranks.extend(inputs.load_file(f, needs, nsys_path))
-    for said in dict.fromkeys(f"{r.file}: {r.read_note}" for r in ranks if r.read_note):
+    for said in runner.read_notes(pd.DataFrame({"file": [r.file for r in ranks],
+                                                "read_note": [r.read_note for r in ranks]})):
         log(terminal_text(f"nsys-recipe: note: {said}"))
     return ranks
 

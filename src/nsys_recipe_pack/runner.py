@@ -183,9 +183,10 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
 
 def read_notes(files: pd.DataFrame) -> list[str]:
     """One line for each way inputs were read that a user would not expect (an export beside a report skipped, or
-    read though older than it), naming the files."""
+    read though older than it), naming the files (a file of several ranks once)."""
+    noted = files.loc[files["read_note"].notna(), ["file", "read_note"]].drop_duplicates()
     return [f"{', '.join(names.head(3))}{f' and {len(names) - 3} more' if len(names) > 3 else ''}: {note}"
-            for note, names in files[files["read_note"].notna()].groupby("read_note", sort=False)["file"]]
+            for note, names in noted.groupby("read_note", sort=False)["file"]]
 
 
 def _iteration_count(mapped: dict) -> int:

@@ -441,8 +441,9 @@ def _normalised(col: pa.ChunkedArray | pa.Array, text: bool, dictionary: bool = 
     col = one_array(col)
     kind = col.type
     if dictionary and text and pa.types.is_dictionary(kind) and pa.types.is_string(kind.value_type):
-        return pa.DictionaryArray.from_arrays(col.indices, utf8(col.dictionary)) if not valid_utf8(col.dictionary) \
-            else col
+        recorded = col.dictionary
+        words = utf8(recorded)
+        return col if words is recorded else pa.DictionaryArray.from_arrays(col.indices, words)
     if pa.types.is_dictionary(kind):
         col, kind = col.dictionary_decode(), kind.value_type
     if text:

@@ -296,23 +296,19 @@ def summary(out) -> list[str]:
     t = kinds.groupby("kind")[["kernels", "comm_ns", "overlapped_ns", "exposed_ns"]].sum()
     table = pd.DataFrame({"kernels": t["kernels"], "comm ms": t["comm_ns"].map(ms_cell),
                           "overlapped ms": t["overlapped_ns"].map(ms_cell), "exposed ms": t["exposed_ns"].map(ms_cell)})
-    lines = indented("communication by collective, all ranks:", table.to_string()) if len(t) else [
-        "no communication kernels (NCCL) in these reports"]
     ranks = pd.read_parquet(out / "ranks.parquet").sort_values("exposed_comm_ns", ascending=False).head(5)
-    if len(t):
-        lines += indented("most exposed communication:", pd.DataFrame({
+    # a run without communication kernels writes no output (reduce: not applicable)
+    return indented("communication by collective, all ranks:", table.to_string()) + indented(
+        "most exposed communication:", pd.DataFrame({
             "rank": ranks["rank"], "exposed ms": ranks["exposed_comm_ns"].map(ms_cell),
             "% of iterations": ranks["exposed_comm_pct"].map(lambda v: "" if pd.isna(v) else f"{v:.1f}"),
             "overlapped % of comm": ranks["overlapped_of_comm_pct"].map(lambda v: "" if pd.isna(v) else f"{v:.1f}"),
         }).to_string(index=False))
-    return lines
 
 
 def headline(out) -> str:
     ranks = pd.read_parquet(out / "ranks.parquet")
     comm, exposed, wall = (int(ranks[c].sum()) for c in ("comm_ns", "exposed_comm_ns", "wall_ns"))
-    if not comm:
-        return "no communication kernels (NCCL)"
     worst = ranks.loc[ranks["exposed_comm_ns"].idxmax()]
     return (f"communication {ms(comm)}, {100 * (comm - exposed) / comm:.0f} % of it overlapped; exposed "
             f"{100 * exposed / max(wall, 1):.1f} % of the iterations' time; most on rank {int(worst['rank'])} "

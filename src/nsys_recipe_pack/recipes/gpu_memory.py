@@ -134,10 +134,8 @@ class MemoryFold:
         named = np.flatnonzero(np.not_equal(ranges, None))
         if not len(named):
             return
-        a, sz = alloc[named], size[named]
-        s.ranges.append({"name": ranges[named].astype(str), "alloc_bytes": np.where(a, sz, 0),
-                         "free_bytes": np.where(a, 0, sz), "allocs": a.astype(np.int64),
-                         "frees": (~a).astype(np.int64), "peak_bytes": level[named]})
+        s.ranges.append({"name": ranges[named].astype(str), **_sums(alloc[named], size[named]),
+                         "peak_bytes": level[named]})
         if sum(len(p["name"]) for p in s.ranges) > 4 * TIMELINE_ROWS:  # added up as it goes: bounded by the names
             s.ranges = [_ranges_of(s.ranges)]
 
@@ -158,10 +156,8 @@ class MemoryFold:
         ok = iteration >= 0
         idx = iteration[ok]
         np.maximum.at(it["peak"], idx, level[ok])
-        np.add.at(it["alloc_bytes"], idx, np.where(alloc[ok], size[ok], 0))
-        np.add.at(it["free_bytes"], idx, np.where(alloc[ok], 0, size[ok]))
-        np.add.at(it["allocs"], idx, alloc[ok].astype(np.int64))
-        np.add.at(it["frees"], idx, (~alloc[ok]).astype(np.int64))
+        for c, v in _sums(alloc[ok], size[ok]).items():
+            np.add.at(it[c], idx, v)
 
     def _carry_open(self, chunk: dict, iteration: np.ndarray) -> None:
         """The allocations still open after this chunk (no free of their device and address after them)."""
@@ -183,7 +179,9 @@ class MemoryFold:
             held_before = -s.low  # frees of memory the capture never saw allocated: held from its start
             t, level = thin(np.concatenate(s.times), np.concatenate(s.levels), TIMELINE_ROWS)
             leaked = (self.open["device"] == key[0]) & (self.open["kind"] == key[1]) & (self.open["iteration"] >= 0)
+            peak_iteration = int(self._iteration_of(np.array([s.peak_time], np.int64))[0])
             row = {"device": key[0], "kind": key[1], "peak_bytes": s.peak + held_before, "peak_time_ns": s.peak_time,
+                   "peak_iteration": peak_iteration if peak_iteration >= 0 else None,
                    "peak_range": s.peak_range, "held_before_bytes": held_before,
                    "held_at_end_bytes": s.level + held_before, "leaked_bytes": int(self.open["bytes"][leaked].sum()),
                    "leaked_allocs": int(leaked.sum()),
@@ -199,6 +197,12 @@ class MemoryFold:
                                      "peak_bytes": peak, **{c: it[c] for c in ITERATION_SUMS}}
             out.append(row)
         return {"series": out}
+
+
+def _sums(alloc: np.ndarray, size: np.ndarray) -> dict[str, np.ndarray]:
+    """Each event's share of ITERATION_SUMS (RANGE_SUMS): its bytes as allocated or freed, and one of either."""
+    return {"alloc_bytes": np.where(alloc, size, 0), "free_bytes": np.where(alloc, 0, size),
+            "allocs": alloc.astype(np.int64), "frees": (~alloc).astype(np.int64)}
 
 
 def _ranges_of(parts: list[dict]) -> dict:
@@ -282,7 +286,7 @@ def map_rank(rank_data, options: dict) -> dict:
     total = dict(zip(gpus.values("device").tolist(), gpus.values("total_bytes").tolist(), strict=True)) \
         if gpus is not None else {}
     return {**fold.result(), "gpu_bytes": total, "calls": _calls(rank_data), "delimiter": delimiter,
-            "start_ns": it_start, "end_ns": it_end}
+            "start_ns": it_start}
 
 
 def _calls(rank_data) -> dict:
@@ -309,13 +313,10 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     ranks, timeline, iterations, by_range = [], [], [], []
     for r in per_rank:
         for s in r["series"]:
-            at = np.searchsorted(r["start_ns"], s["peak_time_ns"], side="right") - 1
-            inside = at >= 0 and s["peak_time_ns"] <= r["end_ns"][at]
             ranks.append({"rank": r["rank"], "device": s["device"], "kind": s["kind"],
-                          **{c: s[c] for c in ("peak_bytes", "peak_time_ns", "peak_range", "held_before_bytes",
-                                               "held_at_end_bytes", "leaked_bytes", "leaked_allocs",
-                                               "leaked_iterations")},
-                          "peak_iteration": int(at) if inside else None,
+                          **{c: s[c] for c in ("peak_bytes", "peak_time_ns", "peak_iteration", "peak_range",
+                                               "held_before_bytes", "held_at_end_bytes", "leaked_bytes",
+                                               "leaked_allocs", "leaked_iterations")},
                           "total_bytes": int(r["gpu_bytes"].get(s["device"], 0)), **r["calls"]})
             timeline.append(pd.DataFrame({"rank": r["rank"], "device": s["device"], "kind": s["kind"],
                                           "time_ns": s["time_ns"], "time_aligned_ns": s["time_ns"] + r["offset_ns"],
