@@ -86,19 +86,35 @@ def reaped_env():
     end_processes(env)
 
 
-def rank_maps(spec, path, options: dict, spans: bool, needs: set | None = None) -> list:
-    """A recipe's map of each rank of one export, from whole tables or (spans) span by span of time as its tables are
-    read (its `stream`), however short the export; an error's text in place of a map."""
-    from nsys_recipe_pack.inputs import load_file, rank_data
+def folded(spec, path, options: dict, needs: set | None = None, stream=None) -> list[tuple]:
+    """Each rank of one export with its result of the recipe's stream, its tables read span by span of time however
+    short the export (nsys_recipe_pack.driver.fold_ranks), or None for every rank where the driver reads it whole.
+    stream: in place of the recipe's (its options then given)."""
+    from nsys_recipe_pack import driver
+    from nsys_recipe_pack.inputs import rank_data
 
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(rank_data, "STREAM_MIN_ROWS", 0 if spans else 1 << 62)
-        ranks = load_file(path, needs or set(spec.needs), stream=spec.stream_given(options) if spans else None)
-    assert all((r.streamed is not None) == spans for r in ranks), path
+    with pytest.MonkeyPatch.context() as m, driver.reading_for(spec, path, options, needs=needs) as reading:
+        m.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+        stream = stream or spec.stream_given(options)
+        found = driver.fold_ranks(reading, stream) if reading.long(stream) else None
+        return found if found is not None else [(r, None) for r in reading.ranks()]
+
+
+def rank_maps(spec, path, options: dict, spans: bool, needs: set | None = None) -> list:
+    """A recipe's map of each rank of one export, from whole tables or (spans) from its stream's fold (`folded`);
+    an error's text in place of a map."""
+    from nsys_recipe_pack import driver
+    from nsys_recipe_pack.inputs import load_file
+
+    if spans:
+        pairs = folded(spec, path, options, needs)
+    else:
+        pairs = [(r, None) for r in load_file(path, needs or set(spec.needs))]
+    assert all((result is not None) == spans for _, result in pairs), path
     out = []
-    for r in ranks:
+    for r, result in pairs:
         try:
-            out.append(spec.map_rank(r, options))
+            out.append(driver.rank_map(spec, r, options, result))
         except BadInputError as e:
             out.append(str(e))
     return out

@@ -13,12 +13,13 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_selection import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
+from conftest import folded
+from test_batches import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
 
-from nsys_recipe_pack import synth
+from nsys_recipe_pack import driver, synth
 from nsys_recipe_pack.inputs import chunks, load_file, rank_data, readers
+from nsys_recipe_pack.inputs.batches import Extents
 from nsys_recipe_pack.inputs.readers import ExportSource, string_table
-from nsys_recipe_pack.inputs.selection import Extents
 from nsys_recipe_pack.recipes import compute_memory_share as share
 
 NEEDS = set(share.NEEDS)
@@ -30,11 +31,11 @@ def always_spans(monkeypatch):
 
 
 def _same_maps(path, expect_spans=True):
-    whole, spanned = load_file(path, NEEDS), load_file(path, NEEDS, stream=share.STREAM)
-    assert [r.pid for r in whole] == [r.pid for r in spanned]
-    for a, b in zip(whole, spanned, strict=True):
-        assert (b.streamed is not None) == expect_spans, path
-        want, got = share.map_rank(a, {}), share.map_rank(b, {})
+    whole, spanned = load_file(path, NEEDS), folded(share.RECIPE, path, {})
+    assert [r.pid for r in whole] == [r.pid for r, _ in spanned]
+    for a, (b, result) in zip(whole, spanned, strict=True):
+        assert (result is not None) == expect_spans, path
+        want, got = share.map_rank(a, {}), driver.rank_map(share.RECIPE, b, {}, result)
         for key in ("share", "by_range"):
             assert (got[key] is None) == (want[key] is None), (path, key)
             if want[key] is not None:
@@ -116,8 +117,8 @@ def test_windows_are_let_go_once_no_op_can_land_in_them(tmp_path, always_spans, 
             assert (proc.windows["end"] > high).all()
             held.append(len(proc.windows["end"]))
 
-    rank, = load_file(path, NEEDS, stream=dataclasses.replace(share.STREAM, fold=fold))
-    by_range = rank.streamed["by_range"].to_pandas()
+    (_, result), = folded(share.RECIPE, path, {}, stream=dataclasses.replace(share.STREAM, fold=fold))
+    by_range = result["by_range"].to_pandas()
     steps = by_range[(by_range["range_name"] == "step") & (by_range["category"] == "idle")]["instances"]
     assert steps.tolist() == [60]  # every step a window, each with its idle row
     assert len(held) > 20 and max(held) <= 2
@@ -142,8 +143,7 @@ def test_a_parquet_tables_footer_is_read_once(synthetic, always_spans, monkeypat
 
     monkeypatch.setattr(pq, "read_metadata", counted)
     monkeypatch.setattr(pq.ParquetFile, "__init__", opened)
-    ranks = load_file(synthetic["parquetdir"][2], NEEDS, stream=share.STREAM)
-    assert ranks[0].streamed is not None
+    assert folded(share.RECIPE, synthetic["parquetdir"][2], {})[0][1] is not None
     assert parsed["CUPTI_ACTIVITY_KIND_KERNEL.parquet"] == 1 and max(parsed.values()) == 1, parsed
 
 
@@ -217,8 +217,23 @@ def test_what_the_reads_ahead_of_the_spans_freed_is_handed_back_before_the_first
         steps.append("fold")
         return stream.fold(*args)
 
-    monkeypatch.setattr(rank_data, "give_back_freed_memory", lambda: steps.append("give back"))
-    rank, = load_file(REAL_GLOO, set(straggler_heatmap.NEEDS),
-                      stream=dataclasses.replace(stream, prepare=prepare, fold=fold))
-    assert rank.streamed is not None
+    monkeypatch.setattr(driver, "give_back_freed_memory", lambda: steps.append("give back"))
+    (_, result), = folded(straggler_heatmap.RECIPE, REAL_GLOO, {},
+                          stream=dataclasses.replace(stream, prepare=prepare, fold=fold))
+    assert result is not None
     assert steps[:3] == ["prepare", "give back", "fold"] and steps.count("give back") == 1
+
+
+def test_a_rank_read_whole_is_one_span_of_the_same_fold(monkeypatch):
+    """map_rank is the fold a long capture goes through span by span, given the whole rank as one span: no other
+    analysis makes its tables."""
+    spans = []
+
+    def fold(state, low, high, span):
+        spans.append((low, high))
+        share._fold(state, low, high, span)
+
+    monkeypatch.setattr(share, "STREAM", dataclasses.replace(share.STREAM, fold=fold))
+    ranks = load_file(REAL_NCCL, NEEDS)
+    maps = [share.map_rank(r, {}) for r in ranks]
+    assert spans == [(chunks.START_OF_TIME, chunks.END_OF_TIME)] * len(ranks) and all(m["share"].num_rows for m in maps)

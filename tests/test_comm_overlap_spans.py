@@ -6,9 +6,9 @@ import sqlite3
 
 import numpy as np
 import pytest
-from conftest import rank_maps
+from conftest import folded, rank_maps
+from test_batches import REAL_GLOO, synthetic  # noqa: F401 (a fixture)
 from test_comm_overlap import REAL
-from test_selection import REAL_GLOO, synthetic  # noqa: F401 (a fixture)
 from test_straggler_spans import mpi_job  # noqa: F401 (a fixture)
 
 from nsys_recipe_pack import iteration_slices, recipes, synth
@@ -61,8 +61,9 @@ def test_what_slices_cannot_answer_is_read_whole(tmp_path, monkeypatch):
         db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL WHERE rowid NOT IN "
                    "(SELECT rowid FROM CUPTI_ACTIVITY_KIND_KERNEL ORDER BY start LIMIT 3)")
     for export in (path, REAL):
-        ranks = load_file(export, set(SPEC.needs), stream=SPEC.stream_given({}))
-        assert all(r.streamed is None for r in ranks), export
+        pairs = folded(SPEC, export, {})
+        assert all(result is None for _, result in pairs), export
+        ranks = [r for r, _ in pairs]
         whole = [SPEC.map_rank(r, {}) for r in load_file(export, set(SPEC.needs))]
         assert [_differences(w, SPEC.map_rank(r, {})) for w, r in zip(whole, ranks, strict=True)] == [[]] * len(ranks)
     assert whole[0]["delimiter"]["kind"] != "capture" and len(whole[0]["windows"]["iteration"]) > 1

@@ -130,7 +130,7 @@ def test_a_warm_load_reads_back_exactly_what_the_first_load_made(nsys, report_co
     inputs.load_file(report_copy, NEEDS)  # the second read does
     (cache,) = entry.glob(f"loaded-v{rank_data.LOADED_FORMAT}-*")
     assert {p.name for p in cache.iterdir()} == {"meta.json", rank_data.LOADED_FILE}  # one file for all frames
-    monkeypatch.setattr(rank_data, "_read_frames", None)  # the warm load must not touch the export
+    monkeypatch.setattr(rank_data.Reading, "frames", None)  # the warm load must not touch the export
     (warm,) = inputs.load_file(report_copy, NEEDS)
     for attr in ("nvtx", "kernels", "memcpy", "memset", "runtime", "sync", "mpi"):
         pdt.assert_frame_equal(getattr(warm, attr), getattr(cold, attr), obj=attr)  # dtypes included
@@ -448,7 +448,7 @@ def _awkward_export(path: Path) -> Path:
 
 def test_a_clean_parquet_export_is_read_straight_to_arrow_with_what_the_general_path_gives(monkeypatch, tmp_path):
     export = _awkward_export(tmp_path / "x_pqtdir")
-    frames, meta = rank_data._read_frames(inputs.ExportSource(export, "parquetdir"), NEEDS, export)
+    frames, meta = rank_data.Reading(export, NEEDS, src=inputs.ExportSource(export, "parquetdir")).frames()
     assert all(isinstance(frames[k], inputs.Frame) for k in ("nvtx", "runtime", "mpi", "kernels"))
     # worked by hand from the tables above; the domain-create event itself is not kept
     nvtx = frames["nvtx"].to_pandas()
@@ -466,7 +466,7 @@ def test_a_clean_parquet_export_is_read_straight_to_arrow_with_what_the_general_
 
     # the same export as SQLite reads the same, dtypes included
     sq = _as_sqlite(export, tmp_path / "x.sqlite")
-    other, other_meta = rank_data._read_frames(inputs.ExportSource(sq, "sqlite"), NEEDS, sq)
+    other, other_meta = rank_data.Reading(sq, NEEDS, src=inputs.ExportSource(sq, "sqlite")).frames()
     assert other_meta == meta
     assert frames.keys() == other.keys()
     for key in frames:  # tables the export lacks (memcpy, memset, sync) are empty frames in both
@@ -511,7 +511,7 @@ def test_sqlite_values_of_another_type_and_text_that_starts_null_are_read(tmp_pa
     con.commit()
     con.close()
     src = inputs.ExportSource(path, "sqlite")
-    frames, meta = rank_data._read_frames(src, {"nvtx", "kernel"}, path)
+    frames, meta = rank_data.Reading(path, {"nvtx", "kernel"}, src=src).frames()
     nvtx = frames["nvtx"]
     codes, words = nvtx.codes("name")
     assert len(nvtx) == 100_002 and words[codes[-2]] == "late" and words[codes[0]] == "step"
@@ -520,7 +520,7 @@ def test_sqlite_values_of_another_type_and_text_that_starts_null_are_read(tmp_pa
     assert len(kernels) == 70_001 and kernels["device"].iloc[-1] is pd.NA and kernels["correlation_id"].iloc[-1] == 2
     assert kernels["name"].eq("k").all() and meta["pids"] == [7]
     # only the rows a recipe asks for: one kernel's launches
-    few, _ = rank_data._read_frames(src, {"kernel"}, path, rows={"kernel": ["k"]})
+    few, _ = rank_data.Reading(path, {"kernel"}, src=src, rows={"kernel": ["k"]}).frames()
     assert len(few["kernels"]) == 70_001
     # a batch at a time, the stray value many batches in: the same rows, given once (by one connection or two)
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 1000)
@@ -740,7 +740,7 @@ def test_tables_read_side_by_side_are_those_read_one_after_another(monkeypatch, 
     for threads in (1, 4):
         monkeypatch.setattr(rank_data, "READ_THREADS", threads)
         src = inputs.ExportSource(path, "sqlite")
-        got[threads] = rank_data._read_frames(src, needs, path, rows=rows)
+        got[threads] = rank_data.Reading(path, needs, src=src, rows=rows).frames()
         assert len(src._readers) == 1 if threads == 1 else 1 < len(src._readers) <= 1 + threads
         src.close()
         assert not src._readers
@@ -764,7 +764,7 @@ def test_reads_of_few_rows_start_no_thread_and_give_what_threaded_reads_give(mon
         src = inputs.ExportSource(path, "sqlite")
         rows = sum(src.count(t) for need in needs for t in readers.TABLES.get(need, {}))
         assert 0 < rows < few_rows
-        got[least] = rank_data._read_frames(src, needs, path)
+        got[least] = rank_data.Reading(path, needs, src=src).frames()
         batches = list(src.read_batches("CUPTI_ACTIVITY_KIND_KERNEL", ["start", "end"], rows=1000))
         src.close()
         if least:

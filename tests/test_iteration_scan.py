@@ -8,9 +8,9 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from conftest import rank_maps
+from conftest import folded, rank_maps
+from test_batches import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
 from test_iterations import kernels, nvtx
-from test_selection import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
 
 from nsys_recipe_pack import iteration_scan, iterations
 from nsys_recipe_pack.errors import BadInputError
@@ -204,10 +204,10 @@ def test_a_table_out_of_order_is_read_whole(tmp_path, monkeypatch):
         db.execute("DELETE FROM CUPTI_ACTIVITY_KIND_KERNEL")
         db.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL SELECT * FROM k")
         db.execute("DROP TABLE k")
-    whole, spanned = (load_file(path, kernel_pace.NEEDS, **how)
-                      for how in ({}, {"stream": kernel_pace.RECIPE.stream_given({})}))
-    assert spanned[0].streamed is None
-    assert pd.Series(kernel_pace.map_rank(spanned[0], {})["end_ns"]).equals(
+    whole = load_file(path, kernel_pace.NEEDS)
+    (spanned, result), = folded(kernel_pace.RECIPE, path, {})
+    assert result is None
+    assert pd.Series(kernel_pace.map_rank(spanned, {})["end_ns"]).equals(
         pd.Series(kernel_pace.map_rank(whole[0], {})["end_ns"]))
 
 
@@ -217,9 +217,9 @@ def test_the_ranges_a_first_read_keeps_are_those_a_read_again_gives(monkeypatch,
     """The closed ranges kept from the first read (iteration_scan.FirstRead), which a sliced map's spans take instead
     of reading NVTX again: every range, its process, thread, times, name and domain, in the table's order, each span's
     names and domains a dictionary of the words it holds; the file of those beyond KEPT_REPLAY_ROWS gone at the end."""
+    from nsys_recipe_pack.inputs.batches import Extents
     from nsys_recipe_pack.inputs.chunks import time_chunks
     from nsys_recipe_pack.inputs.readers import ExportSource, string_table
-    from nsys_recipe_pack.inputs.selection import Extents
 
     monkeypatch.setattr(iteration_scan, "KEPT_REPLAY_ROWS", replay_rows)
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 100)

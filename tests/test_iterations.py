@@ -2,6 +2,7 @@
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from nsys_recipe_pack import iterations
@@ -116,5 +117,7 @@ def test_top_level_ranges_keep_the_earliest_of_overlaps_across_threads():
     tid = np.array([1, 1, 1, 2, 2])
     start = np.array([0, 10, 60, 40, 90])
     end = np.array([50, 20, 80, 70, 95])
-    top = share._top_level(tid, start, end)
-    assert top.tolist() == [0, 4]  # A, then E: D starts inside A and C inside D, though both top on their thread
+    names = pa.chunked_array([pa.array(list("ABCDE")).dictionary_encode()])
+    top = share._top_level_windows(share._Tops(), {"start_ns": start, "end_ns": end, "tid": tid, "name": names})
+    # A, then E: D starts inside A and C inside D, though both top on their thread
+    assert top["start"].tolist() == [0, 90] and top["end"].tolist() == [50, 95]

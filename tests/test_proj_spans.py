@@ -16,10 +16,11 @@ import pandas.testing as pdt
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_selection import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
+from conftest import folded
+from test_batches import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
 
 from nsys_recipe_pack import recipes, runner
-from nsys_recipe_pack.inputs import NameIds, load_file, rank_data, readers
+from nsys_recipe_pack.inputs import NameIds, rank_data, readers
 from nsys_recipe_pack.inputs.chunks import ReadWhole
 from nsys_recipe_pack.recipes import nvtx_gpu_proj as proj
 from nsys_recipe_pack.spill import SpilledRows, SpillWriter
@@ -45,8 +46,7 @@ def _run(path, out, attribution, spans, monkeypatch):
 
 
 def _streamed(path, attribution="process"):
-    ranks = load_file(path, set(SPEC.needs), stream=SPEC.stream_given({"attribution": attribution}))
-    results = [r.streamed for r in ranks]
+    results = [result for _, result in folded(SPEC, path, {"attribution": attribution})]
     for r in results:
         if r is not None:
             r["ranges"].remove()

@@ -5,8 +5,8 @@ import shutil
 import sqlite3
 
 import pytest
-from conftest import rank_maps
-from test_selection import REAL_GLOO, synthetic  # noqa: F401 (a fixture)
+from conftest import folded, rank_maps
+from test_batches import REAL_GLOO, synthetic  # noqa: F401 (a fixture)
 
 from nsys_recipe_pack import recipes, synth
 from nsys_recipe_pack.inputs import load_file, rank_data, readers
@@ -83,10 +83,10 @@ def test_what_slices_cannot_answer_is_read_whole(tmp_path, monkeypatch):
                                    ).fetchall()
         db.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET correlationId = (SELECT correlationId FROM "
                    "CUPTI_ACTIVITY_KIND_RUNTIME WHERE rowid = ?) WHERE rowid = ?", (first[0], second[0]))
-    ranks = load_file(path, set(SPEC.needs), stream=SPEC.stream_given({}))
-    assert ranks[0].streamed is None
+    (rank, result), = folded(SPEC, path, {})
+    assert result is None
     whole = load_file(path, set(SPEC.needs))[0]
-    assert sh.map_rank(ranks[0], {})["iterations"].equals(sh.map_rank(whole, {})["iterations"])
+    assert sh.map_rank(rank, {})["iterations"].equals(sh.map_rank(whole, {})["iterations"])
 
 
 def test_an_op_that_runs_iterations_after_its_launch_holds_them_back(tmp_path, monkeypatch):
@@ -130,8 +130,8 @@ def test_a_long_capture_tells_its_rows_to_read_from_the_start(monkeypatch):
     monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
     seen = []
     monkeypatch.setattr(rank_data._ReadProgress, "_say", lambda self: seen.append((self.read, self.total)))
-    ranks = load_file(REAL_GLOO, set(SPEC.needs), stream=SPEC.stream_given({}))
-    assert ranks[0].streamed["iterations"].num_rows >= 6
+    (_, result), = folded(SPEC, REAL_GLOO, {})
+    assert result["iterations"].num_rows >= 6
     con = sqlite3.connect(REAL_GLOO)
     count = {t: con.execute(f"SELECT count(*) FROM {t}").fetchone()[0]
              for t in ("NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL",

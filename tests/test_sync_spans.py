@@ -1,12 +1,14 @@
 """sync_summary on a long capture: its blocking calls found ahead of the spans, their GPU time and NVTX range added up
 span by span of time (inputs.chunks) instead of from every row touching a call: the same calls, summary and findings
-as a selected read, however the tables are cut."""
+as a whole read, however the tables are cut."""
 
 import numpy as np
 import pyarrow as pa
 import pytest
-from test_selection import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
+from conftest import folded
+from test_batches import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
 
+from nsys_recipe_pack import driver
 from nsys_recipe_pack.inputs import load_file, rank_data, readers
 from nsys_recipe_pack.inputs.chunks import END_OF_TIME
 from nsys_recipe_pack.intervals import covered_length, union_segments
@@ -22,18 +24,18 @@ def _decoded(calls: pa.Table) -> pa.Table:
 
 
 @pytest.mark.parametrize("batch_rows", [7, 1000])
-def test_spans_give_the_selected_reads_calls(synthetic, monkeypatch, batch_rows):  # noqa: F811
+def test_spans_give_the_whole_reads_calls(synthetic, monkeypatch, batch_rows):  # noqa: F811
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", batch_rows)
     monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
     compared, kinds = 0, set()
     for path in [REAL_NCCL, REAL_GLOO, synthetic["sqlite"][1], synthetic["parquetdir"][2]]:
-        selected = load_file(path, NEEDS, selection=sync_summary.SELECTION)
-        spanned = load_file(path, NEEDS, selection=sync_summary.SELECTION, stream=sync_summary.STREAM)
-        assert [r.pid for r in selected] == [r.pid for r in spanned]
-        for a, b in zip(selected, spanned, strict=True):
-            assert b.streamed is not None and a.streamed is None, path
+        whole = load_file(path, NEEDS)
+        spanned = folded(sync_summary.RECIPE, path, {})
+        assert [r.pid for r in whole] == [r.pid for r, _ in spanned]
+        for a, (b, result) in zip(whole, spanned, strict=True):
+            assert result is not None, path
             assert (b.gpu, b.unclosed_ranges, b.rank_candidates) == (a.gpu, a.unclosed_ranges, a.rank_candidates)
-            want, got = sync_summary.map_rank(a, {}), sync_summary.map_rank(b, {})
+            want, got = sync_summary.map_rank(a, {}), driver.rank_map(sync_summary.RECIPE, b, {}, result)
             assert _decoded(got["calls"]).equals(_decoded(want["calls"])), path
             assert got["wall_ns"] == want["wall_ns"] and got["findings"] == want["findings"], path
             for column, values in want["summary"].items():

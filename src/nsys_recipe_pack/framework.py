@@ -10,7 +10,7 @@ import os
 import sys
 from pathlib import Path
 
-from . import recipes, runner
+from . import driver, recipes, runner
 from .errors import PackError
 from .spill import SPILL_DIR, remove_spilled
 
@@ -36,7 +36,7 @@ def run_in_framework(recipe, context, name: str) -> None:
     options[SPILL_DIR] = str(recipe.get_output_dir())  # long per-event tables are written there as they are made
     mapped = []
     try:
-        mapped = context.wait(context.map(runner.map_file, inputs, recipe=name, options=options,
+        mapped = context.wait(context.map(driver.map_file, inputs, recipe=name, options=options,
                                           nsys_path=nsys_of_framework()))
         tables, analysis = runner.reduce_all(name, mapped, options)
     except PackError as exc:

@@ -26,10 +26,10 @@ import numpy as np
 import pyarrow as pa
 
 from .groups import SortedGroups, Vocabulary, distinct, factorize
+from .inputs.batches import RANGE_EVENTS
 from .inputs.chunks import ReadWhole
 from .inputs.frames import arrow_of, column_codes, dictionary_column, numpy_of, strings_of
 from .inputs.readers import read_ahead
-from .inputs.selection import RANGE_EVENTS
 from .intervals import outermost
 from .iterations import (
     MIN_REPEATS,

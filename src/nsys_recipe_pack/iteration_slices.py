@@ -37,10 +37,10 @@ import pyarrow as pa
 from .gpu import GPU_NEEDS, call_key, key_places, launch_keys
 from .groups import add_counts, distinct
 from .inputs import Frame, arrow_of, numpy_of
+from .inputs.batches import NEED_FRAMES
 from .inputs.chunks import END_OF_TIME, ReadWhole, Stream
 from .inputs.events import NVTX_DTYPES, read_mpi
 from .inputs.rank_data import RankData, has_cuda_trace
-from .inputs.selection import NEED_FRAMES
 from .iteration_scan import FirstRead, iterations_ahead, no_windows_text
 from .iterations import Iterations, range_arrays
 

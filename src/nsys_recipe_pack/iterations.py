@@ -12,8 +12,8 @@ import pyarrow as pa
 
 from .errors import BadInputError, MissingTraceError
 from .groups import one_of, picked
+from .inputs.batches import RANGE_EVENTS
 from .inputs.frames import arrow_of, dictionary_column
-from .inputs.selection import RANGE_EVENTS
 from .intervals import outermost
 from .lazy import pd
 

@@ -26,12 +26,12 @@ import pyarrow.parquet as pq
 
 from . import errors, nsys_tool, progress, recipes, resources, versions
 from .allocator import give_back_freed_memory
+from .driver import map_file, map_rank_data
 from .errors import BadInputError, MissingToolError, MissingTraceError, PackError, UsageError
 from .inputs import (
     expand_inputs,
     export_beside,
     input_kind,
-    load_file,
     read_arrow_streams,
     write_arrow_streams,
 )
@@ -46,39 +46,6 @@ FILES_COLUMNS = ["rank", "file", "rank_source", "host", "local_rank", "gpu", "pi
 
 # ---------------------------------------------------------------------------------------------------
 # map
-
-
-# what the reduce needs to know of each rank besides its result: key -> RankData attribute
-IDENTITY = {"file": "file", "read_from": "read_from", "pid": "pid", "candidates": "rank_candidates", "host": "host",
-            "local_rank": "local_rank", "gpu": "gpu", "session_start_ns": "session_start_ns",
-            "synthetic": "synthetic", "unclosed_ranges": "unclosed_ranges", "read_note": "read_note"}
-
-
-def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None) -> list[dict]:
-    """Load one input and run the recipe's per-rank analysis on each rank it holds."""
-    spec = recipes.get(recipe)
-    out = []
-    try:
-        for rank_data in load_file(Path(path), set(spec.needs_given(options)), nsys_path,
-                                   spec.rows_given(options), spec.bytes_per_row, spec.selection,
-                                   spec.stream_given(options)):
-            out.append(map_rank_data(spec, rank_data, options))
-    except MissingToolError:
-        raise
-    except PackError as exc:  # a bad input: reported with all the others, or skipped with --skip-bad
-        return [{"bad_file": str(path), "reason": str(exc)}]
-    return out
-
-
-def map_rank_data(spec, rank_data, options: dict) -> dict:
-    """The recipe's map over one loaded rank, with what the reduce needs to know of the rank."""
-    try:
-        res = spec.map_rank(rank_data, options)
-    except MissingTraceError as exc:  # nothing to say about this rank; fatal only if true of all
-        remove_spilled(rank_data.streamed)  # what a long capture's map wrote as it went, unused
-        res = {"missing": str(exc)}
-    res["identity"] = {key: getattr(rank_data, attr) for key, attr in IDENTITY.items()}
-    return res
 
 
 def analyse(recipe: str, ranks: list, options: dict | None = None) -> tuple[dict, dict]:

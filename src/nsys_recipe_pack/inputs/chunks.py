@@ -1,5 +1,5 @@
 """Several event tables read together in time order, a span of time at a time, for recipes whose map adds up over
-time (compute_memory_share): an hour-long capture then never has to be held whole.
+time (their `Stream`, which nsys_recipe_pack.driver runs): an hour-long capture then never has to be held whole.
 
 Nsight Systems exports every event table sorted by start. `time_chunks` reads each table a batch at a time and
 hands over, span after span, every row of every table that starts in the span: a row starting before the span's
@@ -18,12 +18,13 @@ import numpy as np
 import pyarrow as pa
 
 from ..groups import distinct, one_of
+from .batches import RANGE_EVENTS, Extents, KeptRows, batch_frames
 from .events import DOMAIN_CREATE
 from .frames import Frame, numpy_of
 from .readers import SQLITE_READERS, TABLES, ExportSource, StringTable, read_ahead
-from .selection import RANGE_EVENTS, Extents, KeptRows, batch_frames
 
 END_OF_TIME = np.iinfo(np.int64).max
+START_OF_TIME = np.iinfo(np.int64).min
 
 
 STREAM_MIN_ROWS = 2_000_000  # tables shorter than this are read whole (and their frames cached for warm runs)
@@ -44,7 +45,11 @@ class Stream:
     what the spans before it left in `carried` (a dict, empty before the first), done in a thread of its own a span
     ahead of the fold, which goes on meanwhile;
     replayed(state) -> need -> the rows of a need of `ahead` that `prepare` kept from its read, in order of start
-    (a generator of tables, as `view` gives a span's), which the spans take instead of reading its table again."""
+    (a generator of tables, as `view` gives a span's), which the spans take instead of reading its table again;
+    requires: what each rank must hold (RankData.require) for its folded result to stand;
+    complete(rank_data, folded, options) -> the map's result from a process's `finish` result and its rank (what
+    the rank's identity adds); without it, a result {"error": text} is that error and any other the map's result.
+    The driver (nsys_recipe_pack.driver) runs a stream; nothing in inputs does."""
 
     needs: tuple[str, ...]
     view: Callable
@@ -56,6 +61,8 @@ class Stream:
     options: dict = field(default_factory=dict)
     columns: dict = field(default_factory=dict)  # need -> the export columns its spans read (default: all)
     replayed: Callable | None = None
+    requires: tuple[str, ...] = ()
+    complete: Callable | None = None
 
 
 class ReadWhole(Exception):
@@ -135,7 +142,7 @@ def time_chunks(src: ExportSource, needs: list[str], strings: StringTable, view:
     """(span start, span end, need -> rows starting in the span) in time order; the last span ends at
     END_OF_TIME. view(need, batch Frame) -> the plain Arrow columns a chunk's rows carry (`start_ns` among them).
     Once NVTX is read, `found` holds its "names" (the name dictionary a whole read gives; a view refers to names
-    by their strings) and "nvtx", the events every read keeps (inputs.selection.identity_rows); found None: a read
+    by their strings) and "nvtx", the events every read keeps (inputs.batches.identity_rows); found None: a read
     again of a table, which keeps none of that. columns: need -> the export columns read (default: all of
     `readers.TABLES`); given: need -> its rows (Stream.replayed) where they are not read from the table."""
     given = given or {}
@@ -145,7 +152,7 @@ def time_chunks(src: ExportSource, needs: list[str], strings: StringTable, view:
                                          found, connections)) for need in needs}
     pending: dict[str, pa.Table | None] = dict.fromkeys(needs)
     live = set(needs)
-    frontier = np.iinfo(np.int64).min
+    frontier = START_OF_TIME
     while True:
         for need in needs:  # every table that still has rows holds some beyond the last span's end
             while need in live and _exhausted_at(pending[need]):

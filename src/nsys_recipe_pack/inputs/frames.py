@@ -171,12 +171,12 @@ class NameIds(Vocabulary):
     def __init__(self):
         super().__init__()
         self._looked_up: tuple[pa.Array, np.ndarray] | None = None  # the last dictionary and its words' ids, then -1
-        self._arrow = pa.array([], pa.large_string())
+        self._arrow = strings_of([], large=True)
 
     def arrow(self) -> pa.Array:
         """The words as an Arrow array, by id."""
         if len(self._arrow) < len(self.words):
-            self._arrow = pa.concat_arrays([self._arrow, pa.array(self.words[len(self._arrow):], pa.large_string())])
+            self._arrow = pa.concat_arrays([self._arrow, strings_of(self.words[len(self._arrow):], large=True)])
         return self._arrow
 
     def ids_in(self, column: pa.ChunkedArray) -> np.ndarray:

@@ -4,7 +4,6 @@ warm runs."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -14,25 +13,24 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 
-from .. import spill  # a module: spill reads with inputs' helpers, so is imported half-way when it comes first
-from ..allocator import give_back_freed_memory
 from ..errors import BadInputError, MissingTraceError
 from ..groups import one_of
 from ..lazy import pd
-from .chunks import STREAM_MIN_ROWS, Ahead, ReadWhole, Stream, first_read_label, prefolded, time_chunks
+from .batches import NEED_FRAMES, RANGE_EVENTS, Extents
+from .chunks import STREAM_MIN_ROWS, Ahead, Stream, first_read_label, time_chunks
 from .discovery import report_stem
 from .events import read_gpu, read_gpus, read_memory, read_mpi, read_nvtx, read_runtime, recorded_env, session_start
 from .export import open_source
 from .frames import FRAME_NAMES, Frame, as_frame, read_arrow_streams, write_arrow_streams
-from .readers import MEMORY_EVENTS, TABLES, ExportSource, small_table, string_table, threads_pay
-from .selection import RANGE_EVENTS, Extents, Selection, read_selected
+from .readers import MEMORY_EVENTS, TABLES, ExportSource, StringTable, small_table, string_table, threads_pay
 
 RANK_ENV_KEYS = ["RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK"]
 LOCAL_RANK_ENV_KEYS = ["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID",
@@ -72,9 +70,8 @@ class RankData:
         self.has_cuda = has_cuda
         self.synthetic = synthetic  # written by the pack's generator, not a profiler
         self.unclosed_ranges = unclosed_ranges  # NVTX ranges with no end: left out of every analysis
-        # what the whole tables held where only some of their rows were read (inputs.selection.Extents.of)
+        # what the whole tables held where only some of their rows were read (inputs.batches.Extents.of)
         self.extents = extents or {}
-        self.streamed = None  # the map's result, where it was added up span by span of time (inputs.chunks)
         unknown = set(tables) - set(FRAME_NAMES)
         if unknown:
             raise TypeError(f"RankData takes no table {', '.join(sorted(unknown))}")
@@ -91,6 +88,10 @@ class RankData:
         if isinstance(t, Frame):
             t = self._tables[name] = t.to_pandas()
         return t
+
+    def frame_for(self, need: str) -> Frame | None:
+        """The frame of one need's table."""
+        return self.frame(NEED_FRAMES[need][0] if need in NEED_FRAMES else need)
 
     nvtx = property(lambda self: self._pandas("nvtx"))
     kernels = property(lambda self: self._pandas("kernels"))
@@ -158,129 +159,181 @@ def _first_int(env: dict, keys: list[str]) -> tuple[int, str] | None:
 
 
 def load_file(path: Path, needs: set[str], nsys_path: str | None = None,
-              rows: dict[str, list[str]] | None = None, bytes_per_row: int | None = None,
-              selection: Selection | None = None, stream: Stream | None = None) -> list[RankData]:
-    """Read one input and split it into ranks (one per process that did GPU work, or NVTX work).
+              rows: dict[str, list[str]] | None = None, bytes_per_row: int | None = None) -> list[RankData]:
+    """Read one input and split it into ranks (one per process that did GPU work, or NVTX work); see `Reading`."""
+    with Reading(path, needs, nsys_path, rows, bytes_per_row) as reading:
+        return reading.ranks()
+
+
+class Reading:
+    """One input opened for reading: `ranks()` reads the tables its needs name and splits them into ranks. For a long
+    capture a caller may first read some tables span by span of time (`spans`), and then `ranks(after=...)` reads the
+    rest whole: nothing here runs an analysis.
 
     rows: need -> names, for recipes that use only some rows (`kernel_pace --kernel`: one kernel's). An export
     is then read for those rows only; a report's export in the pack's cache is read whole once, as its loaded
     frames are kept for every later run. bytes_per_row: the recipe's peak memory per event row read (see
-    `check_memory`). selection: only the rows the recipe's map uses, read a batch at a time (inputs.selection).
-    stream: a map that adds up over time, run span by span as long tables are read (inputs.chunks)."""
-    src = open_source(path, needs, nsys_path)
-    cache = _loaded_dir(src, needs, selection)
-    try:
-        loaded = _read_loaded(cache) if cache is not None else None
-        if loaded is None:
-            loaded = _read_frames(src, needs, path, rows if cache is None else None, bytes_per_row, selection,
-                                  stream)
-            if cache is not None and "streamed" not in loaded[1] and not src.exported_now:
-                _write_loaded(cache, *loaded)
-    finally:
-        src.close()
-    return _split_ranks(path, *loaded, read_from=src.origin, read_note=src.note)
+    `check_memory`). src: the input already opened (export.open_source)."""
 
-
-def _read_frames(src: ExportSource, needs: set[str], path: Path, rows: dict | None = None,
-                 bytes_per_row: int | None = None, selection: Selection | None = None,
-                 stream: Stream | None = None) -> tuple[dict, dict]:
-    """The normalised frames a recipe needs, and what identifies the file's ranks."""
-    if not (src.has("StringIds") or src.has("NVTX_EVENTS") or src.has("TARGET_INFO_SESSION_START_TIME")
-            or src.origin != src.path):
-        raise BadInputError(f"{path}: not an Nsight Systems export (no StringIds, NVTX_EVENTS or "
-                            "TARGET_INFO_* tables); export the report with `nsys export`")
-    # the event tables read whole (those read for a few rows only hold little); those a selection reads a batch
-    # at a time hold what it keeps
-    spans = list(stream.needs) if stream and set(stream.needs) | set(stream.ahead) <= needs else []
-    ahead = [need for need in stream.ahead if need not in spans] if spans else []  # read ahead only
-    if sum(src.count(t) for need in spans + ahead for t in TABLES[need]) < STREAM_MIN_ROWS:
-        spans, ahead = [], []
-    streamed = [need for need in selection.order if need in needs] if selection and not spans else []
-    whole = [t for need in sorted(needs) if not (rows or {}).get(need) and need not in streamed + spans + ahead
-             for t in TABLES.get(need, {})]
-    counts = {t: src.count(t) for t in whole}
-    check_memory(path, counts, bytes_per_row=bytes_per_row)
-    ahead_rows = {first_read_label(t): src.count(t) for need in (stream.ahead if spans else ()) for t in TABLES[need]}
-    done = _ReadProgress(path, {**counts, **{t: src.count(t) for need in streamed + spans for t in TABLES[need]},
-                                **ahead_rows})
-    strings = string_table(src)
-    env, hostname = recorded_env(src)
-    synthetic = "SYNTHETIC" in small_table(src, "META_DATA_EXPORT", ["name"]).get("name", [])
-    frames: dict[str, Frame] = {}
-    extents = Extents()
-    kept: dict[str, Frame] = {}
-    for need in streamed:
-        kept[need] = read_selected(src, need, strings, selection, kept, extents, done.add)
-    results, found = None, {}
-    if spans:
+    def __init__(self, path: Path, needs: set[str], nsys_path: str | None = None,
+                 rows: dict[str, list[str]] | None = None, bytes_per_row: int | None = None,
+                 src: ExportSource | None = None):
+        self.path, self.needs, self.bytes_per_row = Path(path), set(needs), bytes_per_row
+        self.src = src or open_source(self.path, self.needs, nsys_path)
         try:
-            state = (stream.prepare(Ahead(src, strings, extents, found, done.add, done.expect, stream), stream.options)
-                     if stream.prepare else {})
-            give_back_freed_memory()  # what the reads ahead let go, before the spans
-            given = stream.replayed(state) if stream.replayed else {}
-            chunks = time_chunks(src, spans + list(given), strings, stream.view, extents, done.add, found,
-                                 stream.columns, given)
-            if stream.prefold:
-                chunks = prefolded(chunks, stream.prefold, state)
-            with contextlib.closing(chunks):  # its reading threads stopped before any whole read
-                for span_start, span_end, chunk in chunks:
-                    stream.fold(state, span_start, span_end, chunk)
-            results = stream.finish(state, found.get("names", []))
-        except ReadWhole:  # an export not in time order, or one the spans cannot answer for: its tables whole
-            return _read_frames(src, needs, path, rows, bytes_per_row, selection)
-    # the tables read whole, side by side: frame -> (table, its read)
-    reads: dict[str, tuple[str | None, Callable[[], Frame]]] = {}
-    # NVTX always: its "rank N" ranges are one of the sources of the rank (only those, when no recipe needs more)
-    nvtx = kept.get("nvtx", found.get("nvtx"))
-    if nvtx is None:
-        reads["nvtx"] = ("NVTX_EVENTS", functools.partial(read_nvtx, src, strings, "nvtx" not in needs))
-    for need, attr in [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")]:
-        if need in kept:
-            frames[attr] = kept[need]
-        elif need in needs and need not in spans:
-            (table, cols), = TABLES[need].items()
-            reads[attr] = (table, functools.partial(_read_gpu_named, src, table, cols, strings, (rows or {}).get(need)))
-    if "runtime" in kept:
-        frames["runtime"] = kept["runtime"]
-    elif "runtime" in needs and "runtime" not in spans + ahead:
-        reads["runtime"] = ("CUPTI_ACTIVITY_KIND_RUNTIME", functools.partial(read_runtime, src, strings))
-    if "mpi" in needs and not spans:  # a stream that needs them reads them itself
-        reads["mpi"] = (None, functools.partial(read_mpi, src, strings))
-    if "memory" in needs:
-        reads["memory"] = (MEMORY_EVENTS, functools.partial(read_memory, src))
-        reads["gpus"] = (None, functools.partial(read_gpus, src))
-    frames.update(_side_by_side(reads, sum(counts.values()), done))
-    nvtx = frames.pop("nvtx") if nvtx is None else nvtx
-    if "nvtx" in needs:
-        frames["nvtx"] = nvtx
-    has_cuda = has_cuda_trace(src)
-    gpu_pids: set[int] = set()
-    if has_cuda:
-        for attr in ("kernels", "memcpy"):
-            if attr in extents.tables:
-                gpu_pids.update(extents.pids(attr))
-            elif attr in frames:
-                gpu_pids.update(int(p) for p in np.unique(frames[attr].values("pid")))
-        if not gpu_pids and "runtime" in extents.tables:
-            gpu_pids.update(extents.pids("runtime"))
-        elif not gpu_pids and "runtime" in frames:
-            gpu_pids.update(int(p) for p in np.unique(frames["runtime"].values("pid")))
-    if not gpu_pids and "nvtx" not in needs:  # the processes with NVTX ranges are the ranks: all ranges needed
-        nvtx = read_nvtx(src, strings)
-    if "nvtx" in extents.tables:
-        range_pids = np.array(sorted(extents.pids("nvtx")), np.int64)
-    else:
-        range_pids = nvtx.values("pid")[one_of(nvtx.values("event_type"), RANGE_EVENTS)]
-    pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(range_pids))
-    if results is not None and (len(pids) <= 1 and len(results) > 1 or len(pids) > 1 and not set(pids) <= set(results)):
-        # one rank holding the work of several processes (its map is not the sum of theirs), or ranks whose maps
-        # the stream did not make one by one
-        spill.remove_spilled(results)
-        return _read_frames(src, needs, path, rows, bytes_per_row, selection)
-    meta = {"env": env, "hostname": hostname, "session_start_ns": session_start(src), "synthetic": bool(synthetic),
-            "has_cuda": bool(has_cuda), "pids": pids or [None], "nvtx_rank": _nvtx_ranks(nvtx, pids or [None]),
-            "extents": extents.tables, **({"streamed": results} if results is not None else {})}
-    return frames, meta
+            self.cache = _loaded_dir(self.src, self.needs)
+            self.loaded = _read_loaded(self.cache) if self.cache is not None else None
+        except BaseException:
+            self.src.close()
+            raise
+        self.rows = rows if self.cache is None else None
+        self._strings = None
+
+    def __enter__(self) -> Reading:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.src.close()
+
+    def long(self, stream: Stream) -> bool:
+        """Whether a stream's tables are long enough to be read span by span (and not loaded whole already)."""
+        wanted = set(stream.needs) | set(stream.ahead)
+        return (self.loaded is None and wanted <= self.needs
+                and sum(self.src.count(t) for need in wanted for t in TABLES[need]) >= STREAM_MIN_ROWS)
+
+    def spans(self, stream: Stream) -> SpanRead:
+        """Starts reading a stream's tables span by span of time (`SpanRead`); the tables it leaves are read whole by
+        `ranks(after=...)` once its spans are through."""
+        self._check_export()
+        spans = list(stream.needs)
+        ahead = [need for need in stream.ahead if need not in spans]  # read ahead only
+        progress = self._progress(spans, ahead, stream.ahead)
+        return SpanRead(self.src, self.strings, spans, ahead, stream, Extents(), {}, progress)
+
+    @property
+    def strings(self) -> StringTable:
+        if self._strings is None:
+            self._strings = string_table(self.src)
+        return self._strings
+
+    def ranks(self, after: SpanRead | None = None) -> list[RankData]:
+        """The input's ranks; after: a read in spans gone through, whose tables are not read again."""
+        if self.loaded is not None:
+            frames, meta = self.loaded
+        else:
+            frames, meta = self.frames(after)
+            if self.cache is not None and after is None and not self.src.exported_now:
+                _write_loaded(self.cache, frames, meta)
+        return _split_ranks(self.path, frames, meta, read_from=self.src.origin, read_note=self.src.note)
+
+    def _check_export(self) -> None:
+        src = self.src
+        if not (src.has("StringIds") or src.has("NVTX_EVENTS") or src.has("TARGET_INFO_SESSION_START_TIME")
+                or src.origin != src.path):
+            raise BadInputError(f"{self.path}: not an Nsight Systems export (no StringIds, NVTX_EVENTS or "
+                                "TARGET_INFO_* tables); export the report with `nsys export`")
+
+    def _whole(self, skipped: list[str]) -> list[str]:
+        """The event tables read whole: those read for a few rows only hold little."""
+        return [t for need in sorted(self.needs) if not (self.rows or {}).get(need) and need not in skipped
+                for t in TABLES.get(need, {})]
+
+    def _progress(self, spans: list[str], ahead: list[str], first_reads=()) -> _ReadProgress:
+        """The memory check of the tables read whole, and the progress of the whole read."""
+        src = self.src
+        counts = {t: src.count(t) for t in self._whole(spans + ahead)}
+        check_memory(self.path, counts, bytes_per_row=self.bytes_per_row)
+        batches = {t: src.count(t) for need in spans for t in TABLES[need]}
+        first = {first_read_label(t): src.count(t) for need in first_reads for t in TABLES[need]}
+        return _ReadProgress(self.path, {**counts, **batches, **first})
+
+    def frames(self, after: SpanRead | None = None) -> tuple[dict, dict]:
+        """The normalised frames the needs name, and what identifies the file's ranks."""
+        src, needs = self.src, self.needs
+        spans, ahead = (after.spans, after.ahead) if after else ([], [])
+        if after is None:
+            self._check_export()
+            done, extents, found = self._progress([], []), Extents(), {}
+        else:
+            done, extents, found = after.progress, after.extents, after.found
+        strings = self.strings
+        env, hostname = recorded_env(src)
+        synthetic = "SYNTHETIC" in small_table(src, "META_DATA_EXPORT", ["name"]).get("name", [])
+        frames: dict[str, Frame] = {}
+        # the tables read whole, side by side: frame -> (table, its read)
+        reads: dict[str, tuple[str | None, Callable[[], Frame]]] = {}
+        # NVTX always: its "rank N" ranges are one of the sources of the rank (only those, when no recipe needs more)
+        nvtx = found.get("nvtx")
+        if nvtx is None:
+            reads["nvtx"] = ("NVTX_EVENTS", functools.partial(read_nvtx, src, strings, "nvtx" not in needs))
+        for need, attr in [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")]:
+            if need in needs and need not in spans:
+                (table, cols), = TABLES[need].items()
+                reads[attr] = (table, functools.partial(_read_gpu_named, src, table, cols, strings,
+                                                        (self.rows or {}).get(need)))
+        if "runtime" in needs and "runtime" not in spans + ahead:
+            reads["runtime"] = ("CUPTI_ACTIVITY_KIND_RUNTIME", functools.partial(read_runtime, src, strings))
+        if "mpi" in needs and not spans:  # a stream that needs them reads them itself
+            reads["mpi"] = (None, functools.partial(read_mpi, src, strings))
+        if "memory" in needs:
+            reads["memory"] = (MEMORY_EVENTS, functools.partial(read_memory, src))
+            reads["gpus"] = (None, functools.partial(read_gpus, src))
+        frames.update(_side_by_side(reads, sum(src.count(t) for t in self._whole(spans + ahead)), done))
+        nvtx = frames.pop("nvtx") if nvtx is None else nvtx
+        if "nvtx" in needs:
+            frames["nvtx"] = nvtx
+        has_cuda = has_cuda_trace(src)
+        gpu_pids: set[int] = set()
+        if has_cuda:
+            for attr in ("kernels", "memcpy"):
+                if attr in extents.tables:
+                    gpu_pids.update(extents.pids(attr))
+                elif attr in frames:
+                    gpu_pids.update(int(p) for p in np.unique(frames[attr].values("pid")))
+            if not gpu_pids and "runtime" in extents.tables:
+                gpu_pids.update(extents.pids("runtime"))
+            elif not gpu_pids and "runtime" in frames:
+                gpu_pids.update(int(p) for p in np.unique(frames["runtime"].values("pid")))
+        if not gpu_pids and "nvtx" not in needs:  # the processes with NVTX ranges are the ranks: all ranges needed
+            nvtx = read_nvtx(src, strings)
+        if "nvtx" in extents.tables:
+            range_pids = np.array(sorted(extents.pids("nvtx")), np.int64)
+        else:
+            range_pids = nvtx.values("pid")[one_of(nvtx.values("event_type"), RANGE_EVENTS)]
+        pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(range_pids))
+        meta = {"env": env, "hostname": hostname, "session_start_ns": session_start(src),
+                "synthetic": bool(synthetic), "has_cuda": bool(has_cuda), "pids": pids or [None],
+                "nvtx_rank": _nvtx_ranks(nvtx, pids or [None]), "extents": extents.tables}
+        return frames, meta
+
+
+@dataclass
+class SpanRead:
+    """A long capture's tables read span by span of time (inputs.chunks): `ahead` gives what a stream reads before
+    the spans, `chunks` the spans, `names` the NVTX names' dictionary once they are through. What they read of the
+    rank's identity (extents, NVTX's ranges that name a rank) is kept for `Reading.ranks(after=...)`."""
+
+    src: ExportSource
+    strings: StringTable
+    spans: list[str]  # the needs whose tables the spans read
+    ahead: list[str]  # the needs read ahead only
+    stream: Stream
+    extents: Extents
+    found: dict
+    progress: _ReadProgress
+
+    def reader_ahead(self) -> Ahead:
+        return Ahead(self.src, self.strings, self.extents, self.found, self.progress.add, self.progress.expect,
+                     self.stream)
+
+    def chunks(self, given: dict | None = None) -> Iterator[tuple[int, int, dict]]:
+        """time_chunks over the spans' tables and those `given` (Stream.replayed)."""
+        given = given or {}
+        return time_chunks(self.src, self.spans + list(given), self.strings, self.stream.view, self.extents,
+                           self.progress.add, self.found, self.stream.columns, given)
+
+    def names(self) -> list:
+        return self.found.get("names", [])
 
 
 CUDA_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
@@ -438,14 +491,11 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
         if file_rank is not None and len(pids) == 1:
             cands["filename"] = (file_rank, "file name")
         extents = Extents(meta.get("extents")).of(pid if len(pids) > 1 else None)
-        streamed = meta.get("streamed")
         rank_data = RankData(file=str(path), pid=pid, session_start_ns=meta["session_start_ns"], env=env,
                       rank_candidates=cands, host=host, local_rank=local[0] if local and len(pids) == 1 else None,
                       has_cuda=meta["has_cuda"], synthetic=meta["synthetic"],
                       read_from=str(read_from) if read_from is not None else None, extents=extents,
                       read_note=read_note)
-        if streamed is not None:
-            rank_data.streamed = (streamed.get(pid) if len(pids) > 1 else next(iter(streamed.values()), None))
         for attr, frame in frames.items():
             if pid is not None and len(pids) > 1 and "pid" in frame:
                 frame = frame.filter(frame.values("pid") == pid)
@@ -463,14 +513,14 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
 # of an export, not by the read that made it: a report looked at once (a cold run) does not pay for them
 # (docs/internals.md, "Reading exports")
 
-LOADED_FORMAT = 7  # bump when _read_frames or the layout below changes
+LOADED_FORMAT = 7  # bump when Reading.frames or the layout below changes
 LOADED_FILE = "frames.arrows"
 
 
-def _loaded_dir(src: ExportSource, needs: set[str], selection: Selection | None = None) -> Path | None:
+def _loaded_dir(src: ExportSource, needs: set[str]) -> Path | None:
     if src.origin == src.path:
         return None  # only report exports in the pack's cache; user exports are read as they are
-    return src.path / f"loaded-v{LOADED_FORMAT}-{'-'.join(sorted(needs))}{f'-{selection.tag}' if selection else ''}"
+    return src.path / f"loaded-v{LOADED_FORMAT}-{'-'.join(sorted(needs))}"
 
 
 def _read_loaded(cache: Path) -> tuple[dict, dict] | None:

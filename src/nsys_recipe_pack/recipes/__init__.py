@@ -58,9 +58,6 @@ class Recipe:
     # peak memory over one rank per event row read: measured on a 680 MB export (bench/RESULTS.md, huge reports)
     # with some margin; None: the default of inputs.rank_data
     bytes_per_row: int | None = None
-    # inputs.Selection: only the rows its map uses, chosen while each table is read a batch at a time, so that
-    # a long capture is never held whole
-    selection: object | None = None
     # inputs.chunks.Stream: for a long capture, a map that adds up span by span of time instead of whole tables
     stream: object | None = None
     summary: Callable | None = None  # summary(output folder) -> the lines `nsys-recipe run` prints

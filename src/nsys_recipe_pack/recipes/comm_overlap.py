@@ -21,6 +21,7 @@ iterations is one window over its whole capture, read whole.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import numpy as np
@@ -164,10 +165,6 @@ def overlap_by_kind(group: np.ndarray, kind: np.ndarray, start: np.ndarray, end:
 
 def map_rank(rank_data, options: dict) -> dict:
     rank_data.require("kernel", "comm_overlap")
-    if rank_data.streamed is not None:  # a long capture, its iterations a few at a time (STREAM)
-        if "error" in rank_data.streamed:
-            raise BadInputError(f"{rank_data.file}: {rank_data.streamed['error']}")
-        return rank_data.streamed
     it, ranges = _iterations(rank_data, options)
     piece, _ = window_rows(rank_data, ranges, it, options)
     return map_result(it, [piece], ranges.names[:-1])
@@ -245,7 +242,7 @@ def map_result(it: Iterations, pieces: list[dict], names) -> dict:
     return {**out, "delimiter": it.delimiter.as_dict(), "start_ns": it.start_ns}
 
 
-STREAM = sliced_stream(window_rows, map_result, NEEDS, whole_capture=True)
+STREAM = dataclasses.replace(sliced_stream(window_rows, map_result, NEEDS, whole_capture=True), requires=("kernel",))
 
 
 def _rows(per_key: dict, devices: np.ndarray, key: str, labels: np.ndarray, first: int) -> dict:

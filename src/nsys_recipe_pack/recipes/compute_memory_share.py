@@ -10,13 +10,14 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from ..driver import fold_rank
 from ..errors import BadInputError, MissingTraceError
-from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY, gpu_frames
+from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY
 from ..groups import SortedGroups, factorize
 from ..inputs import Frame, NameIds, arrow_of, dictionary_column, numpy_of, sorted_place
 from ..inputs.chunks import END_OF_TIME, Stream
 from ..intervals import outermost, prefix_union_lengths, split_into_windows
-from ..iterations import NCCL_KERNEL_RE, closed_range_view, matching, range_arrays
+from ..iterations import NCCL_KERNEL_RE, closed_range_view, matching
 from ..lazy import pd
 from . import Metric, Recipe, indented, ms_cell
 
@@ -41,14 +42,6 @@ def _percentages(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 LEVEL = {c: i for i, c in enumerate(PRIORITY)}  # a category's place in PRIORITY
-
-
-def _ops(rank_data) -> dict:
-    """The rank's kernels, then copies, then memsets as arrays: times, device, priority level, bytes and
-    whether a copy touched pageable memory."""
-    parts = [_op_columns(need, rank_data.frame(attr)) for need, attr in GPU_NEEDS]
-    parts = [p for p in parts if p is not None]
-    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 GPU_NEEDS = [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset")]
@@ -86,13 +79,6 @@ def _op_columns(need: str, frame) -> dict | None:
             "has_bytes": known(bytes_col) if bytes_col else np.zeros(n, bool), "pageable": pageable}
 
 
-def _split(ops: dict, group: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, dict]:
-    """Per window (group 0..len(lo)-1) and category: ops, sum, union, bytes and pageable copies, and idle: the
-    rest of the window. Rows by category (PRIORITY order, then idle), then window; a category's row is kept
-    when it has ops or union time. Returns each row's window and the columns."""
-    return _rows(_cells(ops, group, len(lo)), lo, hi)
-
-
 def _cells(ops: dict, group: np.ndarray, n: int, counted: np.ndarray | None = None,
            duration: np.ndarray | None = None) -> dict:
     """What `_rows` needs per (group, category), as sums over the ops, so that the cells of spans of time add up:
@@ -111,7 +97,9 @@ def _cells(ops: dict, group: np.ndarray, n: int, counted: np.ndarray | None = No
 
 
 def _rows(cells: dict, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, dict]:
-    """`_split`'s rows from the cells of its windows."""
+    """Per window (0..len(lo)-1) and category: ops, sum, union, bytes and pageable copies, and idle: the rest of the
+    window, from the cells of its windows. Rows by category (PRIORITY order, then idle), then window; a category's
+    row is kept when it has ops or union time. Returns each row's window and the columns."""
     n, c = len(lo), len(PRIORITY)
     covered = cells["covered"]
     union = np.concatenate([(covered[1:] - covered[:-1]).ravel(), hi - lo - covered[c]])
@@ -161,32 +149,10 @@ BY_RANGE_DTYPES = {"range_name": "str", "category": "str", "instances": "int64",
 
 
 def map_rank(rank_data, options: dict) -> dict:
+    """The rank's tables as one span of time through the fold below, which a long capture goes through span by
+    span (`STREAM`)."""
     rank_data.require("gpu", "compute_memory_share")
-    if rank_data.streamed is not None:  # added up span by span as a long capture was read (STREAM)
-        return rank_data.streamed
-    if not gpu_frames(rank_data):
-        return {"share": None, "by_range": None}
-    ops = _ops(rank_data)
-    # per device: windows from each device's first op start to its last op end (ops with no device: none)
-    on = ops["has_device"]
-    devices, group = factorize(ops["device"][on])
-    dev_ops = {k: v[on] for k, v in ops.items()}
-    lo = np.full(len(devices), np.iinfo(np.int64).max)
-    hi = np.full(len(devices), np.iinfo(np.int64).min)
-    np.minimum.at(lo, group, dev_ops["start"])
-    np.maximum.at(hi, group, dev_ops["end"])
-    window, cols = _split(dev_ops, group.astype(np.int64), lo, hi)
-    share = _table({"device": devices[window], **cols}, {"category": CATEGORIES})
-    by_range = None
-    r = range_arrays(rank_data.frame("nvtx"))
-    if len(r):
-        top = _top_level(r.tid, r.start_ns, r.end_ns)
-        top_start, top_end = r.start_ns[top], r.end_ns[top]
-        ev, win, cs, ce = split_into_windows(ops["start"], ops["end"], top_start, top_end)
-        clipped = {**{k: v[ev] for k, v in ops.items()}, "start": cs, "end": ce}
-        window, cols = _split(clipped, win, top_start, top_end)
-        by_range = _by_name(r.name[top][window], r.names, cols)
-    return {"share": share, "by_range": by_range}
+    return fold_rank(STREAM, rank_data) or {"share": None, "by_range": None}
 
 
 def _by_name(names: np.ndarray, words: np.ndarray, cols: dict) -> pa.Table:
@@ -206,15 +172,6 @@ def _by_name(names: np.ndarray, words: np.ndarray, cols: dict) -> pa.Table:
                    "sum_ns": total(cols["sum_ns"]), "union_ns": total(cols["union_ns"]), "bytes": total(cols["bytes"]),
                    "has_bytes": total(cols["has_bytes"]) > 0, "pageable_ops": total(cols["pageable_ops"])},
                   {"range_name": words[:-1], "category": CATEGORIES})
-
-
-def _top_level(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Positions of the ranges not enclosed by another range on the same thread, in time order, made
-    non-overlapping across threads by keeping the earliest of any overlap (so each GPU op is counted once)."""
-    top = outermost(tid, start, end)
-    top = top[np.argsort(start[top], kind="stable")]
-    s, e = start[top], end[top]
-    return top[np.r_[True, s[1:] >= np.maximum.accumulate(e)[:-1]]] if len(top) else top
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
@@ -280,8 +237,10 @@ def diff_metrics(ranks) -> pd.DataFrame | None:
     return pd.concat(rows, ignore_index=True) if rows else None
 
 
-# One long capture, a span of time at a time (inputs.chunks): per process, each span's cells are added up, the ops
-# still running at its end carried into the next span, and the top-level NVTX ranges found as they start.
+# The analysis, a span of time at a time (a rank read whole is one span; a long capture many, inputs.chunks): per
+# process, each span's cells are added up, the ops still running at its end carried into the next span, and the
+# top-level NVTX ranges (not enclosed by another on their thread, the earliest of any overlap across threads, so that
+# each GPU op is counted once) found as they start.
 
 OP_COLUMNS = ["start", "end", "device", "has_device", "level", "bytes", "has_bytes", "pageable"]
 INT64_MIN = np.iinfo(np.int64).min
@@ -293,7 +252,7 @@ def _view(need: str, frame) -> pa.Table:
         return closed_range_view(need, frame)
     ops = _op_columns(need, frame) or {c: np.zeros(0, bool if c in ("has_device", "has_bytes", "pageable")
                                                      else np.int64) for c in OP_COLUMNS}
-    return pa.table({"start_ns": arrow_of(ops["start"]), **{c: ops[c] for c in OP_COLUMNS[1:]},
+    return pa.table({"start_ns": arrow_of(ops["start"]), **{c: arrow_of(ops[c]) for c in OP_COLUMNS[1:]},
                      "pid": arrow_of(frame.values("pid"))})
 
 
@@ -361,7 +320,7 @@ def _rows_of(table: pa.Table | None, pid: int, columns: list[str]) -> dict:
                 for c in columns}
     pids = numpy_of(table.column("pid"))
     on = slice(None) if pids[0] == pids[-1] and (pids == pid).all() else np.flatnonzero(pids == pid)
-    return {c: (table.column(c) if isinstance(on, slice) else table.column(c).take(on)) if c == "name"
+    return {c: (table.column(c) if isinstance(on, slice) else table.column(c).take(arrow_of(on))) if c == "name"
             else numpy_of(table.column(c))[on] for c in columns}
 
 
@@ -414,7 +373,7 @@ def _fold_ops(proc: _Process, new: dict, span_start: int, span_end: int) -> None
 
 
 def _top_level_windows(tops: _Tops, ranges: dict) -> dict | None:
-    """`_top_level` over the ranges starting in a span, each thread's reach and the reach across threads carried
+    """The top-level ranges among those starting in a span, each thread's reach and the reach across threads carried
     from the spans before: the new windows in time order (start, end, name id), None without ranges."""
     n = len(ranges["start_ns"])
     if not n:
@@ -434,7 +393,7 @@ def _top_level_windows(tops: _Tops, ranges: dict) -> dict | None:
     before = np.maximum.accumulate(np.r_[tops.reach, e])[:-1]
     tops.reach = max(tops.reach, int(e.max())) if len(e) else tops.reach
     new = top[s >= before]
-    return {"start": start[new], "end": end[new], "name": tops.names.ids_in(ranges["name"].take(new))}
+    return {"start": start[new], "end": end[new], "name": tops.names.ids_in(ranges["name"].take(arrow_of(new)))}
 
 
 def _open_windows(proc: _Process, new: dict | None) -> None:
@@ -510,7 +469,7 @@ def _finish(state: dict, names: list) -> dict:
 
 
 STREAM = Stream(needs=("kernel", "memcpy", "memset", "nvtx"), view=_view, fold=_fold, finish=_finish,
-                prefold=_by_process)
+                prefold=_by_process, requires=("gpu",))
 
 
 RECIPE = Recipe(

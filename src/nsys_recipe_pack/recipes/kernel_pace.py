@@ -38,10 +38,6 @@ def rows_for(options: dict) -> dict | None:
 
 
 def map_rank(rank_data, options: dict) -> dict:
-    if rank_data.streamed is not None:  # a long capture: iterations found ahead, its GPU work read span by span
-        if "error" in rank_data.streamed:
-            raise BadInputError(f"{rank_data.file}: {rank_data.streamed['error']}")
-        return rank_data.streamed
     kernel = options.get("kernel")
     if kernel:
         rank_data.require("kernel", "kernel_pace --kernel")

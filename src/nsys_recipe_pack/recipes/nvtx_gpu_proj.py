@@ -20,8 +20,8 @@ import pyarrow as pa
 from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, launched_ops, pair_launches
 from ..groups import SortedGroups, add_counts, distinct, factorize, one_of, picked, stable_order, sums_by_key
 from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables
+from ..inputs.batches import RANGE_EVENTS
 from ..inputs.chunks import NotSorted, ReadWhole, Stream
-from ..inputs.selection import RANGE_EVENTS
 from ..intervals import consecutive_union_lengths, union_lengths
 from ..iterations import closed_range_mask, closed_ranges
 from ..lazy import pd
@@ -75,8 +75,6 @@ def launch_ranges(r_tid, r_pid, r_start, r_end, tid, pid, call_start, call_end, 
 def map_rank(rank_data, options: dict) -> dict:
     rank_data.require("nvtx", "nvtx_gpu_proj")
     rank_data.require("runtime", "nvtx_gpu_proj")
-    if rank_data.streamed is not None:  # projected span by span of time as a long capture was read (STREAM)
-        return rank_data.streamed
     nvtx_events = rank_data.frame("nvtx")
     start_all, end_all = nvtx_events.values("start_ns"), nvtx_events.values("end_ns")
     closed = np.flatnonzero(closed_range_mask(nvtx_events))
@@ -615,7 +613,7 @@ def _sums_of(parts: list[pa.Table]) -> pa.Table:
 
 
 STREAM = Stream(needs=("nvtx", "runtime", *GPU_NEEDS), view=_view, fold=_fold, finish=_finish, prepare=_prepare,
-                ahead=GPU_NEEDS, prefold=_nest)
+                ahead=GPU_NEEDS, prefold=_nest, requires=("nvtx", "runtime"))
 
 
 RECIPE = Recipe(

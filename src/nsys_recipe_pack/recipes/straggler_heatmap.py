@@ -22,7 +22,6 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pyarrow as pa
 
-from ..errors import BadInputError
 from ..gpu import call_key, collective_ops, gpu_frames, gpu_intervals, launched_ops
 from ..groups import SortedGroups, runs_of_about
 from ..inputs import Frame, arrow_of, dictionary_column, sorted_place
@@ -90,10 +89,6 @@ def ready_times(points: SyncPoints, launch_ns: np.ndarray, done_ns: np.ndarray) 
 
 def map_rank(rank_data, options: dict) -> dict:
     """Per-iteration busy/wait/GPU time and per-component times for one rank. No cross-rank logic."""
-    if rank_data.streamed is not None:  # a long capture, its iterations a few at a time (STREAM)
-        if "error" in rank_data.streamed:
-            raise BadInputError(f"{rank_data.file}: {rank_data.streamed['error']}")
-        return rank_data.streamed
     ranges = range_arrays(rank_data.frame("nvtx"))
     it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"), ranges)
     piece = iteration_rows(rank_data, ranges, it, options)

@@ -15,12 +15,11 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import GPU_NEEDS, PAGEABLE, gpu_intervals, key_places
+from ..gpu import GPU_NEEDS, PAGEABLE, gpu_intervals
 from ..gpu import call_key as _call_key
 from ..groups import SortedGroups, Vocabulary, distinct, factorize, one_of, picked
 from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables, sorted_place
 from ..inputs.chunks import END_OF_TIME, Stream
-from ..inputs.selection import Selection
 from ..intervals import covered_length, touching, union_segments
 from ..iterations import closed_range_view, range_arrays
 from ..lazy import pd
@@ -206,9 +205,6 @@ def map_rank(rank_data, options: dict) -> dict:
     rank_data.require("runtime", "sync_summary")
     calls, first_start, last_end = rank_data.extent("runtime")
     wall = last_end - first_start  # of all the rank's calls, also where only the blocking ones were read
-    if rank_data.streamed is not None:  # a long capture: its calls found ahead, the rest added span by span (STREAM)
-        found = rank_data.streamed
-        return _map_result(*found["api"], *found["range"], found["cols"], wall, _flavour(rank_data.env))
     runtime = rank_data.frame("runtime")
     if runtime is None or not calls:
         return _map_result(np.zeros(0, np.int64), [], np.zeros(0, np.int64), [], _no_calls(), 0)
@@ -245,24 +241,6 @@ def _waited(cols: dict, first_op_start: np.ndarray) -> np.ndarray:
     return waited
 
 
-def _select(need: str, kept: dict):
-    """The rows the map uses (see `SELECTION`): the calls that may block; the copies and memsets they made;
-    the GPU work during them; the NVTX ranges around them on their threads."""
-    if need == "runtime":
-        return _may_block
-    calls = kept["runtime"]
-    start, end = calls.values("start_ns"), calls.values("end_ns")
-    during = union_segments(start, end)
-    if need in ("memcpy", "memset"):
-        keys = distinct(_call_key(calls))
-        return lambda batch: (key_places(keys, _call_key(batch))[1]
-                              | touching(*during, batch.values("start_ns"), batch.values("end_ns")))
-    if need == "kernel":
-        return lambda batch: touching(*during, batch.values("start_ns"), batch.values("end_ns"))
-    around = _around_calls(calls.values("tid"), start, end, during)
-    return lambda batch: around(batch.values("tid"), batch.values("start_ns"), batch.values("end_ns"))
-
-
 def _around_calls(tid: np.ndarray, start: np.ndarray, end: np.ndarray, during: tuple | None = None):
     """A test of which ranges (thread, start, end) touch one of these calls on their thread: the only ranges that
     can be around one. during: the calls' `union_segments`, where made already (the one thread's, where all the calls
@@ -282,18 +260,11 @@ def _around_calls(tid: np.ndarray, start: np.ndarray, end: np.ndarray, during: t
     return around
 
 
-# Ranges that nest (push/pop ranges always do): a range that touches no call is neither around one nor around
-# a range that is, so leaving it out changes no call's innermost range (inputs.selection reads the ranges that
-# name a rank whatever this keeps). Start/end ranges that cross on one thread can differ: the depth walk of
-# nvtx.innermost_of may miss, over all of them, a range the kept ones show around the call. GPU work outside
-# every call adds nothing to a call's GPU time.
 # Of copies and memsets only their times, launch keys and what `_classify` reads: each column read from SQLite goes
-# through ADBC's conversion (the 5.4 GB export of bench/RESULTS.md's huge reports: 28.7 s with every column, 22.6 s).
-SELECTION = Selection(tag="sync", order=("runtime", "memcpy", "memset", "kernel", "nvtx"), keep=_select,
-                      columns={"kernel": ["start", "end", "globalPid"],
-                               "memcpy": ["start", "end", "correlationId", "globalPid", "bytes", "copyKind", "srcKind",
-                                          "dstKind", "srcDeviceId", "dstDeviceId"],
-                               "memset": ["start", "end", "correlationId", "globalPid", "memKind"]})
+# through ADBC's conversion (bench/RESULTS.md, huge reports).
+COPY_COLUMNS = {"memcpy": ["start", "end", "correlationId", "globalPid", "bytes", "copyKind", "srcKind", "dstKind",
+                           "srcDeviceId", "dstDeviceId"],
+                "memset": ["start", "end", "correlationId", "globalPid", "memKind"]}
 
 
 # A long capture, span by span (inputs.chunks): the copies and memsets, then the calls that may block are read ahead
@@ -318,7 +289,7 @@ def _prepare(ahead, options: dict) -> dict:
     left to the spans. The copies and memsets are read first: each batch of calls then keeps its blocking ones only."""
     copies = _Copies()
     for need in ("memcpy", "memset"):
-        for frame in ahead.frames(need, SELECTION.columns[need]):
+        for frame in ahead.frames(need, COPY_COLUMNS[need]):
             copies.add(_copy_rows(need, frame))
         copies.done()
     api = Vocabulary()  # API names by id across the batches
@@ -437,9 +408,17 @@ def _finish(state: dict, names: list) -> dict:
     return out
 
 
+def _complete(rank_data, folded: dict, options: dict) -> dict:
+    """A process's calls as `_finish` gives them, over the span of all the rank's calls."""
+    _, first_start, last_end = rank_data.extent("runtime")
+    return _map_result(*folded["api"], *folded["range"], folded["cols"], last_end - first_start,
+                       _flavour(rank_data.env))
+
+
 # its spans read times and processes (and the kernels' devices, which give the rank's GPU)
 STREAM = Stream(needs=(*GPU_NEEDS, "nvtx"), view=_span_view, fold=_fold, finish=_finish, prepare=_prepare,
-                ahead=("runtime",), columns=dict.fromkeys(GPU_NEEDS, ["start", "end", "globalPid", "deviceId"]))
+                ahead=("runtime",), columns=dict.fromkeys(GPU_NEEDS, ["start", "end", "globalPid", "deviceId"]),
+                requires=("runtime",), complete=_complete)
 
 
 MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "MPI_LOCALRANKID")
@@ -611,7 +590,6 @@ RECIPE = Recipe(
     needs=frozenset(NEEDS),
     map_rank=map_rank,
     reduce=reduce,
-    selection=SELECTION,
     stream=STREAM,
     summary=summary,
     headline=headline,

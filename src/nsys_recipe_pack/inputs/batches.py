@@ -1,18 +1,12 @@
-"""Reading only the rows a recipe's map uses, a batch at a time, so that an hour-long capture is never held whole.
-
-A recipe that declares a `Selection` gets, for each event table it needs, the rows its `keep` chooses while the
-table is read in batches of `readers.STREAM_BATCH_ROWS` rows, in `order`, each table's choice seeing the rows kept
-of the tables before it (sync_summary: the blocking calls first, then only the GPU work and NVTX ranges that
-overlap them). The frames it gets are the same as a whole read's, filtered: the same dictionaries (the first row
-of every distinct name is carried through the read, then dropped), the same column types, and what the rest of
-the pack reads from a whole table (a rank's processes, its GPU, its unclosed NVTX ranges and the ranges that name
-its rank) taken from every row while it passes (`Extents`).
+"""Event tables read a batch at a time (inputs.chunks, for a long capture): each batch's frame, with the same
+dictionaries and column types as a whole read's (the first row of every distinct name is carried through the read,
+then dropped), and what the rest of the pack reads from a whole table (a rank's processes, its GPU, its unclosed NVTX
+ranges and the ranges that name its rank) taken from every row while it passes (`Extents`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -21,23 +15,9 @@ import pyarrow.compute as pc
 from ..groups import one_of
 from .events import DOMAIN_CREATE, NVTX_TIMES, gpu_frame, nvtx_frame, runtime_frame, timed_rows
 from .frames import Frame, arrow_of, numpy_of, one_array
-from .readers import SQLITE_READERS, TABLES, ExportSource, StringTable
+from .readers import TABLES, ExportSource, StringTable
 
 RANGE_EVENTS = (59, 60)  # push/pop and start/end ranges
-
-
-@dataclass(frozen=True)
-class Selection:
-    """Which rows of each event table a recipe's map uses.
-
-    keep(need, kept) -> None (every row) or a function of one batch (a Frame) giving the rows to keep, where
-    `kept` holds the frames already chosen (by need) of the needs before it in `order`. columns: need -> the
-    export columns the map reads (default: all of `readers.TABLES`); a batch always has them all."""
-
-    tag: str  # names the selection in the cache of loaded frames
-    order: tuple[str, ...]
-    keep: Callable
-    columns: dict = field(default_factory=dict)
 
 
 # need -> (frame attribute, columns whose distinct values make a frame's dictionaries, columns whose nulls
@@ -104,21 +84,6 @@ class Extents:
             elif rows:
                 out[attr] = (sum(r[0] for r in rows), min(r[1] for r in rows), max(r[2] for r in rows))
         return out
-
-
-def read_selected(src: ExportSource, need: str, strings: StringTable, selection: Selection, kept: dict,
-                  extents: Extents, progress: Callable[[str, int], None]) -> Frame:
-    """One need's table read a batch at a time, only the rows `selection` keeps (see the module's docstring)."""
-    (table, cols), = TABLES[need].items()
-    wanted = selection.columns.get(need, cols)
-    # what a batch is read with: the columns kept, and those `Extents` reads (a kernel's device)
-    cols = [c for c in cols if c in wanted or c in ("start", "end", "globalPid", "globalTid", "eventType")
-            or need == "kernel" and c == "deviceId"]
-    keep = selection.keep(need, kept)
-    rows = KeptRows(need, wanted, strings)
-    for raw, frame in batch_frames(src, need, cols, strings, extents, progress, SQLITE_READERS):  # alone
-        rows.add(raw, frame, np.ones(len(frame), bool) if keep is None else np.asarray(keep(frame), bool))
-    return rows.frame()
 
 
 def batch_frames(src: ExportSource, need: str, cols: list[str], strings: StringTable, extents: Extents,
