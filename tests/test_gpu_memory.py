@@ -2,6 +2,7 @@
 held from the start, activations allocated and freed in every step, one rank leaking in some steps, one rank with a
 larger step; every figure against the plan and against SQL over the export."""
 
+import dataclasses
 import json
 import shutil
 import sqlite3
@@ -105,7 +106,7 @@ def test_by_range_and_findings(out):
 
 def test_the_fold_gives_the_same_tables_in_chunks_of_a_few_events(job):
     rank = load_file(job[0] / f"rank{LEAKER}.sqlite", set(recipes.get("gpu_memory").needs))[0]
-    events = events_of(rank)
+    events = {**events_of(rank.frame("memory")), "range": np.full(len(rank.frame("memory")), "step", object)}
     from nsys_recipe_pack.iterations import find_iterations
 
     it = find_iterations(rank)
@@ -143,12 +144,16 @@ def test_a_report_without_memory_events_is_one_line_and_exit_3(tmp_path):
     assert code == 3 and not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("fmt", ["parquetdir", "sqlite"])
-def test_synthetic_memory_truth(tmp_path, fmt):
+@pytest.mark.parametrize(("fmt", "spans"), [("parquetdir", False), ("sqlite", False), ("parquetdir", True)])
+def test_synthetic_memory_truth(tmp_path, monkeypatch, fmt, spans):
     """The generator's memory plan (a leaking rank, a rank with twice the activation, weights, memory held from
-    before the capture) found exactly; SYNTHETIC data, labelled so in its truth.json."""
+    before the capture) found exactly, also read as a long capture; SYNTHETIC data, labelled so in its truth.json."""
+    from nsys_recipe_pack.inputs import rank_data, readers
     from nsys_recipe_pack.synth import MemoryPlan, write_synthetic
 
+    if spans:
+        monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+        monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 64)
     plan = MemoryPlan(leak_rank=1, leak_first=10, leak_last=19, big_rank=2)
     d = write_synthetic(tmp_path / "syn", ranks=4, iterations=40, fmt=fmt, memory=plan)
     truth = json.loads((d / "truth.json").read_text())
@@ -210,3 +215,26 @@ def test_per_op_range_names_are_one_row_per_op(tmp_path):
     assert by_range.loc["optimizer", "frees"] == plan["steps"]
     peak = pd.read_parquet(out / "ranks.parquet").set_index("kind").loc["Device", "peak_range"]
     assert peak.startswith("forward, op_id = ")  # the range as recorded
+
+
+@pytest.mark.parametrize("batch_rows", [50, 100_000])
+def test_a_long_capture_gives_the_whole_reads_tables(job, tmp_path, monkeypatch, batch_rows):
+    """Read as a long capture (the kernels and calls a batch at a time, the NVTX ranges span by span: its STREAM),
+    every table is the whole read's; the spans went through the stream (its fold saw the ranges)."""
+    from nsys_recipe_pack.inputs import rank_data, readers
+    from nsys_recipe_pack.recipes import gpu_memory
+
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", batch_rows)
+    folded = []
+    fold = gpu_memory.STREAM.fold
+    counted = dataclasses.replace(
+        gpu_memory.STREAM, fold=lambda state, *span: folded.append(span[2]["nvtx"].num_rows) or fold(state, *span))
+    monkeypatch.setitem(recipes._REGISTRY, "gpu_memory", dataclasses.replace(recipes.get("gpu_memory"), stream=counted))
+    outs = []
+    for spans in (False, True):
+        monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0 if spans else 1 << 62)
+        outs.append(runner.run("gpu_memory", [str(job[0])], str(tmp_path / f"o{spans}"), engine="pack", mode="none"))
+    assert sum(folded) > 100  # every rank's ranges, span by span
+    for table in ("ranks", "timeline", "iterations", "by_range", "findings", "files"):
+        pd.testing.assert_frame_equal(pd.read_parquet(outs[1] / f"{table}.parquet"),
+                                      pd.read_parquet(outs[0] / f"{table}.parquet"), check_like=False)

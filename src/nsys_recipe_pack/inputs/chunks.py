@@ -120,6 +120,14 @@ class Ahead:
                 yield raw
                 self.progress(label, raw.num_rows)
 
+    def whole(self, need: str, read: Callable[[ExportSource], Frame]) -> Frame:
+        """One need of the stream's `ahead` read whole, once (read(src) -> its frame): tables that stay short in a
+        long capture, as the memory events are beside the kernels and calls."""
+        frame = read(self.src)
+        for table in TABLES[need]:
+            self.progress(first_read_label(table), self.src.count(table))
+        return frame
+
     def _start(self, need: str) -> tuple[str, bool]:
         (table, _), = TABLES[need].items()
         with self.lock:

@@ -267,7 +267,7 @@ class Reading:
         if nvtx is None:
             reads["nvtx"] = ("NVTX_EVENTS", functools.partial(read_nvtx, src, strings, "nvtx" not in needs))
         for need, attr in [("kernel", "kernels"), ("memcpy", "memcpy"), ("memset", "memset"), ("sync", "sync")]:
-            if need in needs and need not in spans:
+            if need in needs and need not in spans + ahead:
                 (table, cols), = TABLES[need].items()
                 reads[attr] = (table, functools.partial(_read_gpu_named, src, table, cols, strings,
                                                         (self.rows or {}).get(need)))
@@ -275,8 +275,9 @@ class Reading:
             reads["runtime"] = ("CUPTI_ACTIVITY_KIND_RUNTIME", functools.partial(read_runtime, src, strings))
         if "mpi" in needs and not spans:  # a stream that needs them reads them itself
             reads["mpi"] = (None, functools.partial(read_mpi, src, strings))
-        if "memory" in needs:
+        if "memory" in needs and "memory" not in spans + ahead:
             reads["memory"] = (MEMORY_EVENTS, functools.partial(read_memory, src))
+        if "memory" in needs:
             reads["gpus"] = (None, functools.partial(read_gpus, src))
         frames.update(_side_by_side(reads, sum(src.count(t) for t in self._whole(spans + ahead)), done))
         nvtx = frames.pop("nvtx") if nvtx is None else nvtx

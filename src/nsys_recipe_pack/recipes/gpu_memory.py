@@ -2,10 +2,12 @@
 to running out of memory.
 
 From `nsys profile --cuda-memory-usage=true` (CUDA_GPU_MEMORY_USAGE_EVENTS): an allocation adds its bytes to its
-device and memory kind, a free takes them away. The analysis is one fold over a rank's events in time order
-(`MemoryFold.add`): a report read whole is one chunk, and any cut of the events into time-ordered chunks gives the
-same tables (tests/test_gpu_memory.py), but for the timeline of a capture of more than 2 x TIMELINE_ROWS changes,
-thinned as it goes: its points then depend on the cut, each stretch's lowest and highest kept exactly either way.
+device and memory kind, a free takes them away. The analysis is written once: the range around each event
+(`Around`, which takes calls and ranges a part at a time) and one fold over the events in time order (`MemoryFold`),
+which a rank read whole (`map_rank`) and a long capture read batch by batch (`STREAM`) both go through. Any cut of the
+events into time-ordered chunks gives the same tables (tests/test_gpu_memory.py), but for the timeline of a capture of
+more than 2 x TIMELINE_ROWS changes, thinned as it goes: its points then depend on the cut, each stretch's lowest and
+highest kept exactly either way (both reads cut every FOLD_EVENTS events).
 """
 
 from __future__ import annotations
@@ -14,9 +16,16 @@ import re
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
 
-from ..errors import MissingTraceError
-from ..iterations import find_iterations, range_arrays
+from ..errors import BadInputError, MissingTraceError
+from ..gpu import call_key
+from ..inputs import arrow_of, numpy_of
+from ..inputs.chunks import Stream
+from ..inputs.events import read_memory
+from ..inputs.frames import column_codes
+from ..iteration_scan import iterations_ahead
+from ..iterations import closed_range_view, find_iterations, range_arrays
 from ..lazy import pd
 from ..nvtx import innermost_of, op_name
 from . import Metric, Recipe, indented, iteration_options
@@ -25,6 +34,7 @@ NEEDS = {"memory", "nvtx", "kernel", "runtime"}
 DEVICE = "Device"  # the memory kind cudaMalloc gives: what a GPU runs out of
 POOL_RESERVED = "Device pool reserved"  # what stream-ordered pools hold of the GPU, used or not (localMemoryPoolSize)
 LEAK_SHARE = 0.05  # a rank leaks when what it allocated in iterations and never freed exceeds this share of its peak
+FOLD_EVENTS = 1 << 20  # memory events folded at a time
 TIMELINE_ROWS = 20_000  # timeline rows kept per rank, device and kind; beyond, each bucket keeps its lowest and highest
 ALLOC_API = re.compile(r"^cu(da)?(Malloc|MemAlloc|MemCreate|ArrayCreate|Array3DCreate)")
 FREE_API = re.compile(r"^cu(da)?(Free|MemFree|MemRelease|ArrayDestroy)")
@@ -236,71 +246,193 @@ def thin(t: np.ndarray, level: np.ndarray, rows: int) -> tuple[np.ndarray, np.nd
     return t[keep], level[keep]
 
 
-def events_of(rank_data) -> dict:
-    """The rank's memory events in time order, each with the innermost NVTX range around it: on the thread whose
-    runtime call (joined on correlationId) made it, else the one started last among those open in the process then."""
-    m = rank_data.frame("memory")
-    order = np.argsort(m.values("start_ns"), kind="stable")
-    codes, words = m.codes("kind")
-    events = {"start_ns": m.values("start_ns")[order], "device": m.values("device")[order],
-              "kind": np.where(codes < 0, "Unknown", np.asarray(words, object)[codes])[order].astype(object),
-              "op": m.values("op")[order], "bytes": m.values("bytes")[order], "address": m.values("address")[order],
-              "pool": m.values("pool")[order], "pool_size": m.values("pool_size")[order]}
-    corr = m.values("correlation_id")[order]
-    r = range_arrays(rank_data.frame("nvtx"))
-    where = np.full(len(corr), -1, np.int64)
-    runtime = rank_data.frame("runtime")
-    if len(r) and len(corr) and runtime is not None and len(runtime):
-        calls = runtime.values("correlation_id")
-        by_corr = np.argsort(calls, kind="stable")
-        at = np.minimum(np.searchsorted(calls[by_corr], corr), len(by_corr) - 1)
-        hit = np.flatnonzero((calls[by_corr][at] == corr) & (corr > 0))
-        call = by_corr[at[hit]]
-        c_start = runtime.values("start_ns")[call]
-        where[hit] = innermost_of(r.tid, r.start_ns, r.end_ns, runtime.values("tid")[call], c_start, c_start)
-    lost = np.flatnonzero(where < 0)
-    if len(r) and len(lost):  # the innermost range around the instant on any thread: the one started last
-        t = events["start_ns"][lost]
-        best = np.full(len(lost), -1, np.int64)
-        for thread in np.unique(r.tid):  # threads with ranges: few
-            pos = innermost_of(r.tid, r.start_ns, r.end_ns, np.full(len(lost), thread), t, t)
-            later = (pos >= 0) & ((best < 0) | (r.start_ns[np.maximum(pos, 0)] > r.start_ns[np.maximum(best, 0)]))
-            best[later] = pos[later]
-        where[lost] = best
-    names = np.asarray(r.names, object)
-    events["range"] = np.where(where >= 0, names[r.name[np.maximum(where, 0)]] if len(r) else None, None)
-    return events
+def events_of(memory) -> dict:
+    """A rank's memory events (its `memory` frame) in time order, each with the launch key of the runtime call that
+    made it (gpu.call_key; -1 where it has no correlation id)."""
+    order = np.argsort(memory.values("start_ns"), kind="stable")
+    codes, words = memory.codes("kind")
+    key = np.where(memory.values("correlation_id") > 0, call_key(memory), -1)
+    return {"start_ns": memory.values("start_ns")[order], "device": memory.values("device")[order],
+            "kind": np.where(codes < 0, "Unknown", np.asarray(words, object)[codes])[order].astype(object),
+            "op": memory.values("op")[order], "bytes": memory.values("bytes")[order],
+            "address": memory.values("address")[order], "pool": memory.values("pool")[order],
+            "pool_size": memory.values("pool_size")[order], "key": key[order]}
+
+
+class Around:
+    """The innermost NVTX range around each memory event: on the thread of the runtime call that made it, at that
+    call's start, else, of those open at the event on any thread, the one started last. The calls and the closed
+    ranges come a part at a time (a rank read whole is one part; a long capture's come batch by batch): of nested
+    ranges, the innermost around an instant is the one around it that started last, so parts in time order give what
+    one part gives."""
+
+    def __init__(self, events: dict):
+        n = len(events["start_ns"])
+        self.t, self.key = events["start_ns"], events["key"]
+        self.call_tid, self.call_start = np.full(n, -1, np.int64), np.zeros(n, np.int64)
+        # the start and name of the innermost range found so far: on the call's thread, and on any thread
+        self.on_call = (np.full(n, INT64_MIN), np.full(n, None, object))
+        self.on_any = (np.full(n, INT64_MIN), np.full(n, None, object))
+
+    def add_calls(self, runtime) -> None:
+        """Runtime calls: each event's own (the first with its launch key) gives its thread and start."""
+        if runtime is None or not len(runtime):
+            return
+        keys = call_key(runtime)
+        by_key = np.argsort(keys, kind="stable")
+        at = np.minimum(np.searchsorted(keys[by_key], self.key), len(keys) - 1)
+        hit = np.flatnonzero((self.call_tid < 0) & (self.key >= 0) & (keys[by_key][at] == self.key))
+        call = by_key[at[hit]]
+        self.call_tid[hit], self.call_start[hit] = runtime.values("tid")[call], runtime.values("start_ns")[call]
+
+    def add_ranges(self, tid: np.ndarray, start: np.ndarray, end: np.ndarray, name: np.ndarray) -> None:
+        """Closed ranges (name: each one's, None for none)."""
+        if not len(tid):
+            return
+        called = np.flatnonzero(self.call_tid >= 0)
+        at_call = self.call_start[called]
+        self._keep(self.on_call, called, innermost_of(tid, start, end, self.call_tid[called], at_call, at_call),
+                   start, name)
+        every = np.arange(len(self.t))
+        for thread in np.unique(tid):  # threads with ranges: few
+            self._keep(self.on_any, every, innermost_of(tid, start, end, np.full(len(self.t), thread), self.t, self.t),
+                       start, name)
+
+    @staticmethod
+    def _keep(best: tuple, at: np.ndarray, pos: np.ndarray, start: np.ndarray, name: np.ndarray) -> None:
+        found = np.flatnonzero(pos >= 0)
+        later = found[start[pos[found]] > best[0][at[found]]]
+        best[0][at[later]], best[1][at[later]] = start[pos[later]], name[pos[later]]
+
+    def names(self) -> np.ndarray:
+        return np.where(self.on_call[0] > INT64_MIN, self.on_call[1], self.on_any[1])
+
+
+def fold_events(events: dict, ranges: np.ndarray, it_start: np.ndarray, it_end: np.ndarray) -> dict:
+    """MemoryFold over the events, FOLD_EVENTS at a time (however the rank was read)."""
+    fold = MemoryFold(it_start, it_end)
+    events = {**events, "range": ranges}
+    for low in range(0, len(ranges), FOLD_EVENTS):
+        fold.add({k: v[low:low + FOLD_EVENTS] for k, v in events.items()})
+    return fold.result()
 
 
 def map_rank(rank_data, options: dict) -> dict:
+    """The rank's memory events, calls and ranges as one part each (a long capture gives them a part at a time to
+    the same `Around` and `fold_events`: `STREAM`)."""
     rank_data.require("memory", "gpu_memory")
     try:
         it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"))
         it_start, it_end, delimiter = it.start_ns, it.end_ns, it.delimiter.as_dict()
     except MissingTraceError:  # nothing repeats: the capture as a whole
-        it_start = it_end = np.zeros(0, np.int64)
-        delimiter = {"kind": "none", "name": None, "domain": None, "source": "no repeating NVTX range or kernel"}
-    fold = MemoryFold(it_start, it_end)
-    fold.add(events_of(rank_data))
-    gpus = rank_data.frame("gpus")
-    total = dict(zip(gpus.values("device").tolist(), gpus.values("total_bytes").tolist(), strict=True)) \
-        if gpus is not None else {}
-    return {**fold.result(), "gpu_bytes": total, "calls": _calls(rank_data), "delimiter": delimiter,
-            "start_ns": it_start}
-
-
-def _calls(rank_data) -> dict:
-    """How many allocating and freeing runtime calls the rank made and the time spent in them (they synchronize)."""
+        it_start, it_end, delimiter = _NO_ITERATIONS
+    events = events_of(rank_data.frame("memory"))
+    around = Around(events)
     runtime = rank_data.frame("runtime")
-    out = {"alloc_calls": 0, "alloc_call_ns": 0, "free_calls": 0, "free_call_ns": 0}
+    around.add_calls(runtime)
+    r = range_arrays(rank_data.frame("nvtx"))
+    around.add_ranges(r.tid, r.start_ns, r.end_ns, np.asarray(r.names, object)[r.name])
+    return {**fold_events(events, around.names(), it_start, it_end), "gpu_bytes": _gpu_bytes(rank_data),
+            "calls": _calls(runtime), "delimiter": delimiter, "start_ns": it_start}
+
+
+_NO_ITERATIONS = (np.zeros(0, np.int64), np.zeros(0, np.int64),
+                  {"kind": "none", "name": None, "domain": None, "source": "no repeating NVTX range or kernel"})
+
+
+def _gpu_bytes(rank_data) -> dict:
+    gpus = rank_data.frame("gpus")
+    return dict(zip(gpus.values("device").tolist(), gpus.values("total_bytes").tolist(), strict=True)) \
+        if gpus is not None else {}
+
+
+def _calls(runtime, out: dict | None = None) -> dict:
+    """How many allocating and freeing runtime calls the rank made and the time spent in them (they synchronize),
+    added to `out`."""
+    out = out or {"alloc_calls": 0, "alloc_call_ns": 0, "free_calls": 0, "free_call_ns": 0}
     if runtime is None or not len(runtime):
         return out
     codes, words = runtime.codes("name")
     took = runtime.values("end_ns") - runtime.values("start_ns")
     for kind, pattern in (("alloc", ALLOC_API), ("free", FREE_API)):
         hit = np.array([w is not None and bool(pattern.match(str(w))) for w in words], bool)[codes]
-        out[f"{kind}_calls"], out[f"{kind}_call_ns"] = int(hit.sum()), int(took[hit].sum())
+        out[f"{kind}_calls"] += int(hit.sum())
+        out[f"{kind}_call_ns"] += int(took[hit].sum())
     return out
+
+
+# A long capture (inputs.chunks): the kernels read once ahead for the rank's processes and GPUs, the iterations found
+# ahead (iteration_scan.py), the memory events read whole (short beside the kernels and calls), the runtime calls a
+# batch at a time, then the closed NVTX ranges span by span; every part goes through the same Around and fold_events.
+KERNEL_EXTENT_COLUMNS = ["start", "end", "globalPid", "deviceId"]
+RUNTIME_COLUMNS = ["start", "end", "globalTid", "correlationId", "nameId"]
+
+
+def _prepare(ahead, options: dict) -> dict:
+    for _ in ahead.spans("kernel", _start_view, KERNEL_EXTENT_COLUMNS):
+        pass
+    windows, _, _ = iterations_ahead(ahead, options)
+    memory = ahead.whole("memory", read_memory)
+    pid = memory.values("pid")
+    state = {}
+    for p in np.unique(pid).tolist():  # a few processes
+        events = events_of(memory.filter(pid == p))
+        state[p] = {"events": events, "around": Around(events), "calls": _calls(None),
+                    "iterations": _iterations_ahead(windows.get(p), options)}
+    for frame in ahead.frames("runtime", RUNTIME_COLUMNS):
+        calls_pid = frame.values("pid")
+        for p, mine in state.items():
+            mine["around"].add_calls(frame)  # launch keys hold the process
+            _calls(frame.filter(calls_pid == p), mine["calls"])
+    return state
+
+
+def _iterations_ahead(found, options: dict) -> tuple | str:
+    """A process's iterations from iteration_scan.iterations_ahead, as map_rank takes them from find_iterations: none
+    where nothing repeats, the error where the options named a delimiter that is not there."""
+    if found is None or isinstance(found, str):
+        if options.get("iteration") or options.get("iteration_kernel"):
+            return found or "no iterations"
+        return _NO_ITERATIONS
+    return found.start_ns, found.end_ns, found.delimiter.as_dict()
+
+
+def _start_view(need: str, frame) -> pa.Table:
+    return pa.table({"start_ns": arrow_of(frame.values("start_ns"))})
+
+
+def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
+    ranges = chunk.get("nvtx")
+    if ranges is None or not ranges.num_rows:
+        return
+    pid = numpy_of(ranges.column("pid"))
+    codes, words = column_codes(ranges.column("name"))
+    columns = [numpy_of(ranges.column(c)) for c in ("tid", "start_ns", "end_ns")]
+    for p, mine in state.items():
+        on = pid == p
+        mine["around"].add_ranges(*(c[on] for c in columns), words[codes[on]])
+
+
+def _finish(state: dict, names: list) -> dict:
+    out = {}
+    for p, mine in state.items():
+        if isinstance(mine["iterations"], str):
+            out[p] = {"error": mine["iterations"]}
+            continue
+        it_start, it_end, delimiter = mine["iterations"]
+        out[p] = {**fold_events(mine["events"], mine["around"].names(), it_start, it_end), "calls": mine["calls"],
+                  "delimiter": delimiter, "start_ns": it_start}
+    return out
+
+
+def _complete(rank_data, folded: dict, options: dict) -> dict:
+    if "error" in folded:
+        raise BadInputError(f"{rank_data.file}: {folded['error']}")
+    return {**folded, "gpu_bytes": _gpu_bytes(rank_data)}
+
+
+STREAM = Stream(needs=("nvtx",), view=closed_range_view, fold=_fold, finish=_finish, prepare=_prepare,
+                ahead=("kernel", "runtime", "memory"), complete=_complete)
 
 
 RANK_COLUMNS = ["rank", "device", "kind", "peak_bytes", "peak_time_ns", "peak_iteration", "peak_range", "total_bytes",
@@ -454,6 +586,7 @@ RECIPE = Recipe(
     reduce=reduce,
     add_options=add_options,
     per_iteration=True,
+    stream=STREAM,
     summary=summary,
     headline=headline,
     figures="nsys_recipe_pack.plots.gpu_memory",
