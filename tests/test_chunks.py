@@ -4,6 +4,7 @@ cannot give the same answer."""
 
 import collections
 import dataclasses
+import importlib
 import os
 import shutil
 import sqlite3
@@ -224,16 +225,24 @@ def test_what_the_reads_ahead_of_the_spans_freed_is_handed_back_before_the_first
     assert steps[:3] == ["prepare", "give back", "fold"] and steps.count("give back") == 1
 
 
-def test_a_rank_read_whole_is_one_span_of_the_same_fold(monkeypatch):
-    """map_rank is the fold a long capture goes through span by span, given the whole rank as one span: no other
-    analysis makes its tables."""
-    spans = []
+@pytest.mark.parametrize("name", ["compute_memory_share", "sync_summary"])
+def test_a_rank_read_whole_is_one_span_of_the_same_fold(monkeypatch, name):
+    """map_rank is the stream a long capture goes through span by span, given the whole rank as one span: no other
+    analysis makes its maps."""
+    module = importlib.import_module(f"nsys_recipe_pack.recipes.{name}")
+    stream, spans, prepared = module.STREAM, [], []
 
     def fold(state, low, high, span):
         spans.append((low, high))
-        share._fold(state, low, high, span)
+        stream.fold(state, low, high, span)
 
-    monkeypatch.setattr(share, "STREAM", dataclasses.replace(share.STREAM, fold=fold))
-    ranks = load_file(REAL_NCCL, NEEDS)
-    maps = [share.map_rank(r, {}) for r in ranks]
-    assert spans == [(chunks.START_OF_TIME, chunks.END_OF_TIME)] * len(ranks) and all(m["share"].num_rows for m in maps)
+    def prepare(ahead, options):
+        prepared.append(type(ahead).__name__)
+        return stream.prepare(ahead, options)
+
+    monkeypatch.setattr(module, "STREAM", dataclasses.replace(stream, fold=fold,
+                                                              prepare=prepare if stream.prepare else None))
+    ranks = load_file(REAL_NCCL, set(module.NEEDS))
+    maps = [module.map_rank(r, {}) for r in ranks]
+    assert spans == [(chunks.START_OF_TIME, chunks.END_OF_TIME)] * len(ranks) and all(maps)
+    assert prepared == (["_RankAhead"] * len(ranks) if stream.prepare else [])

@@ -6,15 +6,17 @@ rank whole after them. docs/internals.md, "Long captures", says when and how."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 
 from . import recipes
 from .allocator import give_back_freed_memory
 from .errors import BadInputError, MissingToolError, MissingTraceError, PackError
 from .inputs.chunks import END_OF_TIME, START_OF_TIME, ReadWhole, Stream, prefolded
-from .inputs.frames import arrow_of, numpy_of
+from .inputs.frames import Frame, arrow_of, numpy_of
 from .inputs.rank_data import RankData, Reading, SpanRead
 from .spill import remove_spilled
 
@@ -73,28 +75,72 @@ def rank_map(spec, rank_data, options: dict, folded: dict | None = None) -> dict
     return folded
 
 
-def fold_rank(stream: Stream, rank_data: RankData) -> dict | None:
-    """A stream's result over one rank read whole, its tables handed over as one span of time and every row as the
-    rank's: a recipe whose stream reads nothing ahead (no `prepare`) so has one analysis for any capture, its
-    `map_rank` this. None where the rank has no rows of the stream's tables."""
-    chunk = {}
-    for need in stream.needs:
-        frame = rank_data.frame_for(need)
-        if frame is None:
-            continue
-        rows = stream.view(need, frame)
-        start = numpy_of(rows.column("start_ns"))
-        if np.any(start[1:] < start[:-1]):  # a span's rows come in order of start
-            rows = rows.take(arrow_of(np.argsort(start, kind="stable")))
-        if "pid" in rows.column_names:
-            rows = rows.set_column(rows.column_names.index("pid"), "pid", arrow_of(np.zeros(rows.num_rows, np.int64)))
-        chunk[need] = rows
-    state = {}
+def fold_rank(stream: Stream, rank_data: RankData, options: dict | None = None) -> dict | None:
+    """A stream's result over one rank read whole: what its `prepare` reads ahead and each table of its spans come as
+    one part (`_RankAhead`, one span of time), every row as the rank's process's. A recipe's `map_rank` that is this
+    has one analysis for a report read whole and a long capture. None where the stream gives the rank nothing."""
+    pid = rank_data.pid if rank_data.pid is not None else 0
+    ahead = _RankAhead(rank_data, pid)
+    state = stream.prepare(ahead, {**stream.options, **(options or {})}) if stream.prepare else {}
+    given = stream.replayed(state) if stream.replayed else {}
+    chunk = {need: ahead.span(need, stream.view) for need in stream.needs}
+    for need, rows in given.items():
+        parts = list(rows)
+        chunk[need] = pa.concat_tables(parts) if parts else None
     span = stream.prefold(state, {}, START_OF_TIME, END_OF_TIME, chunk) if stream.prefold else chunk
     stream.fold(state, START_OF_TIME, END_OF_TIME, span)
     nvtx = rank_data.frame("nvtx")
     names = list(nvtx.codes("name")[1][:-1]) if nvtx is not None else []
-    return stream.finish(state, names).get(0)
+    return stream.finish(state, names).get(pid)
+
+
+class _RankAhead:
+    """A rank read whole, as a stream's `prepare` reads ahead of the spans (inputs.chunks.Ahead): each table in one
+    part, its rows all of one process (the rank's: a rank may hold rows of others, which a whole read counts as its
+    own)."""
+
+    def __init__(self, rank_data: RankData, pid: int):
+        self.rank_data, self.pid = rank_data, pid
+        self.extents = self  # what a stream asks of the extents: the processes with rows in a table
+
+    def pids(self, attr: str) -> set[int]:
+        frame = self.rank_data.frame(attr)
+        return {self.pid} if frame is not None and len(frame) else set()
+
+    def frame(self, need: str) -> Frame | None:
+        frame = self.rank_data.frame_for(need)
+        if frame is None or "pid" not in frame or not len(frame):
+            return frame
+        pid = frame.values("pid")
+        if (pid == self.pid).all():
+            return frame
+        table = frame.table
+        return Frame(table.set_column(table.column_names.index("pid"), "pid",
+                                      arrow_of(np.full(len(frame), self.pid, np.int64))), frame.dtypes)
+
+    def span(self, need: str, view) -> pa.Table | None:
+        """One need's rows as a span hands them over (`view`), in order of start."""
+        frame = self.frame(need)
+        if frame is None:
+            return None
+        rows = view(need, frame)
+        start = numpy_of(rows.column("start_ns"))
+        if np.any(start[1:] < start[:-1]):
+            rows = rows.take(arrow_of(np.argsort(start, kind="stable")))
+        return rows
+
+    def spans(self, need: str, view, cols=None) -> Iterator[pa.Table]:
+        rows = self.span(need, view)
+        if rows is not None and rows.num_rows:
+            yield rows
+
+    def frames(self, need: str, cols=None) -> Iterator[Frame]:
+        frame = self.frame(need)
+        if frame is not None and len(frame):
+            yield frame
+
+    def whole(self, need: str, read) -> Frame | None:
+        return self.frame(need)
 
 
 def fold_ranks(reading: Reading, stream: Stream) -> list[tuple[RankData, dict]] | None:

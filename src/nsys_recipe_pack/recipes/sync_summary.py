@@ -15,13 +15,14 @@ import re
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import GPU_NEEDS, PAGEABLE, gpu_intervals
+from ..driver import fold_rank
+from ..gpu import GPU_NEEDS, PAGEABLE
 from ..gpu import call_key as _call_key
 from ..groups import SortedGroups, Vocabulary, distinct, factorize, one_of, picked
 from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables, sorted_place
 from ..inputs.chunks import END_OF_TIME, Stream
 from ..intervals import covered_length, touching, union_segments
-from ..iterations import closed_range_view, range_arrays
+from ..iterations import closed_range_view
 from ..lazy import pd
 from ..nvtx import innermost_of
 from . import Recipe, indented, ms, ms_cell
@@ -139,16 +140,6 @@ class _Copies:
         return out
 
 
-def _copies_of(rank_data) -> _Copies:
-    copies = _Copies()
-    for need in ("memcpy", "memset"):  # a need and its frame share the name
-        frame = rank_data.frame(need)
-        if frame is not None and len(frame):
-            copies.add(_copy_rows(need, frame))
-            copies.done()
-    return copies
-
-
 def _classify(api_codes: np.ndarray, api_words, copies: dict) -> np.ndarray:
     """Kind of each runtime call as an index into KINDS, -1 when it is not a host-blocking call (copies: what
     `_Copies.of` gives of the calls)."""
@@ -185,46 +176,13 @@ def _api_traits(name: str) -> tuple[int, int, int, int]:
     return kind, int(name.startswith("cudaMemcpy")), int("async" in name.lower()), int(name.startswith("cudaMemset"))
 
 
-def _innermost_ranges(rank_data, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, list]:
-    """Code of the innermost closed NVTX range around each call on its thread (-1: none), and the names."""
-    nvtx_events = rank_data.frame("nvtx")
-    if nvtx_events is None or not len(nvtx_events) or not len(tid):
-        return np.full(len(tid), -1, np.int64), []
-    r = range_arrays(nvtx_events)
-    pos = innermost_of(r.tid, r.start_ns, r.end_ns, tid, start, end)
-    range_codes = np.where(pos >= 0, r.name[np.maximum(pos, 0)] if len(r) else -1, -1)
-    return range_codes, list(r.names[:-1])
-
-
-def _gpu_busy(rank_data, start: np.ndarray, end: np.ndarray) -> np.ndarray:
-    """Union of GPU work inside each call."""
-    return covered_length(*union_segments(*gpu_intervals(rank_data)), start, end)
-
-
 def map_rank(rank_data, options: dict) -> dict:
+    """The rank read whole through the analysis a long capture goes through span by span (`STREAM`), as one span."""
     rank_data.require("runtime", "sync_summary")
-    calls, first_start, last_end = rank_data.extent("runtime")
-    wall = last_end - first_start  # of all the rank's calls, also where only the blocking ones were read
-    runtime = rank_data.frame("runtime")
-    if runtime is None or not calls:
+    folded = fold_rank(STREAM, rank_data, options)
+    if folded is None:
         return _map_result(np.zeros(0, np.int64), [], np.zeros(0, np.int64), [], _no_calls(), 0)
-    api_codes, api_words = runtime.codes("name")
-    copies = _copies_of(rank_data).of(_call_key(runtime))
-    kind = _classify(api_codes, api_words, copies)
-    start_all, end_all = runtime.values("start_ns"), runtime.values("end_ns")
-    blocking = np.flatnonzero(kind >= 0)
-    sel = blocking
-    if np.any(np.diff(start_all[blocking]) < 0):  # the rank's calls in time order (usually exported so)
-        sel = blocking[np.argsort(start_all[blocking], kind="stable")]
-    cols = {"pid": runtime.values("pid")[sel], "tid": runtime.values("tid")[sel], "start_ns": start_all[sel],
-            "end_ns": end_all[sel], "kind": kind[sel]}
-    range_codes, range_words = _innermost_ranges(rank_data, cols["tid"], cols["start_ns"], cols["end_ns"])
-    # GPU time left idle while the host was blocked: the call's duration minus the union of GPU work in it
-    busy = _gpu_busy(rank_data, cols["start_ns"], cols["end_ns"])
-    cols["gpu_idle_ns"] = cols["end_ns"] - cols["start_ns"] - busy
-    cols["waited_ns"] = _waited(cols, copies["first_start"][sel])
-    return _map_result(api_codes[sel], list(api_words[:-1]), range_codes, range_words, cols, wall,
-                       _flavour(rank_data.env))
+    return _complete(rank_data, folded, options)
 
 
 def _no_calls() -> dict:
