@@ -206,7 +206,7 @@ class RangeScan:
         out = {}
         for p in self.pids():
             mine = np.flatnonzero(t["pid"] == p)
-            busiest = _most_common(t["tid"][mine], t["count"][mine], t["first"][mine])
+            busiest = most_common(t["tid"][mine], t["count"][mine], t["first"][mine])
             cand = mine[(t["tid"][mine] == busiest) & (t["count"][mine] >= MIN_REPEATS) & named[t["name"][mine]]
                         & np.not_equal(domain_words[t["domain"][mine]], None) & (t["overlaps"][mine] == 0)]
             cand = cand[np.lexsort((t["first"][cand], -t["count"][cand], -t["covered"][cand]))]
@@ -216,14 +216,6 @@ class RangeScan:
             best = by_pair[np.r_[True, pair[by_pair][1:] != pair[by_pair][:-1]]]
             out[p] = _Plan(self, cand, best[np.searchsorted(pair[best], pair[cand])])
         return out
-
-
-def _most_common(values: np.ndarray, counts: np.ndarray, first: np.ndarray):
-    """iterations.most_common over rows given as distinct values with their counts and first positions."""
-    by_value = SortedGroups(values)
-    total, seen = by_value.sum(counts), by_value.min(first)
-    top = np.flatnonzero(total == total.max())
-    return by_value.keys[top[np.argmin(seen[top])]]
 
 
 class _Plan:

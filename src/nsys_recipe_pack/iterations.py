@@ -121,11 +121,16 @@ def range_arrays(nvtx) -> Ranges:
     return Ranges(*columns, names, domains)
 
 
-def most_common(values: np.ndarray):
-    """The value pandas' value_counts() lists first: the most frequent, ties going to the first seen."""
-    distinct, first, counts = np.unique(values, return_index=True, return_counts=True)
-    top = np.flatnonzero(counts == counts.max())
-    return distinct[top[np.argmin(first[top])]]
+def most_common(values: np.ndarray, counts: np.ndarray | None = None, first: np.ndarray | None = None):
+    """The value pandas' value_counts() lists first: the most frequent, ties going to the first seen. counts, first:
+    each entry of `values` stands for that many rows, the first at that position (the tallies of iteration_scan)."""
+    distinct, at = np.unique(values, return_inverse=True)
+    at = at.reshape(-1)
+    total = np.bincount(at, counts, len(distinct))
+    seen = np.full(len(distinct), np.iinfo(np.int64).max)
+    np.minimum.at(seen, at, np.arange(len(at)) if first is None else first)
+    top = np.flatnonzero(total == total.max())
+    return distinct[top[np.argmin(seen[top])]]
 
 
 def _auto_nvtx(r: Ranges) -> tuple[int, int] | None:

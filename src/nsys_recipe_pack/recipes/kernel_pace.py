@@ -8,14 +8,15 @@ Statistics are exact: quantiles over all rows, not approximations.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pyarrow as pa
 
+from ..driver import fold_rank
 from ..errors import BadInputError
-from ..gpu import GPU_NEEDS, gpu_intervals
-from ..groups import SortedGroups
+from ..gpu import GPU_NEEDS
 from ..inputs import arrow_of, dictionary_column, numpy_of
 from ..inputs.chunks import Stream
 from ..intervals import split_into_windows
@@ -52,24 +53,23 @@ def map_rank(rank_data, options: dict) -> dict:
         order = np.argsort(start, kind="stable")
         start, end = start[order], end[order]
         delimiter = {"kind": "kernel", "name": kernel, "domain": None, "source": "--kernel"}
-    else:
-        it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"))
-        delimiter = it.delimiter.as_dict()
-        start, end = it.start_ns.copy(), it.end_ns.copy()
-        op_start, op_end = gpu_intervals(rank_data)
-        if len(op_start):  # the pace of the GPU work inside each iteration
-            ev, win, cs, ce = split_into_windows(op_start, op_end, start, end)
-            if len(win):
-                per_iteration = SortedGroups(win)
-                idx = per_iteration.keys
-                start[idx], end[idx] = per_iteration.min(cs), per_iteration.max(ce)
-    return {"start_ns": start, "end_ns": end, "delimiter": delimiter}
+        return {"start_ns": start, "end_ns": end, "delimiter": delimiter}
+    # the pace of the GPU work inside each iteration: the fold a long capture goes through span by span, over the
+    # rank's GPU work as one span, given the iterations found in its whole tables
+    it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"))
+    found = dataclasses.replace(STREAM, prepare=lambda ahead, opts: _state({ahead.pid: it}, True, opts))
+    return fold_rank(found, rank_data, options)
 
 
 def _prepare(ahead, options: dict) -> dict:
     """Each process's iterations, found from its NVTX ranges (or its kernels) read ahead of the GPU work."""
     windows, kernels_read, _ = iterations_ahead(ahead, options)
-    # per process and iteration, the earliest start and latest end of its GPU work (none yet)
+    return _state(windows, kernels_read, options)
+
+
+def _state(windows: dict, kernels_read: bool, options: dict) -> dict:
+    """The fold's state before the GPU work: per process, its iterations (or the error of finding none) and, per
+    iteration, the earliest start and latest end of its GPU work (none yet)."""
     found = {p: len(w.start_ns) for p, w in windows.items() if not isinstance(w, str)}
     return {"windows": windows, "kernels_read": kernels_read, "options": options,
             "low": {p: np.full(n, np.iinfo(np.int64).max) for p, n in found.items()},
