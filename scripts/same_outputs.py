@@ -3,7 +3,7 @@
 A change to how reports are read or analysed must leave every output table equal (values and dtypes). Each set is
 read in every form the pack takes: the reports themselves (where a Nsight Systems that reads them is found), their
 SQLite exports and their Parquet exports (made once into --work with the nsys found), and SYNTHETIC exports from
-the pack's writer (NCCL and MPI jobs with injected stragglers, both formats).
+the pack's writer (NCCL and MPI jobs with injected stragglers, both formats, one with CUDA memory events).
 
     python scripts/same_outputs.py --save /tmp/before      # on the old code
     python scripts/same_outputs.py --against /tmp/before   # on the new code: exit 1 on any difference
@@ -36,6 +36,7 @@ RUNS = [  # (recipe, options)
     ("sync_summary", {}),
     ("compute_memory_share", {}),
     ("comm_overlap", {}),
+    ("gpu_memory", {}),
 ]
 KERNELS = {"gpubootcamp_mpi_jacobi_v100": "jacobi_kernel", "gpubootcamp_jacobi_memcpy": "jacobi_kernel",
            "ai_profiler_a100": "nchwToNhwcKernel"}
@@ -65,15 +66,18 @@ def export_forms(work: Path, nsys) -> dict[str, Path]:
                                     str(r)], check=True, capture_output=True)
                 tmp.rename(dest)
             sets[f"{folder.name}/{kind}"] = dest
-    for job, fmt, schema in (("nccl", "sqlite", "2023.4"), ("nccl", "parquetdir", "2023.4"),
-                             ("mpi", "sqlite", "2023.4"), ("nccl", "sqlite", "newer")):
+    for job, fmt, schema, memory in (("nccl", "sqlite", "2023.4", None), ("nccl", "parquetdir", "2023.4", None),
+                                     ("mpi", "sqlite", "2023.4", None), ("nccl", "sqlite", "newer", None),
+                                     ("nccl", "parquetdir", "memory", "leak=1,iterations=4-7,big=2")):
         dest = work / f"synthetic-{job}-{fmt}-{schema}"
         if not dest.exists():
             stragglers = ["rank=1,iterations=8-9,cause=gpu,slowdown=2"]
             if job == "nccl":
                 stragglers.append("rank=2,iterations=4-6,cause=dataloader,slowdown=3")
-            synth.write_synthetic(dest, ranks=4, iterations=12, fmt=fmt, job=job, seed=3, schema=schema,
-                                  stragglers=[synth.parse_straggler(s) for s in stragglers])
+            synth.write_synthetic(dest, ranks=4, iterations=12, fmt=fmt, job=job, seed=3,
+                                  schema="2023.4" if memory else schema,
+                                  stragglers=[synth.parse_straggler(s) for s in stragglers],
+                                  memory=synth.parse_memory(memory) if memory else None)
         sets[f"synthetic-{job}-{schema}/{fmt}"] = dest
     return sets
 
