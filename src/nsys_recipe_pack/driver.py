@@ -68,11 +68,9 @@ def rank_map(spec, rank_data, options: dict, folded: dict | None = None) -> dict
     stream = spec.stream
     for need in stream.requires:
         rank_data.require(need, spec.name)
-    if stream.complete is not None:
-        return stream.complete(rank_data, folded, options)
     if "error" in folded:
         raise BadInputError(f"{rank_data.file}: {folded['error']}")
-    return folded
+    return stream.complete(rank_data, folded, options) if stream.complete is not None else folded
 
 
 def fold_rank(stream: Stream, rank_data: RankData, options: dict | None = None) -> dict | None:

@@ -48,7 +48,7 @@ class Stream:
     (a generator of tables, as `view` gives a span's), which the spans take instead of reading its table again;
     requires: what each rank must hold (RankData.require) for its folded result to stand;
     complete(rank_data, folded, options) -> the map's result from a process's `finish` result and its rank (what
-    the rank's identity adds); without it, a result {"error": text} is that error and any other the map's result.
+    the rank's identity adds); without it, the `finish` result is the map's. A result {"error": text} is that error.
     The driver (nsys_recipe_pack.driver) runs a stream; nothing in inputs does."""
 
     needs: tuple[str, ...]

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from ..errors import BadInputError, MissingTraceError
+from ..errors import MissingTraceError
 from ..gpu import call_key
 from ..inputs import arrow_of, numpy_of
 from ..inputs.chunks import Stream
@@ -382,8 +382,9 @@ def _prepare(ahead, options: dict) -> dict:
     for frame in ahead.frames("runtime", RUNTIME_COLUMNS):
         calls_pid = frame.values("pid")
         for p, mine in state.items():
-            mine["around"].add_calls(frame)  # launch keys hold the process
-            _calls(frame.filter(calls_pid == p), mine["calls"])
+            calls = frame.filter(calls_pid == p)  # each batch's calls sorted by key once, a process's apart
+            mine["around"].add_calls(calls)
+            _calls(calls, mine["calls"])
     return state
 
 
@@ -426,8 +427,6 @@ def _finish(state: dict, names: list) -> dict:
 
 
 def _complete(rank_data, folded: dict, options: dict) -> dict:
-    if "error" in folded:
-        raise BadInputError(f"{rank_data.file}: {folded['error']}")
     return {**folded, "gpu_bytes": _gpu_bytes(rank_data)}
 
 
