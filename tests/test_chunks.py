@@ -226,11 +226,11 @@ def test_what_the_reads_ahead_of_the_spans_freed_is_handed_back_before_the_first
 
 
 @pytest.mark.parametrize(("name", "reads_ahead"), [("compute_memory_share", False), ("sync_summary", True),
-                                                    ("kernel_pace", False)])
+                                                    ("kernel_pace", True)])
 def test_a_rank_read_whole_is_one_span_of_the_same_fold(monkeypatch, name, reads_ahead):
     """map_rank is the stream a long capture goes through span by span, given the whole rank as one span, and what it
-    reads ahead through the same `prepare` (kernel_pace: the iterations of its whole tables instead): no other
-    analysis makes its maps."""
+    reads ahead through the same `prepare` (kernel_pace: its iterations, iteration_scan over the rank as one span): no
+    other analysis makes its maps."""
     module = importlib.import_module(f"nsys_recipe_pack.recipes.{name}")
     stream, spans, prepared = module.STREAM, [], []
 
@@ -247,4 +247,4 @@ def test_a_rank_read_whole_is_one_span_of_the_same_fold(monkeypatch, name, reads
     ranks = load_file(REAL_NCCL, set(module.NEEDS))
     maps = [module.map_rank(r, {}) for r in ranks]
     assert spans == [(chunks.START_OF_TIME, chunks.END_OF_TIME)] * len(ranks) and all(maps)
-    assert prepared == (["_RankAhead"] * len(ranks) if reads_ahead else [])
+    assert prepared == (["RankAhead"] * len(ranks) if reads_ahead else [])

@@ -107,7 +107,7 @@ def test_by_range_and_findings(out):
 def test_the_fold_gives_the_same_tables_in_chunks_of_a_few_events(job):
     rank = load_file(job[0] / f"rank{LEAKER}.sqlite", set(recipes.get("gpu_memory").needs))[0]
     events = {**events_of(rank.frame("memory")), "range": np.full(len(rank.frame("memory")), "step", object)}
-    from nsys_recipe_pack.iterations import find_iterations
+    from nsys_recipe_pack.iteration_scan import find_iterations
 
     it = find_iterations(rank)
     whole = MemoryFold(it.start_ns, it.end_ns)

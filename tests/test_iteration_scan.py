@@ -74,7 +74,7 @@ FLAT = [(f"op{k}", 1000 * (5 * k + i), 1000 * (5 * k + i) + 10 + k, 1) for k in 
 @pytest.mark.parametrize("tested", [1, 8])
 @pytest.mark.parametrize("replay_rows", [0, 7, 10**9])
 @pytest.mark.parametrize("queries", [10**6, 2])
-def test_found_delimiter_is_find_iterations_one(monkeypatch, tmp_path, rows, instants, tested, replay_rows, queries):
+def test_found_delimiter_is_the_whole_reads(monkeypatch, tmp_path, rows, instants, tested, replay_rows, queries):
     monkeypatch.setattr(iteration_scan, "INNER_CANDIDATES", tested)  # candidates tested by one read, at most
     monkeypatch.setattr(iteration_scan, "INNER_QUERIES", 0 if tested == 1 else 10**9)
     monkeypatch.setattr(iteration_scan, "QUERIES", queries)  # (range, candidate) pairs tested at once
@@ -84,7 +84,9 @@ def test_found_delimiter_is_find_iterations_one(monkeypatch, tmp_path, rows, ins
     monkeypatch.setattr(iteration_scan._Replay, "__iter__", _counted(iteration_scan._Replay.__iter__, replays))
     monkeypatch.setattr(iteration_scan.SpillWriter, "__init__", _counted(iteration_scan.SpillWriter.__init__, files))
     rank = _rank(rows)
-    want = iterations.find_iterations(rank)
+    want = iteration_scan.find_iterations(rank)  # the rank's ranges as one span
+    replays.clear()
+    files.clear()
     read, reads = _reader(rank, instants)
     found, _ = iteration_scan.nvtx_iterations(read, spill_dir=str(tmp_path))
     assert list(found) == [1]
@@ -132,11 +134,11 @@ def test_named_delimiter_and_its_error_read_once():
     rank = _rank(rows)
     for name in ("step@train", "step"):
         read, reads = _reader(rank, 2)
-        _same(iteration_scan.nvtx_iterations(read, name)[0][1], iterations.find_iterations(rank, iteration=name))
+        _same(iteration_scan.nvtx_iterations(read, name)[0][1], iteration_scan.find_iterations(rank, iteration=name))
         assert len(reads) == 1
     read, _ = _reader(rank, 2)
     with pytest.raises(BadInputError) as whole:
-        iterations.find_iterations(rank, iteration="stpe")
+        iteration_scan.find_iterations(rank, iteration="stpe")
     assert f"x: {iteration_scan.nvtx_iterations(read, 'stpe')[0][1]}" == str(whole.value)
 
 
@@ -149,19 +151,19 @@ def test_without_a_delimiting_range_kernels_delimit():
     for name in (None, "gemm", "relu"):
         read, reads = _reader(rank, 2, "kernels")
         found = iteration_scan.kernel_iterations(read, name, {1}, set())
-        want = iterations.find_iterations(rank, iteration_kernel=name)
+        want = iteration_scan.find_iterations(rank, iteration_kernel=name)
         _same(found[1], iterations.Iterations(want.delimiter, want.start_ns, want.end_ns, None))
         assert len(reads) == (2 if name is None else 1)  # names counted, then launches collected
     read, _ = _reader(rank, 2, "kernels")
     with pytest.raises(BadInputError) as whole:
-        iterations.find_iterations(rank, iteration_kernel="gem")
+        iteration_scan.find_iterations(rank, iteration_kernel="gem")
     assert f"x: {iteration_scan.kernel_iterations(read, 'gem', {1}, set())[1]}" == str(whole.value)
     # a process with ranges and no kernel at all, and one whose kernels repeat too little
     found = iteration_scan.kernel_iterations(lambda: iter(()), None, {1}, set())
     assert found == {1: iterations.no_iterations_text(True, False)}
     few = _rank([("once", 0, 50, 1)], kernels([("gemm", 0, 5), ("relu", 6, 8)]))
     with pytest.raises(BadInputError) as whole:
-        iterations.find_iterations(few)
+        iteration_scan.find_iterations(few)
     read, _ = _reader(few, 1, "kernels")
     assert f"x: {iteration_scan.kernel_iterations(read, None, {1}, set())[1]}" == str(whole.value)
 
@@ -250,3 +252,36 @@ def test_the_ranges_a_first_read_keeps_are_those_a_read_again_gives(monkeypatch,
     for column in want.column_names:
         assert got.column(column).to_pylist() == want.column(column).to_pylist(), column
     assert set(got.column("event_type").to_pylist()) == {59}
+
+
+def test_a_rank_read_whole_is_one_span_of_the_scan(monkeypatch):
+    """find_iterations is the scan over the rank's closed ranges as one span: no other code finds iterations."""
+    spans = []
+    add = iteration_scan.RangeScan.add
+    monkeypatch.setattr(iteration_scan.RangeScan, "add",
+                        lambda self, rows: spans.append(rows.num_rows) or add(self, rows))
+    it = iteration_scan.find_iterations(_rank(NESTED))
+    assert spans == [len(NESTED)]
+    # by hand: "op" repeats most but lies inside "step", which covers the most time on the busiest thread (1)
+    assert (it.delimiter.name, it.tid) == ("step", 1)
+    assert it.start_ns.tolist() == [100 * i for i in range(6)]
+    assert it.end_ns.tolist() == [100 * i + 90 for i in range(6)]
+
+
+def test_no_iterations_is_the_same_error_read_whole_or_in_spans():
+    """A rank where nothing repeats has nothing to say (MissingTraceError: the run fails only if every rank is so), a
+    delimiter the options name that is not there is a bad input, whether the rank was read whole or as spans."""
+    from nsys_recipe_pack import driver
+    from nsys_recipe_pack.errors import MissingTraceError
+
+    rank = _rank([("once", 0, 50, 1)], kernels([("gemm", 0, 5), ("relu", 6, 8)]))
+    with pytest.raises(MissingTraceError):
+        iteration_scan.find_iterations(rank)
+    with pytest.raises(MissingTraceError):
+        driver.rank_map(kernel_pace.RECIPE, rank, {}, {"error": iterations.no_iterations_text(True, True)})
+    named = {"error": iterations.no_range_text("stpe", [])}
+    for read in (lambda: iteration_scan.find_iterations(rank, iteration="stpe"),
+                 lambda: driver.rank_map(kernel_pace.RECIPE, rank, {}, named)):
+        with pytest.raises(BadInputError) as error:
+            read()
+        assert not isinstance(error.value, MissingTraceError)

@@ -5,7 +5,7 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from nsys_recipe_pack import iterations
+from nsys_recipe_pack import iteration_scan, iterations
 from nsys_recipe_pack.errors import BadInputError
 from nsys_recipe_pack.inputs import RankData
 from nsys_recipe_pack.recipes import compute_memory_share as share
@@ -49,7 +49,7 @@ def test_auto_delimiter_is_the_outermost_repeat_on_the_busiest_thread():
         rows += [("step", t, t + 90, 1), ("op", t + 10, t + 20, 1), ("op", t + 30, t + 40, 1)]
     rows += [("lonely", 0, 5, 1), ("step", 700, None, 1)]
     rows += [("poll", 10 * i, 10 * i + 5, 2) for i in range(5)]  # thread 2 repeats, but has fewer ranges
-    it = iterations.find_iterations(RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx(rows)))
+    it = iteration_scan.find_iterations(RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx(rows)))
     # "op" repeats more often but lies inside "step"; the unclosed "step" is left out
     assert it.delimiter.as_dict() == {"kind": "nvtx", "name": "step", "domain": None, "source": "auto"}
     assert it.tid == 1
@@ -65,36 +65,36 @@ def test_auto_delimiter_passes_over_the_range_covering_most_time_when_it_sits_in
     rows += [("load", 100 * i + 10, 100 * i + 20, 1) for i in range(4)]
     rows += [("load", 1000, 2000, 1), ("load", 3000, 4000, 1)]
     rows += [("tick", 5000 + 20 * i, 5000 + 20 * i + 5, 1) for i in range(5)]
-    it = iterations.find_iterations(RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx(rows)))
+    it = iteration_scan.find_iterations(RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx(rows)))
     assert it.delimiter.name == "step" and it.start_ns.tolist() == [0, 100, 200, 300, 400]
     # many names, each repeating side by side, none inside another: the one covering most time
     flat = [(f"op{k}", 1000 * (5 * k + i), 1000 * (5 * k + i) + 10 + k, 1) for k in range(300) for i in range(5)]
-    it = iterations.find_iterations(RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx(flat)))
+    it = iteration_scan.find_iterations(RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx(flat)))
     assert it.delimiter.name == "op299" and len(it.start_ns) == 5
 
 
 def test_named_delimiter_with_domain_and_its_errors():
     rows = [("step", 100 * i, 100 * i + 50, 1, "train") for i in range(3)] + [("step", 20, 30, 1, "eval")]
     rd = RankData(file="r.nsys-rep", pid=1, session_start_ns=0, nvtx=nvtx(rows))
-    it = iterations.find_iterations(rd, iteration="step@train")
+    it = iteration_scan.find_iterations(rd, iteration="step@train")
     assert (it.start_ns.tolist(), it.delimiter.domain) == ([0, 100, 200], "train")
-    assert iterations.find_iterations(rd, iteration="step").start_ns.tolist() == [0, 100, 200]  # eval's is inside
+    assert iteration_scan.find_iterations(rd, iteration="step").start_ns.tolist() == [0, 100, 200]  # eval's is inside
     with pytest.raises(BadInputError, match="no NVTX range named 'stpe'; closest names: 'step'"):
-        iterations.find_iterations(rd, iteration="stpe")
+        iteration_scan.find_iterations(rd, iteration="stpe")
 
 
 def test_kernel_delimiter_named_or_found_when_no_range_repeats():
     ks = kernels([("gemm", 0, 5), ("relu", 6, 8), ("gemm", 10, 15), ("gemm", 20, 26), ("gemm", 30, 34),
                   ("gemm", 42, 47)])
     rd = RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx([("once", 0, 50, 1)]), kernels=ks)
-    for it in (iterations.find_iterations(rd), iterations.find_iterations(rd, iteration_kernel="gemm")):
+    for it in (iteration_scan.find_iterations(rd), iteration_scan.find_iterations(rd, iteration_kernel="gemm")):
         assert it.delimiter.kind == "kernel" and it.delimiter.name == "gemm"
         # each launch until the next; the last lasts the median period (10) or to its own end if later
         assert it.start_ns.tolist() == [0, 10, 20, 30, 42]
         assert it.end_ns.tolist() == [10, 20, 30, 42, 52]
-    assert iterations.find_iterations(rd, iteration_kernel="relu").start_ns.tolist() == [6]
+    assert iteration_scan.find_iterations(rd, iteration_kernel="relu").start_ns.tolist() == [6]
     with pytest.raises(BadInputError, match="no kernel named 'gem'"):
-        iterations.find_iterations(rd, iteration_kernel="gem")
+        iteration_scan.find_iterations(rd, iteration_kernel="gem")
 
 
 def test_sync_points_collect_collective_ranges_nccl_kernels_named_syncs_and_cuda_syncs():

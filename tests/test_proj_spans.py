@@ -206,7 +206,6 @@ def test_calls_of_one_key_in_two_ranges_of_a_span_are_read_whole(spill_dir):
                       "key": [20, 10, 20]})
     with pytest.raises(ReadWhole, match="two NVTX ranges of one thread"):
         proj._add_calls(state, proj._calls_of(state, around, calls))
-    state.spill.close().remove()
 
 
 def test_spilled_rows_come_back_in_key_order(spill_dir):

@@ -6,18 +6,16 @@ rank whole after them. docs/internals.md, "Long captures", says when and how."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
-import numpy as np
 import pyarrow as pa
 
 from . import recipes
 from .allocator import give_back_freed_memory
-from .errors import BadInputError, MissingToolError, MissingTraceError, PackError
+from .errors import MissingToolError, MissingTraceError, PackError
 from .inputs.chunks import END_OF_TIME, START_OF_TIME, ReadWhole, Stream, prefolded
-from .inputs.frames import Frame, arrow_of, numpy_of
-from .inputs.rank_data import RankData, Reading, SpanRead
+from .inputs.rank_data import RankAhead, RankData, Reading, SpanRead
+from .iterations import iteration_error
 from .spill import remove_spilled
 
 # what the reduce needs to know of each rank besides its result: key -> RankData attribute
@@ -26,12 +24,14 @@ IDENTITY = {"file": "file", "read_from": "read_from", "pid": "pid", "candidates"
             "synthetic": "synthetic", "unclosed_ranges": "unclosed_ranges", "read_note": "read_note"}
 
 
-def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None) -> list[dict]:
-    """Load one input and run the recipe's per-rank analysis on each rank it holds."""
+def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None,
+             spill_dir: str | None = None) -> list[dict]:
+    """Load one input and run the recipe's per-rank analysis on each rank it holds. spill_dir: where a long capture's
+    map keeps what it holds beyond memory and writes its long output (the output folder being written)."""
     spec = recipes.get(recipe)
     stream = spec.stream_given(options)
     try:
-        with reading_for(spec, path, options, nsys_path) as reading:
+        with reading_for(spec, path, options, nsys_path, spill_dir=spill_dir) as reading:
             folded = fold_ranks(reading, stream) if stream is not None and reading.long(stream) else None
             if folded is not None:
                 return [map_rank_data(spec, rank_data, options, result) for rank_data, result in folded]
@@ -43,10 +43,11 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
         return [{"bad_file": str(path), "reason": str(exc)}]
 
 
-def reading_for(spec, path, options: dict, nsys_path: str | None = None, needs: set | None = None) -> Reading:
+def reading_for(spec, path, options: dict, nsys_path: str | None = None, needs: set | None = None,
+                spill_dir: str | None = None) -> Reading:
     """One input opened for what the recipe reads with these options (needs: other needs)."""
     return Reading(Path(path), set(needs or spec.needs_given(options)), nsys_path, spec.rows_given(options),
-                   spec.bytes_per_row)
+                   spec.bytes_per_row, spill_dir=spill_dir)
 
 
 def map_rank_data(spec, rank_data, options: dict, folded: dict | None = None) -> dict:
@@ -68,17 +69,17 @@ def rank_map(spec, rank_data, options: dict, folded: dict | None = None) -> dict
     stream = spec.stream
     for need in stream.requires:
         rank_data.require(need, spec.name)
-    if "error" in folded:
-        raise BadInputError(f"{rank_data.file}: {folded['error']}")
+    _raise_error(rank_data, folded)
     return stream.complete(rank_data, folded, options) if stream.complete is not None else folded
 
 
 def fold_rank(stream: Stream, rank_data: RankData, options: dict | None = None) -> dict | None:
     """A stream's result over one rank read whole: what its `prepare` reads ahead and each table of its spans come as
-    one part (`_RankAhead`, one span of time), every row as the rank's process's. A recipe's `map_rank` that is this
-    has one analysis for a report read whole and a long capture. None where the stream gives the rank nothing."""
+    one part (`RankAhead`, one span of time), every row as the rank's process's. A recipe's `map_rank` that is this
+    has one analysis for a report read whole and a long capture. None where the stream gives the rank nothing. For a
+    stream without an `output`."""
     pid = rank_data.pid if rank_data.pid is not None else 0
-    ahead = _RankAhead(rank_data, pid)
+    ahead = RankAhead(rank_data, pid)
     state = stream.prepare(ahead, {**stream.options, **(options or {})}) if stream.prepare else {}
     given = stream.replayed(state) if stream.replayed else {}
     chunk = {need: ahead.span(need, stream.view) for need in stream.needs}
@@ -89,56 +90,15 @@ def fold_rank(stream: Stream, rank_data: RankData, options: dict | None = None) 
     stream.fold(state, START_OF_TIME, END_OF_TIME, span)
     nvtx = rank_data.frame("nvtx")
     names = list(nvtx.codes("name")[1][:-1]) if nvtx is not None else []
-    return stream.finish(state, names).get(pid)
+    result = stream.finish(state, names).get(pid)
+    _raise_error(rank_data, result)
+    return result
 
 
-class _RankAhead:
-    """A rank read whole, as a stream's `prepare` reads ahead of the spans (inputs.chunks.Ahead): each table in one
-    part, its rows all of one process (the rank's: a rank may hold rows of others, which a whole read counts as its
-    own)."""
-
-    def __init__(self, rank_data: RankData, pid: int):
-        self.rank_data, self.pid = rank_data, pid
-        self.extents = self  # what a stream asks of the extents: the processes with rows in a table
-
-    def pids(self, attr: str) -> set[int]:
-        frame = self.rank_data.frame(attr)
-        return {self.pid} if frame is not None and len(frame) else set()
-
-    def frame(self, need: str) -> Frame | None:
-        frame = self.rank_data.frame_for(need)
-        if frame is None or "pid" not in frame or not len(frame):
-            return frame
-        pid = frame.values("pid")
-        if (pid == self.pid).all():
-            return frame
-        table = frame.table
-        return Frame(table.set_column(table.column_names.index("pid"), "pid",
-                                      arrow_of(np.full(len(frame), self.pid, np.int64))), frame.dtypes)
-
-    def span(self, need: str, view) -> pa.Table | None:
-        """One need's rows as a span hands them over (`view`), in order of start."""
-        frame = self.frame(need)
-        if frame is None:
-            return None
-        rows = view(need, frame)
-        start = numpy_of(rows.column("start_ns"))
-        if np.any(start[1:] < start[:-1]):
-            rows = rows.take(arrow_of(np.argsort(start, kind="stable")))
-        return rows
-
-    def spans(self, need: str, view, cols=None) -> Iterator[pa.Table]:
-        rows = self.span(need, view)
-        if rows is not None and rows.num_rows:
-            yield rows
-
-    def frames(self, need: str, cols=None) -> Iterator[Frame]:
-        frame = self.frame(need)
-        if frame is not None and len(frame):
-            yield frame
-
-    def whole(self, need: str, read) -> Frame | None:
-        return self.frame(need)
+def _raise_error(rank_data: RankData, result: dict | None) -> None:
+    """A stream's result that is the error of its rank (`{"error": text}`), raised as a whole read raises it."""
+    if result is not None and "error" in result:
+        raise iteration_error(rank_data.file, result["error"])
 
 
 def fold_ranks(reading: Reading, stream: Stream) -> list[tuple[RankData, dict]] | None:
@@ -169,7 +129,14 @@ def _fold(read: SpanRead, stream: Stream) -> dict:
     chunks = read.chunks(given)
     if stream.prefold:
         chunks = prefolded(chunks, stream.prefold, state)
+    writer = stream.output_writer(read.spill_dir) if stream.output else None
     with contextlib.closing(chunks):  # its reading threads stopped before any whole read
         for span_start, span_end, chunk in chunks:
-            stream.fold(state, span_start, span_end, chunk)
-    return stream.finish(state, read.names())
+            rows = stream.fold(state, span_start, span_end, chunk)
+            if writer is not None and rows is not None:
+                writer.write(rows)
+    results = stream.finish(state, read.names())
+    if writer is not None:  # a stream with an output gives one result: its one process's, or None's (several)
+        (result,) = results.values()
+        result[stream.output] = writer.close(result[stream.output])
+    return results

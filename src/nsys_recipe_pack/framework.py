@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import driver, recipes, runner
 from .errors import PackError
-from .spill import SPILL_DIR, remove_spilled
+from .spill import remove_spilled
 
 
 def add_recipe_options(parser, name: str) -> None:
@@ -33,11 +33,11 @@ def run_in_framework(recipe, context, name: str) -> None:
     options = {k: recipe.get_parsed_arg(k) for k in recipes.get(name).option_names()}
     options["skip_bad"] = bool(recipe.get_parsed_arg("skip_bad"))
     inputs = [str(p) for p in recipe.get_parsed_arg("input")]
-    options[SPILL_DIR] = str(recipe.get_output_dir())  # long per-event tables are written there as they are made
     mapped = []
     try:
         mapped = context.wait(context.map(driver.map_file, inputs, recipe=name, options=options,
-                                          nsys_path=nsys_of_framework()))
+                                          nsys_path=nsys_of_framework(),
+                                          spill_dir=str(recipe.get_output_dir())))
         tables, analysis = runner.reduce_all(name, mapped, options)
     except PackError as exc:
         remove_spilled(mapped)

@@ -1,5 +1,6 @@
-"""Iterations of a long capture, found as `iterations.find_iterations` finds them in whole tables, from closed NVTX
-ranges (and kernels) read a span of time at a time: a few numbers per thread and range name are held, not every range.
+"""The one iteration finder: a rank's iterations from its closed NVTX ranges (and kernels) read a span of time at a
+time, holding a few numbers per thread and range name, not every range. A long capture comes in many spans, a rank
+read whole in one (`find_iterations`).
 
 A first read of the ranges counts, per process, thread, name and domain, the ranges, the time they cover, where
 they first appear and whether two of them overlap. That gives each process's busiest thread and its candidate
@@ -29,6 +30,7 @@ from .groups import SortedGroups, Vocabulary, distinct, factorize
 from .inputs.batches import RANGE_EVENTS
 from .inputs.chunks import ReadWhole
 from .inputs.frames import arrow_of, column_codes, dictionary_column, numpy_of, strings_of
+from .inputs.rank_data import RankAhead
 from .inputs.readers import read_ahead
 from .intervals import outermost
 from .iterations import (
@@ -37,6 +39,7 @@ from .iterations import (
     Delimiter,
     Iterations,
     closed_range_view,
+    iteration_error,
     kernel_windows,
     most_common,
     no_iterations_text,
@@ -44,10 +47,9 @@ from .iterations import (
     no_range_text,
     parse_name_domain,
 )
-from .spill import SPILL_DIR, SpilledRows, SpillWriter
+from .spill import SpilledRows, SpillWriter
 
 INT64_MIN, INT64_MAX = np.iinfo(np.int64).min, np.iinfo(np.int64).max
-TID_BITS, NAME_BITS, DOMAIN_BITS = 26, 25, 12  # a (thread, name, domain) key in one int64
 INNER_QUERIES = 20_000_000  # (range, candidate) pairs a further read tests, beyond those of the first candidate
 INNER_CANDIDATES = 8  # candidates a further read tests at most
 REPLAY_ROWS = 8_000_000  # closed ranges of the first read a replay holds in memory (32 bytes each); the rest in a file
@@ -56,10 +58,6 @@ REPLAY_ROWS = 8_000_000  # closed ranges of the first read a replay holds in mem
 # holding 0.5 M, no slower)
 KEPT_REPLAY_ROWS = 1_000_000
 QUERIES = 1_000_000  # (range, candidate) pairs tested at once
-
-
-class TooManyNames(Exception):
-    """More distinct threads, names or domains than a key holds: the caller reads the table whole."""
 
 
 @dataclass
@@ -85,12 +83,10 @@ class _Tally:
         self.size = 0
         self.cols = {c: np.full(1024, v, np.int64) for c, v in self.COLUMNS.items()}
 
-    def _of_distinct(self, keys: np.ndarray) -> np.ndarray:
-        return np.array([self.index.get(k, -1) for k in keys.tolist()], np.int64)
-
-    def add_keys(self, keys: np.ndarray, parts: dict[str, np.ndarray]) -> np.ndarray:
-        """The entries of distinct keys, new ones made with their `parts` (pid, tid, name, domain)."""
-        at = self._of_distinct(keys)
+    def add_keys(self, keys: list[tuple], parts: dict[str, np.ndarray]) -> np.ndarray:
+        """The entries of distinct (thread, name, domain) keys, new ones made with their `parts` (pid, tid, name,
+        domain)."""
+        at = np.array([self.index.get(k, -1) for k in keys], np.int64)
         new = np.flatnonzero(at < 0)
         if len(new):
             need = self.size + len(new)
@@ -99,7 +95,7 @@ class _Tally:
                 for c, v in self.COLUMNS.items():
                     self.cols[c] = np.r_[self.cols[c], np.full(grown - len(self.cols[c]), v, np.int64)]
             at[new] = np.arange(self.size, need)
-            for k, i in zip(keys[new].tolist(), at[new].tolist(), strict=True):
+            for k, i in zip([keys[i] for i in new.tolist()], at[new].tolist(), strict=True):
                 self.index[k] = i
             for c, v in parts.items():
                 self.cols[c][at[new]] = v[new]
@@ -133,9 +129,6 @@ class RangeScan:
             at[used - 1] = words.ids([distinct[u - 1] for u in used.tolist()])
             ids.append(at[codes])
         name, domain = ids
-        if any(len(w.words) >> bits for w, bits in ((self.tids, TID_BITS), (self.names, NAME_BITS),
-                                                     (self.domains, DOMAIN_BITS))):
-            raise TooManyNames()
         return _Span(numpy_of(rows.column("pid")), tid, numpy_of(rows.column("start_ns")),
                      numpy_of(rows.column("end_ns")), tid_id, name, domain)
 
@@ -147,9 +140,12 @@ class RangeScan:
             return s.pid, s.start, s.end, s.thread
         # in order of (thread, name, domain) as ids below the counts met so far: few, so sorted by radix
         names, domains = len(self.names.words), len(self.domains.words)
-        groups = SortedGroups((s.thread * names + s.name) * domains + s.domain)
+        if len(self.tids.words) * names * domains < 1 << 62:
+            groups = SortedGroups((s.thread * names + s.name) * domains + s.domain)
+        else:  # more than one integer holds
+            groups = SortedGroups(np.unique(np.c_[s.thread, s.name, s.domain], axis=0, return_inverse=True)[1])
         lead = groups.lead
-        key = (s.thread[lead] << (NAME_BITS + DOMAIN_BITS)) | (s.name[lead] << DOMAIN_BITS) | s.domain[lead]
+        key = list(zip(s.thread[lead].tolist(), s.name[lead].tolist(), s.domain[lead].tolist(), strict=True))
         at = self.tally.add_keys(key, {"pid": s.pid[lead], "tid": s.tid[lead], "name": s.name[lead],
                                        "domain": s.domain[lead]})
         t = self.tally.cols
@@ -528,15 +524,12 @@ def iterations_ahead(ahead, options: dict, keep: bool = False) -> tuple[dict, bo
     windows: dict = {}
     kept = None
     read = lambda: ahead.spans("nvtx", closed_range_view)  # noqa: E731
-    try:
-        if options.get("iteration_kernel") and not keep:
-            for _ in read():  # read once all the same: the rank's identity is in it
-                pass
-        else:
-            windows, kept = nvtx_iterations(read, options.get("iteration"), options.get(SPILL_DIR), keep,
-                                            find=not options.get("iteration_kernel"))
-    except TooManyNames:
-        raise ReadWhole("more NVTX threads, names or domains than a scan holds") from None
+    if options.get("iteration_kernel") and not keep:
+        for _ in read():  # read once all the same: the rank's identity is in it
+            pass
+    else:
+        windows, kept = nvtx_iterations(read, options.get("iteration"), ahead.spill_dir, keep,
+                                        find=not options.get("iteration_kernel"))
     ranged = set(windows)
     kernels_read = bool(options.get("iteration_kernel")) or not options.get("iteration") and (
         not windows or any(w is None for w in windows.values()))
@@ -545,6 +538,18 @@ def iterations_ahead(ahead, options: dict, keep: bool = False) -> tuple[dict, bo
         read = lambda: ahead.spans("kernel", kernel_view, KERNEL_COLUMNS)  # noqa: E731
         windows.update(kernel_iterations(read, options.get("iteration_kernel"), ranged, settled))
     return windows, kernels_read, kept
+
+
+def find_iterations(rank_data, iteration: str | None = None, iteration_kernel: str | None = None) -> Iterations:
+    """The rank's iterations: instances of the delimiting NVTX range on its busiest thread (outermost of nested
+    repeats), or launches of the delimiting kernel; found as a long capture's are, its tables read as one span."""
+    pid = rank_data.pid if rank_data.pid is not None else 0
+    options = {"iteration": iteration, "iteration_kernel": iteration_kernel}
+    windows, kernels_read, _ = iterations_ahead(RankAhead(rank_data, pid), options)
+    found = windows.get(pid)
+    if found is None or isinstance(found, str):
+        raise iteration_error(rank_data.file, found or no_windows_text(options, kernels_read))
+    return found
 
 
 def no_windows_text(options: dict, kernels_read: bool) -> str:

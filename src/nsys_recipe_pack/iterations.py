@@ -14,10 +14,10 @@ from .errors import BadInputError, MissingTraceError
 from .groups import one_of, picked
 from .inputs.batches import RANGE_EVENTS
 from .inputs.frames import arrow_of, dictionary_column
-from .intervals import outermost
 from .lazy import pd
 
 MIN_REPEATS = 5
+NO_ITERATIONS = "cannot find iterations"  # how the error of a rank where nothing repeats begins
 DEFAULT_SYNC_RE = re.compile(r"allreduce|all_reduce|allgather|all_gather|reduce_scatter|reducescatter|barrier",
                              re.IGNORECASE)
 NCCL_KERNEL_RE = re.compile(r"^(?:ncclKernel|ncclDevKernel)")
@@ -95,16 +95,9 @@ class Ranges:
     def __len__(self) -> int:
         return len(self.start_ns)
 
-    def name_is(self, wanted: str) -> np.ndarray:
-        return _is(self.name, self.names, wanted)
-
     def domain_is(self, wanted: str) -> np.ndarray:
-        return _is(self.domain, self.domains, wanted)
-
-
-def _is(codes: np.ndarray, words: np.ndarray, wanted: str) -> np.ndarray:
-    """Where codes into words (the last one None) stand for the string `wanted`."""
-    return np.isin(codes, np.flatnonzero(words[:-1] == wanted))
+        """Where the ranges' domain is the string `wanted`."""
+        return np.isin(self.domain, np.flatnonzero(self.domains[:-1] == wanted))
 
 
 def range_arrays(nvtx) -> Ranges:
@@ -131,102 +124,6 @@ def most_common(values: np.ndarray, counts: np.ndarray | None = None, first: np.
     np.minimum.at(seen, at, np.arange(len(at)) if first is None else first)
     top = np.flatnonzero(total == total.max())
     return distinct[top[np.argmin(seen[top])]]
-
-
-def _auto_nvtx(r: Ranges) -> tuple[int, int] | None:
-    """(name code, domain code) of the repeating range that delimits iterations, found on the busiest thread."""
-    if not len(r):
-        return None
-    on_thread = np.flatnonzero(r.tid == most_common(r.tid))
-    on_thread = on_thread[np.argsort(r.start_ns[on_thread], kind="stable")]
-    key = (r.name[on_thread] + 1) * (len(r.domains) + 1) + r.domain[on_thread] + 1
-    _, first, group = np.unique(key, return_index=True, return_inverse=True)
-    group = group.reshape(-1)
-    order = np.argsort(group, kind="stable")
-    by_group, grouped = on_thread[order], group[order]  # each (name, domain)'s ranges together, in time order
-    count = np.bincount(group, minlength=len(first))
-    bounds = np.r_[0, np.cumsum(count)]
-    # a candidate repeats, has a non-empty name and a domain, and its ranges do not overlap one another
-    overlaps = np.bincount(grouped[1:][(grouped[1:] == grouped[:-1]) & (r.start_ns[by_group][1:] <
-                                                                         r.end_ns[by_group][:-1])],
-                           minlength=len(first))
-    name, domain = r.name[on_thread[first]], r.domain[on_thread[first]]
-    # NCCL's own API ranges (ncclGroupStart, ncclSend, ncclAllReduce, ...) repeat in every step without being one
-    named = np.array([w not in ("", None) and not NCCL_API_RE.match(str(w)) for w in r.names], bool)[name]
-    candidate = (count >= MIN_REPEATS) & (name >= 0) & (domain >= 0) & named & (overlaps == 0)
-    cand = np.flatnonzero(candidate)
-    cand = cand[np.argsort(first[cand], kind="stable")]  # in order of first appearance
-    spans = [(r.start_ns[by_group[bounds[g]:bounds[g + 1]]], r.end_ns[by_group[bounds[g]:bounds[g + 1]]])
-             for g in cand]
-    covered = np.array([int((e - s).sum()) for s, e in spans], np.int64)
-    # The delimiter covers the most time ("most frequent" alone picks per-op ranges such as aten::zeros in
-    # reports made with torch's emit_nvtx), then repeats most, then appears first; and it is the outermost:
-    # a candidate whose ranges sit inside another candidate's is passed over. Checking in that order stops
-    # at the delimiter, instead of checking every pair of candidates.
-    for i in np.lexsort((np.arange(len(cand)), -count[cand], -covered)):
-        if not any(_mostly_inside(spans[i], spans[j]) for j in range(len(cand)) if j != i):
-            return int(name[cand[i]]), int(domain[cand[i]])
-    return None
-
-
-def _mostly_inside(inner: tuple[np.ndarray, np.ndarray], outer: tuple[np.ndarray, np.ndarray]) -> bool:
-    """Whether more than half of the inner ranges lie inside one of the outer ranges (which do not overlap
-    one another, in time order: only the last to start before an inner range can hold it)."""
-    idx = np.searchsorted(outer[0], inner[0], side="right") - 1
-    inside = (idx >= 0) & (inner[1] <= outer[1][np.maximum(idx, 0)])
-    return inside.mean() > 0.5
-
-
-def find_iterations(rank_data, iteration: str | None = None, iteration_kernel: str | None = None,
-                    ranges: Ranges | None = None) -> Iterations:
-    """The rank's iterations: instances of the delimiting NVTX range on its busiest thread (outermost of
-    nested repeats), or launches of the delimiting kernel. `ranges`: the rank's `range_arrays`, when the
-    caller has them already."""
-    kernels = rank_data.frame("kernels")
-    if iteration_kernel:
-        return _kernel_iterations(kernels, iteration_kernel, "--iteration-kernel", rank_data.file)
-    r = ranges if ranges is not None else range_arrays(rank_data.frame("nvtx"))
-    if iteration:
-        name, domain = parse_name_domain(iteration)
-        sel = r.name_is(name)
-        if domain is not None:
-            sel &= r.domain_is(domain)
-        if not sel.any():
-            raise BadInputError(f"{rank_data.file}: {no_range_text(iteration, r.names[r.name])}")
-        delim = Delimiter("nvtx", name, domain, "--iteration")
-    else:
-        found = _auto_nvtx(r)
-        if found is None:
-            if kernels is not None and len(kernels):
-                codes, words = kernels.codes("name")
-                named = codes[codes >= 0]
-                if len(named) and (named == most_common(named)).sum() >= MIN_REPEATS:
-                    return _kernel_iterations(kernels, str(words[most_common(named)]), "auto", rank_data.file)
-            has_kernels = kernels is not None and bool(len(kernels))
-            raise MissingTraceError(f"{rank_data.file}: {no_iterations_text(bool(len(r)), has_kernels)}")
-        n, d = found
-        sel = (r.name == n) & (r.domain == d)
-        delim = Delimiter("nvtx", str(r.names[n]), r.domains[d] or None, "auto")
-    sel = np.flatnonzero(sel)
-    tid = int(most_common(r.tid[sel]))
-    sel = sel[r.tid[sel] == tid]
-    # outermost of nested repeats, in time order: one group
-    sel = sel[outermost(np.zeros(len(sel), np.int64), r.start_ns[sel], r.end_ns[sel])]
-    return Iterations(delim, r.start_ns[sel].astype(np.int64), r.end_ns[sel].astype(np.int64), tid)
-
-
-def _kernel_iterations(kernels, name: str, source: str, file: str) -> Iterations:
-    if kernels is None or not len(kernels):
-        raise BadInputError(f"{file}: {no_kernel_text(name, [])}")
-    codes, words = kernels.codes("name")
-    full_codes, full_words = kernels.codes("full_name")
-    full_hit = np.array([w is not None and (w == name or str(w).startswith(name + "(")) for w in full_words])
-    match = _is(codes, words, name) | full_hit[full_codes]
-    sel = np.flatnonzero(match)
-    if not len(sel):
-        raise BadInputError(f"{file}: {no_kernel_text(name, words[codes])}")
-    starts, ends = kernel_windows(kernels.values("start_ns")[sel], kernels.values("end_ns")[sel])
-    return Iterations(Delimiter("kernel", name, None, source), starts, ends, None)
 
 
 def kernel_windows(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -258,8 +155,15 @@ def no_iterations_text(has_ranges: bool, has_kernels: bool) -> str:
     """The error for a rank where no NVTX range or kernel repeats enough to delimit iterations."""
     what = ("has no NVTX ranges or CUDA kernels (profile with `nsys profile -t cuda,nvtx`)"
             if not has_ranges and not has_kernels else "has no NVTX range or kernel that repeats at least 5 times")
-    return (f"cannot find iterations: the report {what}; or pass --iteration NAME (an NVTX range) or "
+    return (f"{NO_ITERATIONS}: the report {what}; or pass --iteration NAME (an NVTX range) or "
             "--iteration-kernel NAME")
+
+
+def iteration_error(file: str, text: str) -> BadInputError:
+    """The error of a rank whose iterations were not found, from its text: where nothing repeats, the rank has
+    nothing to say (MissingTraceError: the run fails only if every rank is so); where the options named a delimiter
+    that is not there, the input is bad."""
+    return (MissingTraceError if text.startswith(NO_ITERATIONS) else BadInputError)(f"{file}: {text}")
 
 
 def matching(words: np.ndarray, pattern) -> np.ndarray:

@@ -37,7 +37,7 @@ from .inputs import (
 )
 from .lazy import pd
 from .ranks import assign_ranks
-from .spill import SPILL_DIR, RankedRows, parquet_options, remove_spilled
+from .spill import RankedRows, parquet_options, remove_spilled
 from .staging import staged_output
 
 # `file` is the input as named; `read_from` what was read for it: the report itself, or an export beside it
@@ -238,8 +238,10 @@ def copy_notebook(out_dir: Path, recipe: str) -> None:
 
 
 def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jobs: int | None,
-                    nsys_path: str | None) -> list[list[dict]]:
-    args = [(str(f), recipe, options, nsys_path) for f in files]
+                    nsys_path: str | None, spill_dir: str | None = None) -> list[list[dict]]:
+    """Each file's map results. spill_dir: where a long capture's map writes what it holds beyond memory (the output
+    folder being written)."""
+    args = [(str(f), recipe, options, nsys_path, spill_dir) for f in files]
     if mode == "none" or len(files) == 1:
         # the reduce's pandas imported beside the maps, which mostly let go of Python, as the workers' parent does below
         threading.Thread(target=lambda: pd.DataFrame, name="nsys-recipe-import", daemon=True).start()
@@ -449,7 +451,7 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
         else:
             log(f"running {recipe} with the pack's runner on {len(files)} input(s)")
             version = _nsys_version_or_none(files, nsys_path)  # before the map: the workers inherit it
-            mapped = run_pack_engine(recipe, files, {**options, SPILL_DIR: str(staged)}, mode, jobs, nsys_path)
+            mapped = run_pack_engine(recipe, files, options, mode, jobs, nsys_path, str(staged))
             give_back_freed_memory()
             try:
                 tables, analysis = reduce_all(recipe, mapped, options)

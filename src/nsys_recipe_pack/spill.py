@@ -30,7 +30,6 @@ ROW_GROUP_ROWS = 1 << 20  # rows per Parquet row group of a table written in pie
 # a run of one report gives its process this rank unless the report names another: what a spill written as the output
 # itself holds (SpillWriter's `output`)
 SPILLED_RANK = 0
-SPILL_DIR = "_spill_dir"  # the option that names the folder a map writes such tables to (the output being written)
 
 
 @dataclass

@@ -48,7 +48,11 @@ class Stream:
     (a generator of tables, as `view` gives a span's), which the spans take instead of reading its table again;
     requires: what each rank must hold (RankData.require) for its folded result to stand;
     complete(rank_data, folded, options) -> the map's result from a process's `finish` result and its rank (what
-    the rank's identity adds); without it, the `finish` result is the map's. A result {"error": text} is that error.
+    the rank's identity adds); without it, the `finish` result is the map's. A result {"error": text} is that error;
+    output: the result's table too long to hold (one row per event), which `fold` returns a piece at a time (the rows
+    it has finished, in order of the table's key, or None) and the driver writes as they come, with the writer
+    `output_writer(folder)` makes (spill.SpillWriter) in the folder the runner gives; `finish` gives in its place the
+    rows finished late (or None), which the writer puts back in their places.
     The driver (nsys_recipe_pack.driver) runs a stream; nothing in inputs does."""
 
     needs: tuple[str, ...]
@@ -63,6 +67,8 @@ class Stream:
     replayed: Callable | None = None
     requires: tuple[str, ...] = ()
     complete: Callable | None = None
+    output: str | None = None
+    output_writer: Callable | None = None
 
 
 class ReadWhole(Exception):
@@ -88,6 +94,7 @@ class Ahead:
     progress: Callable[[str, int], None]
     expect: Callable[[str, int], None]
     stream: Stream
+    spill_dir: str | None = None  # where a read ahead keeps what it holds beyond memory (None: TMPDIR)
     reads: dict = field(default_factory=dict)  # need -> reads started
     lock: threading.Lock = field(default_factory=threading.Lock)  # reads may start in several threads at once
 

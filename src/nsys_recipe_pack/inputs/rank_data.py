@@ -29,7 +29,7 @@ from .chunks import STREAM_MIN_ROWS, Ahead, Stream, first_read_label, time_chunk
 from .discovery import report_stem
 from .events import read_gpu, read_gpus, read_memory, read_mpi, read_nvtx, read_runtime, recorded_env, session_start
 from .export import open_source
-from .frames import FRAME_NAMES, Frame, as_frame, read_arrow_streams, write_arrow_streams
+from .frames import FRAME_NAMES, Frame, arrow_of, as_frame, numpy_of, read_arrow_streams, write_arrow_streams
 from .readers import MEMORY_EVENTS, TABLES, ExportSource, StringTable, small_table, string_table, threads_pay
 
 RANK_ENV_KEYS = ["RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK"]
@@ -150,6 +150,57 @@ class RankData:
             return 0, 0, 0
         return len(t), int(t.values("start_ns").min()), int(t.values("end_ns").max())
 
+
+class RankAhead:
+    """A rank read whole, as a stream's `prepare` reads ahead of the spans (chunks.Ahead): each table in one
+    part, its rows all of one process (the rank's: a rank may hold rows of others, which a whole read counts as its
+    own)."""
+
+    def __init__(self, rank_data: RankData, pid: int):
+        self.rank_data, self.pid = rank_data, pid
+        self.extents = self  # what a stream asks of the extents: the processes with rows in a table
+        self.spill_dir = None
+
+    def pids(self, attr: str) -> set[int]:
+        frame = self.rank_data.frame(attr)
+        return {self.pid} if frame is not None and len(frame) else set()
+
+    def frame(self, need: str) -> Frame | None:
+        frame = self.rank_data.frame_for(need)
+        if frame is None or "pid" not in frame or not len(frame):
+            return frame
+        pid = frame.values("pid")
+        if (pid == self.pid).all():
+            return frame
+        table = frame.table
+        return Frame(table.set_column(table.column_names.index("pid"), "pid",
+                                      arrow_of(np.full(len(frame), self.pid, np.int64))), frame.dtypes)
+
+    def span(self, need: str, view) -> pa.Table | None:
+        """One need's rows as a span hands them over (`view`), in order of start."""
+        frame = self.frame(need)
+        if frame is None:
+            return None
+        rows = view(need, frame)
+        start = numpy_of(rows.column("start_ns"))
+        if np.any(start[1:] < start[:-1]):
+            rows = rows.take(arrow_of(np.argsort(start, kind="stable")))
+        return rows
+
+    def spans(self, need: str, view, cols=None) -> Iterator[pa.Table]:
+        rows = self.span(need, view)
+        if rows is not None and rows.num_rows:
+            yield rows
+
+    def frames(self, need: str, cols=None) -> Iterator[Frame]:
+        frame = self.frame(need)
+        if frame is not None and len(frame):
+            yield frame
+
+    def whole(self, need: str, read) -> Frame | None:
+        return self.frame(need)
+
+
 def _first_int(env: dict, keys: list[str]) -> tuple[int, str] | None:
     for key in keys:
         value = env.get(key, "").strip()
@@ -173,12 +224,14 @@ class Reading:
     rows: need -> names, for recipes that use only some rows (`kernel_pace --kernel`: one kernel's). An export
     is then read for those rows only; a report's export in the pack's cache is read whole once, as its loaded
     frames are kept for every later run. bytes_per_row: the recipe's peak memory per event row read (see
-    `check_memory`). src: the input already opened (export.open_source)."""
+    `check_memory`). src: the input already opened (export.open_source). spill_dir: where the reads ahead of a long
+    capture's spans keep what they hold beyond memory, and its long output is written (None: TMPDIR)."""
 
     def __init__(self, path: Path, needs: set[str], nsys_path: str | None = None,
                  rows: dict[str, list[str]] | None = None, bytes_per_row: int | None = None,
-                 src: ExportSource | None = None):
+                 src: ExportSource | None = None, spill_dir: str | None = None):
         self.path, self.needs, self.bytes_per_row = Path(path), set(needs), bytes_per_row
+        self.spill_dir = spill_dir
         self.src = src or open_source(self.path, self.needs, nsys_path)
         try:
             self.cache = _loaded_dir(self.src, self.needs)
@@ -208,7 +261,7 @@ class Reading:
         spans = list(stream.needs)
         ahead = [need for need in stream.ahead if need not in spans]  # read ahead only
         progress = self._progress(spans, ahead, stream.ahead)
-        return SpanRead(self.src, self.strings, spans, ahead, stream, Extents(), {}, progress)
+        return SpanRead(self.src, self.strings, spans, ahead, stream, Extents(), {}, progress, self.spill_dir)
 
     @property
     def strings(self) -> StringTable:
@@ -322,10 +375,11 @@ class SpanRead:
     extents: Extents
     found: dict
     progress: _ReadProgress
+    spill_dir: str | None = None
 
     def reader_ahead(self) -> Ahead:
         return Ahead(self.src, self.strings, self.extents, self.found, self.progress.add, self.progress.expect,
-                     self.stream)
+                     self.stream, self.spill_dir)
 
     def chunks(self, given: dict | None = None) -> Iterator[tuple[int, int, dict]]:
         """time_chunks over the spans' tables and those `given` (Stream.replayed)."""

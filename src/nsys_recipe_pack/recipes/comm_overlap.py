@@ -33,8 +33,9 @@ from ..groups import Vocabulary, factorize
 from ..inputs.chunks import END_OF_TIME
 from ..inputs.frames import column_codes
 from ..intervals import split_into_windows, union_lengths
+from ..iteration_scan import find_iterations
 from ..iteration_slices import sliced_stream
-from ..iterations import NCCL_KERNEL_RE, Delimiter, Iterations, find_iterations, range_arrays
+from ..iterations import NCCL_KERNEL_RE, Delimiter, Iterations, range_arrays
 from ..lazy import pd
 from ..nvtx import innermost_of
 from ..phases import child_ranges, launching_child
@@ -68,7 +69,7 @@ def _iterations(rank_data, options: dict):
     whole capture as one window."""
     ranges = range_arrays(rank_data.frame("nvtx"))
     try:
-        return find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"), ranges), ranges
+        return find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel")), ranges
     except BadInputError:
         if options.get("iteration") or options.get("iteration_kernel"):
             raise

@@ -24,8 +24,8 @@ from ..inputs import arrow_of, numpy_of
 from ..inputs.chunks import Stream
 from ..inputs.events import read_memory
 from ..inputs.frames import column_codes
-from ..iteration_scan import iterations_ahead
-from ..iterations import closed_range_view, find_iterations, range_arrays
+from ..iteration_scan import find_iterations, iterations_ahead
+from ..iterations import closed_range_view, range_arrays
 from ..lazy import pd
 from ..nvtx import innermost_of, op_name
 from . import Metric, Recipe, indented, iteration_options

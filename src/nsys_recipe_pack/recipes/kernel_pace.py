@@ -8,7 +8,6 @@ Statistics are exact: quantiles over all rows, not approximations.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
@@ -20,8 +19,8 @@ from ..gpu import GPU_NEEDS
 from ..inputs import arrow_of, dictionary_column, numpy_of
 from ..inputs.chunks import Stream
 from ..intervals import split_into_windows
-from ..iteration_scan import iterations_ahead, no_windows_text
-from ..iterations import WARMUP_RULE, closest_names, find_iterations, warmup, warmup_option
+from ..iteration_scan import find_iterations, iterations_ahead, no_windows_text
+from ..iterations import WARMUP_RULE, closest_names, iteration_error, warmup, warmup_option
 from ..lazy import pd
 from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
 
@@ -55,10 +54,11 @@ def map_rank(rank_data, options: dict) -> dict:
         delimiter = {"kind": "kernel", "name": kernel, "domain": None, "source": "--kernel"}
         return {"start_ns": start, "end_ns": end, "delimiter": delimiter}
     # the pace of the GPU work inside each iteration: the fold a long capture goes through span by span, over the
-    # rank's GPU work as one span, given the iterations found in its whole tables
-    it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"))
-    found = dataclasses.replace(STREAM, prepare=lambda ahead, opts: _state({ahead.pid: it}, True, opts))
-    return fold_rank(found, rank_data, options)
+    # rank's tables as one span
+    folded = fold_rank(STREAM, rank_data, options)
+    if folded is None:  # no iterations, and no GPU work to say so of
+        raise iteration_error(rank_data.file, no_windows_text(options, True))
+    return folded
 
 
 def _prepare(ahead, options: dict) -> dict:

@@ -8,8 +8,8 @@ launches backward kernels from its autograd thread, data loaders copy from pin-m
 without this `backward` would show almost no GPU time. `--attribution thread` keeps the launching
 thread only, as Nsight Systems' `nvtx_gpu_proj_trace` does. A range's projection spans its ops' first
 start to last end; `gpu_busy_ns` is the union of its ops, so kernels overlapping on two streams are not
-counted twice. A long capture is projected span by span of time as it is read, each range written once finished
-(`STREAM`, below), so that neither its tables nor its ranges are ever held whole.
+counted twice. A long capture is projected span by span of time as it is read, each range handed over to be written
+once finished (`STREAM`, below), so that neither its tables nor its ranges are ever held whole.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ..nvtx import (
     op_name,
     start_order,
 )
-from ..spill import SPILL_DIR, RankedRows, SpillWriter
+from ..spill import RankedRows, SpillWriter
 from . import Metric, Recipe, indented, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
@@ -207,7 +207,8 @@ def diff_metrics(ranks) -> pd.DataFrame | None:
 
 
 # ---------------------------------------------------------------------------------------------------
-# a long capture, span by span of time (inputs.chunks): the ranges table written as it is made (spill.py)
+# a long capture, span by span of time (inputs.chunks): the ranges handed to the driver as they are finished, which
+# writes them (spill.py)
 
 # a range not yet written: parent_at is its parent's place in `live` while that is there (else -1); name and domain
 # are ids into the names met so far (`_Projection.words`; -1: none); pending counts the pairs still to come in it
@@ -237,9 +238,6 @@ class _Projection:
         # ops come soon after their calls), and adding them up only to take them away again cost a tenth of a fold
         self.pending_fresh = np.zeros(0, bool)
         self.unlinked, self.pids = 0, set()
-        self.spill = SpillWriter(pa.schema([("name", NAMES), ("domain", NAMES),
-                                            *((c, pa.int64()) for c in list(RANGE_DTYPES)[2:])]), "range_id",
-                                 options.get(SPILL_DIR), output=_ranges_schema())
         self.late: list[pa.Table] = []
         self.sums: list[pa.Table] = []
 
@@ -366,7 +364,14 @@ def _closed_ranges(carried: dict, names: NameIds, rows: pa.Table, opened: dict) 
             "level": levels, "parent": around["parent"][new]}, around
 
 
-def _fold(state: _Projection, span_start: int, span_end: int, chunk: dict) -> None:
+def _ranges_writer(folder: str | None) -> SpillWriter:
+    """What the driver writes the ranges with as the fold finishes them: the output's Parquet file (spill.py)."""
+    rows = pa.schema([("name", NAMES), ("domain", NAMES), *((c, pa.int64()) for c in list(RANGE_DTYPES)[2:])])
+    return SpillWriter(rows, "range_id", folder, output=_ranges_schema())
+
+
+def _fold(state: _Projection, span_start: int, span_end: int, chunk: dict) -> pa.Table | None:
+    """A span into the projection; the ranges it finished, in range order (the driver writes them)."""
     state.pids |= chunk["pids"]
     state.words = chunk["words"]
     _add_ranges(state, chunk["nvtx"])
@@ -375,7 +380,7 @@ def _fold(state: _Projection, span_start: int, span_end: int, chunk: dict) -> No
         _add_ops(state, chunk["ops"])
     _add_up(state.live, state.pending_at[state.pending_fresh], 1)  # the span's pairs still waiting for ops
     state.pending_fresh[:] = False
-    _write_finished(state, span_end)
+    return _take_finished(state, span_end)
 
 
 def _add_ranges(state: _Projection, new: dict | None) -> None:
@@ -540,22 +545,20 @@ def _union_beyond_reach(live: dict, ranges: np.ndarray, where: np.ndarray, op: n
     return lengths
 
 
-def _write_finished(state: _Projection, span_end: int) -> None:
-    """Write the ranges that are finished (closed before the span's end, no op of theirs to come) in range order.
-    Finished ranges behind an unfinished one wait, up to HOLD_ROWS of them; past that the oldest unfinished go
-    `late`: written aside when finished, merged back into their places when the output is written."""
+def _take_finished(state: _Projection, span_end: int) -> pa.Table | None:
+    """The ranges that are finished (closed before the span's end, no op of theirs to come), in range order, taken out
+    of `live`. Finished ranges behind an unfinished one wait, up to HOLD_ROWS of them; past that the oldest unfinished
+    go `late`: kept aside when finished, merged back into their places when the output is written."""
     live = state.live
     finished = (live["end"] < span_end) & (live["pending"] == 0)
     if np.count_nonzero(~live["late"]) > HOLD_ROWS:
         live["late"] |= (np.arange(len(finished)) < len(finished) - HOLD_ROWS // 2) & ~finished
     if not live["late"].any():  # as usual: the finished ranges before the first unfinished one, a prefix
-        _write_prefix(state, int(np.argmin(finished)) if not finished.all() else len(finished))
-        return
+        return _take_prefix(state, int(np.argmin(finished)) if not finished.all() else len(finished))
     blocking = np.flatnonzero(~finished & ~live["late"])
     in_order = finished & ~live["late"] & (np.arange(len(finished)) < (blocking[0] if len(blocking) else len(finished)))
     late = finished & live["late"]
-    if in_order.any():
-        state.spill.write(_rows_of(state, in_order))
+    taken = _rows_of(state, in_order) if in_order.any() else None
     if late.any():
         state.late.append(_rows_of(state, late))
     gone = in_order | late
@@ -564,18 +567,20 @@ def _write_finished(state: _Projection, span_end: int) -> None:
         live["parent_at"] = np.where(live["parent_at"] >= 0, place[np.maximum(live["parent_at"], 0)], -1)
         state.pending_at = place[state.pending_at]  # a range a pair names is not finished, so still there
         state.live = {c: v[~gone] for c, v in live.items()}
+    return taken
 
 
-def _write_prefix(state: _Projection, count: int) -> None:
-    """Write the first `count` live ranges (finished, none late) and keep the rest: slices, where a mask takes copies
-    of every column."""
+def _take_prefix(state: _Projection, count: int) -> pa.Table | None:
+    """The first `count` live ranges (finished, none late), the rest kept: slices, where a mask takes copies of every
+    column."""
     if not count:
-        return
-    state.spill.write(_rows_of(state, slice(0, count)))
+        return None
+    taken = _rows_of(state, slice(0, count))
     live = state.live
     live["parent_at"] = np.where(live["parent_at"] >= count, live["parent_at"] - count, -1)
     state.pending_at = state.pending_at - count  # a range a pair names is not finished, so still there
     state.live = {c: v[count:] for c, v in live.items()}
+    return taken
 
 
 def _rows_of(state: _Projection, chosen: np.ndarray | slice) -> pa.Table:
@@ -595,9 +600,10 @@ def _rows_of(state: _Projection, chosen: np.ndarray | slice) -> pa.Table:
 
 
 def _finish(state: _Projection, names: list) -> dict:
-    """The map's result as `map_rank` gives it from a whole read, its ranges in a file (spill.SpilledRows)."""
+    """The map's result as `map_rank` gives it from a whole read, but for the ranges the folds gave: only those
+    finished late (the driver puts them back in their places, spill.SpilledRows)."""
     late = pa.concat_tables(state.late) if state.late else None
-    result = {"ranges": state.spill.close(late), "sums": _sums_of(state.sums), "unlinked_ops": state.unlinked}
+    result = {"ranges": late, "sums": _sums_of(state.sums), "unlinked_ops": state.unlinked}
     # one process's work: its rank's. Several: no process's alone, which rank_data reads again whole
     return {next(iter(state.pids)) if len(state.pids) == 1 else None: result}
 
@@ -613,7 +619,8 @@ def _sums_of(parts: list[pa.Table]) -> pa.Table:
 
 
 STREAM = Stream(needs=("nvtx", "runtime", *GPU_NEEDS), view=_view, fold=_fold, finish=_finish, prepare=_prepare,
-                ahead=GPU_NEEDS, prefold=_nest, requires=("nvtx", "runtime"))
+                ahead=GPU_NEEDS, prefold=_nest, requires=("nvtx", "runtime"), output="ranges",
+                output_writer=_ranges_writer)
 
 
 RECIPE = Recipe(

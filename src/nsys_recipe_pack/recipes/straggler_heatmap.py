@@ -27,13 +27,13 @@ from ..groups import SortedGroups, runs_of_about
 from ..inputs import Frame, arrow_of, dictionary_column, sorted_place
 from ..inputs.chunks import END_OF_TIME
 from ..intervals import split_into_windows, union_lengths
+from ..iteration_scan import find_iterations
 from ..iteration_slices import sliced_stream
 from ..iterations import (
     DEFAULT_SYNC_RE,
     SYNC_SOURCES,
     WARMUP_RULE,
     SyncPoints,
-    find_iterations,
     range_arrays,
     sync_points,
     warmup,
@@ -90,7 +90,7 @@ def ready_times(points: SyncPoints, launch_ns: np.ndarray, done_ns: np.ndarray) 
 def map_rank(rank_data, options: dict) -> dict:
     """Per-iteration busy/wait/GPU time and per-component times for one rank. No cross-rank logic."""
     ranges = range_arrays(rank_data.frame("nvtx"))
-    it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"), ranges)
+    it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"))
     piece = iteration_rows(rank_data, ranges, it, options)
     return map_result(it, [piece], ranges.names[:-1], piece.any_peer, piece.present)
 
