@@ -20,8 +20,7 @@ from conftest import folded
 from test_batches import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
 
 from nsys_recipe_pack import recipes, runner
-from nsys_recipe_pack.inputs import NameIds, rank_data, readers
-from nsys_recipe_pack.inputs.chunks import ReadWhole
+from nsys_recipe_pack.inputs import RankData, rank_data, readers
 from nsys_recipe_pack.recipes import nvtx_gpu_proj as proj
 from nsys_recipe_pack.spill import SpilledRows, SpillWriter
 
@@ -131,7 +130,8 @@ def test_several_processes_in_one_file_are_read_whole(spill_dir, tmp_path, monke
 
 
 def test_ranges_that_cross_on_one_thread_are_read_whole(spill_dir, tmp_path, monkeypatch):
-    """Start/end ranges may cross (the nesting of spans assumes they do not): the whole read, same output."""
+    """Start/end ranges may cross (the ranges a span carries to the next must nest): the whole read, one span, and the
+    same output."""
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 50)
     path = tmp_path / "crossing.sqlite"
     shutil.copy(REAL_GLOO, path)
@@ -149,10 +149,11 @@ def test_ranges_that_cross_on_one_thread_are_read_whole(spill_dir, tmp_path, mon
     assert not list(spill_dir.iterdir())
 
 
-def test_ops_of_one_key_called_in_two_ranges_of_one_thread_are_read_whole(spill_dir, tmp_path, monkeypatch):
+def test_ops_of_one_key_called_in_two_ranges_of_one_thread_count_once(spill_dir, tmp_path, monkeypatch):
     """Two launching calls of one thread given one correlation id, each in another NVTX range, before the first's
-    ops come: its ops count once in each range around either call, which spans (a key's ops added up from its
-    innermost range) would count twice in the ranges around both. The whole read, same output."""
+    ops come: its ops count once in each range around either call, also in the ranges around both (where adding a
+    key's ops up from each innermost range would count them twice). Spans give the whole read's output, and both
+    give what SQL counts over the export."""
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 50)
     path = tmp_path / "one_key_two_ranges.sqlite"
     shutil.copy(REAL_GLOO, path)
@@ -172,40 +173,58 @@ def test_ops_of_one_key_called_in_two_ranges_of_one_thread_are_read_whole(spill_
     con.execute("UPDATE CUPTI_ACTIVITY_KIND_RUNTIME SET correlationId = ? WHERE rowid = ?", (corr, second))
     con.commit()
     con.close()
-    ruled_out = []
+    again = []
 
-    def rule_out(state):
-        try:
-            proj_rule_out(state)
-        except Exception as e:
-            ruled_out.append(str(e))
-            raise
+    def counted_again(live, where, op):
+        out = proj_counted_again(live, where, op)
+        again.append(int(out.sum()))
+        return out
 
-    proj_rule_out = proj._rule_out_two_paths
+    proj_counted_again = proj._counted_again
     with monkeypatch.context() as m:
         m.setattr(rank_data, "STREAM_MIN_ROWS", 0)
-        m.setattr(proj, "_rule_out_two_paths", rule_out)
-        assert _streamed(path) == [None]
-    assert ruled_out == ["GPU ops launched by calls in two NVTX ranges of one thread"]
-    _same_output(path, tmp_path, monkeypatch)
+        m.setattr(proj, "_counted_again", counted_again)
+        assert all(r is not None for r in _streamed(path, "thread"))
+        assert sum(again) > 0  # the op of two calls was counted again, and taken back
+    _same_as_sql(_same_output(path, tmp_path, monkeypatch, "thread"), path)
     assert not list(spill_dir.iterdir())
 
 
-def test_calls_of_one_key_in_two_ranges_of_a_span_are_read_whole(spill_dir):
-    """A span's (key, range) pairs are put in order before a key's are looked at together, also with none pending:
-    calls of key 20 in B, then of key 10 and 20 again in A (B inside A, one thread) are found out."""
-    state = proj._Projection(np.array([10, 20]), np.array([1, 1], np.int32), {})
-    names = pa.DictionaryArray.from_arrays(pa.array([0, 1], pa.int32()), pa.array(["A", "B"]))
-    domains = pa.DictionaryArray.from_arrays(pa.array([0, 0], pa.int32()), pa.array([""]))
-    ranges = pa.table({"start_ns": [0, 0], "end_ns": [100, 50], "tid": [1, 1], "pid": [1, 1], "name": names,
-                       "domain": domains})
-    ranges, around = proj._ranges_of({}, NameIds(), ranges, 1000)
-    proj._add_ranges(state, ranges)
-    assert state.live["parent_at"].tolist() == [-1, 0]
-    calls = pa.table({"start_ns": [10, 60, 70], "end_ns": [11, 61, 71], "tid": [1, 1, 1], "pid": [1, 1, 1],
-                      "key": [20, 10, 20]})
-    with pytest.raises(ReadWhole, match="two NVTX ranges of one thread"):
-        proj._add_calls(state, proj._calls_of(state, around, calls))
+def _same_as_sql(ranges: pd.DataFrame, path) -> None:
+    """The ranges with GPU ops of a single-process export projected with `--attribution thread` (their ops, first
+    start and last end), as SQL gives them: each closed range's distinct ops launched by a call inside it on its
+    thread."""
+    with sqlite3.connect(path) as con:
+        truth = pd.read_sql("""
+            WITH ops AS (SELECT 'k' || rowid AS op, correlationId AS corr, start, end FROM CUPTI_ACTIVITY_KIND_KERNEL
+                         UNION ALL SELECT 'c' || rowid, correlationId, start, end FROM CUPTI_ACTIVITY_KIND_MEMCPY
+                         UNION ALL SELECT 's' || rowid, correlationId, start, end FROM CUPTI_ACTIVITY_KIND_MEMSET)
+            SELECT n.start AS cpu_start_ns, n.end AS cpu_end_ns, n.globalTid AS tid, COUNT(DISTINCT o.op) AS gpu_ops,
+                   MIN(o.start) AS gpu_start_ns, MAX(o.end) AS gpu_end_ns
+            FROM NVTX_EVENTS n
+            JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.globalTid = n.globalTid AND r.start >= n.start AND r.end <= n.end
+            JOIN ops o ON o.corr = r.correlationId
+            WHERE n.end > n.start AND n.eventType IN (59, 60)
+            GROUP BY n.rowid""", con)
+    got = ranges[ranges["gpu_ops"] > 0][list(truth.columns)].astype("int64")
+    key = ["cpu_start_ns", "cpu_end_ns", "tid"]
+    pdt.assert_frame_equal(got.sort_values(key).reset_index(drop=True), truth.sort_values(key).reset_index(drop=True))
+
+
+def test_an_op_of_calls_in_two_ranges_counts_once_in_each_by_hand():
+    """B [0, 50) inside A [0, 100) on one thread: correlation id 20 is called in B (at 10) and again in A (at 70), id
+    10 in A (at 60); their kernels run at [120, 130) and [100, 110). B: the one op of id 20; A: two ops, not three."""
+    nvtx = pd.DataFrame({"start_ns": [0, 0], "end_ns": pd.array([100, 50], dtype="Int64"), "event_type": [59, 59],
+                         "name": ["A", "B"], "domain": ["", ""], "tid": [5, 5], "pid": [1, 1]})
+    rt = pd.DataFrame({"start_ns": [10, 60, 70], "end_ns": [11, 61, 71], "tid": [5, 5, 5], "pid": [1, 1, 1],
+                       "correlation_id": pd.array([20, 10, 20], dtype="Int64"), "name": ["cudaLaunchKernel"] * 3})
+    k = pd.DataFrame({"start_ns": [100, 120], "end_ns": [110, 130], "device": [0, 0], "stream": [7, 7],
+                      "correlation_id": pd.array([10, 20], dtype="Int64"), "pid": [1, 1], "name": ["k10", "k20"],
+                      "full_name": ["k10", "k20"]})
+    rd = RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx, kernels=k, runtime=rt, has_cuda=True)
+    r = proj.map_rank(rd, {})["ranges"].to_pandas().set_index("name")
+    assert r.loc["B", ["gpu_ops", "gpu_start_ns", "gpu_end_ns", "gpu_busy_ns"]].tolist() == [1, 120, 130, 10]
+    assert r.loc["A", ["gpu_ops", "gpu_start_ns", "gpu_end_ns", "gpu_busy_ns"]].tolist() == [2, 100, 130, 20]
 
 
 def test_spilled_rows_come_back_in_key_order(spill_dir):

@@ -76,8 +76,8 @@ def rank_map(spec, rank_data, options: dict, folded: dict | None = None) -> dict
 def fold_rank(stream: Stream, rank_data: RankData, options: dict | None = None) -> dict | None:
     """A stream's result over one rank read whole: what its `prepare` reads ahead and each table of its spans come as
     one part (`RankAhead`, one span of time), every row as the rank's process's. A recipe's `map_rank` that is this
-    has one analysis for a report read whole and a long capture. None where the stream gives the rank nothing. For a
-    stream without an `output`."""
+    has one analysis for a report read whole and a long capture. None where the stream gives the rank nothing. A
+    stream's `output` is the rows its one fold finished (all of them: it is the last span)."""
     pid = rank_data.pid if rank_data.pid is not None else 0
     ahead = RankAhead(rank_data, pid)
     state = stream.prepare(ahead, {**stream.options, **(options or {})}) if stream.prepare else {}
@@ -87,11 +87,13 @@ def fold_rank(stream: Stream, rank_data: RankData, options: dict | None = None) 
         parts = list(rows)
         chunk[need] = pa.concat_tables(parts) if parts else None
     span = stream.prefold(state, {}, START_OF_TIME, END_OF_TIME, chunk) if stream.prefold else chunk
-    stream.fold(state, START_OF_TIME, END_OF_TIME, span)
+    rows = stream.fold(state, START_OF_TIME, END_OF_TIME, span)
     nvtx = rank_data.frame("nvtx")
     names = list(nvtx.codes("name")[1][:-1]) if nvtx is not None else []
     result = stream.finish(state, names).get(pid)
     _raise_error(rank_data, result)
+    if stream.output is not None and result is not None:
+        result[stream.output] = rows
     return result
 
 

@@ -9,6 +9,7 @@ import numpy as np
 
 from .inputs import Frame
 from .inputs.events import gpu_frame, timed_rows
+from .inputs.rank_data import RankAhead
 from .iterations import NCCL_KERNEL_RE, matching
 from .lazy import pd
 
@@ -105,6 +106,9 @@ def launch_keys(ahead, needs: tuple = GPU_NEEDS) -> tuple[np.ndarray, np.ndarray
     work still to come."""
     keys = []
     for need in needs:
+        if isinstance(ahead, RankAhead):  # a rank read whole: its frames
+            keys += [call_key(frame) for frame in ahead.frames(need)]
+            continue
         for raw in ahead.batches(need, KEY_COLUMNS):
             keys.append(call_key(gpu_frame(timed_rows(raw, KEY_COLUMNS, ("start", "end")), KEY_COLUMNS, None)))
     keys = np.concatenate(keys) if keys else np.zeros(0, np.int64)

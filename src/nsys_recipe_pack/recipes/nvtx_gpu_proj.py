@@ -8,8 +8,9 @@ launches backward kernels from its autograd thread, data loaders copy from pin-m
 without this `backward` would show almost no GPU time. `--attribution thread` keeps the launching
 thread only, as Nsight Systems' `nvtx_gpu_proj_trace` does. A range's projection spans its ops' first
 start to last end; `gpu_busy_ns` is the union of its ops, so kernels overlapping on two streams are not
-counted twice. A long capture is projected span by span of time as it is read, each range handed over to be written
-once finished (`STREAM`, below), so that neither its tables nor its ranges are ever held whole.
+counted twice. The projection is one fold over time (`STREAM`, below): a rank read whole is one span, a long capture
+is projected span by span as it is read, each range handed over to be written once finished, so that neither its
+tables nor its ranges are ever held whole.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, launched_ops, pair_launches
-from ..groups import SortedGroups, add_counts, distinct, factorize, one_of, picked, stable_order, sums_by_key
+from ..driver import fold_rank
+from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, pair_launches
+from ..groups import add_counts, distinct, factorize, one_of, picked, stable_order, sums_by_key
 from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables
 from ..inputs.batches import RANGE_EVENTS
-from ..inputs.chunks import NotSorted, ReadWhole, Stream
+from ..inputs.chunks import END_OF_TIME, NotSorted, ReadWhole, Stream
 from ..intervals import consecutive_union_lengths, union_lengths
 from ..iterations import closed_range_mask, closed_ranges
 from ..lazy import pd
@@ -73,53 +75,13 @@ def launch_ranges(r_tid, r_pid, r_start, r_end, tid, pid, call_start, call_end, 
 
 
 def map_rank(rank_data, options: dict) -> dict:
+    """The projection a long capture goes through span by span (`STREAM`), over the rank's tables as one span."""
     rank_data.require("nvtx", "nvtx_gpu_proj")
     rank_data.require("runtime", "nvtx_gpu_proj")
-    nvtx_events = rank_data.frame("nvtx")
-    start_all, end_all = nvtx_events.values("start_ns"), nvtx_events.values("end_ns")
-    closed = np.flatnonzero(closed_range_mask(nvtx_events))
-    r = closed[np.lexsort((-end_all[closed], start_all[closed]))]  # by start, longer first; stable
-    start, end, tid, pid = start_all[r], end_all[r], nvtx_events.values("tid")[r], nvtx_events.values("pid")[r]
-    n = len(r)
-    levels, parent = nesting(tid, start, end)
-    ops = launched_ops(rank_data)
-    op_of, pos = launch_ranges(tid, pid, start, end, ops.tid, ops.pid, ops.call_start_ns, ops.call_end_ns,
-                               options.get("attribution") or "process")
-    # every (op, enclosing range) pair: walk up the parent chain, one vectorised step per nesting level
-    op_idx, rng_idx = [], []
-    cur = pos.copy()
-    while True:
-        live = cur >= 0
-        if not live.any():
-            break
-        op_idx.append(op_of[live])
-        rng_idx.append(cur[live])
-        cur = np.where(live, parent[np.maximum(cur, 0)] if n else -1, -1)
-    op_start, op_end = ops.start_ns, ops.end_ns
-    gpu_start, gpu_end, busy = np.zeros(n, np.int64), np.zeros(n, np.int64), np.zeros(n, np.int64)
-    count = np.zeros(n, np.int64)
-    if op_idx:
-        op_index, range_index = np.concatenate(op_idx), np.concatenate(rng_idx)
-        # once per (range, op), also for an op with several paths
-        pairs = distinct(range_index * len(op_start) + op_index)
-        range_index, op_index = np.divmod(pairs, max(len(op_start), 1))
-        s, e = op_start[op_index], op_end[op_index]
-        per_range = SortedGroups(range_index)
-        idx = per_range.keys
-        gpu_start[idx], gpu_end[idx] = per_range.min(s), per_range.max(e)
-        count[idx] = per_range.size
-        in_range, length = union_lengths(range_index, s, e)
-        busy[in_range] = length
-    name_codes, name_words = nvtx_events.codes("name")
-    domain_codes, domain_words = nvtx_events.codes("domain")
-    name = dictionary_column(name_codes[r], name_words[:-1])
-    domain = dictionary_column(domain_codes[r], domain_words[:-1])
-    columns = {"pid": pid, "tid": tid, "range_id": np.arange(n, dtype=np.int64), "parent_id": parent,
-               "stack_level": levels, "cpu_start_ns": start, "cpu_end_ns": end, "gpu_start_ns": gpu_start,
-               "gpu_end_ns": gpu_end, "gpu_busy_ns": busy, "gpu_ops": count}
-    return {"ranges": ranges_table(name, domain, columns),
-            "sums": range_sums(name_codes[r], name_words[:-1], domain_codes[r], domain_words[:-1], columns),
-            "unlinked_ops": ops.unlinked}
+    result = fold_rank(STREAM, rank_data, options)
+    if result["ranges"] is None:  # no range closed
+        result["ranges"] = _rows_schema().empty_table()
+    return result
 
 
 def ranges_table(name: pa.Array, domain: pa.Array, columns: dict) -> pa.Table:
@@ -294,7 +256,7 @@ def _calls_of(state: _Projection, around: dict, rows: pa.Table | None) -> dict |
     times = {c: numpy_of(rows.column(c))[calls] for c in ("tid", "pid", "start_ns", "end_ns")}
     launch, pos = launch_ranges(around["tid"], around["pid"], around["start"], around["end"], times["tid"],
                                 times["pid"], times["start_ns"], times["end_ns"], state.attribution,
-                                around["parent_at"])
+                                around["parent_at"] if around["nested"] else None)
     return {"at": at[calls], "launch": launch, "range": around["id"][pos]}
 
 
@@ -317,19 +279,20 @@ def _ranges_of(carried: dict, names: NameIds, rows: pa.Table | None, span_end: i
     that may still be open after the span (ends at or after its end: so all open at the next one's start)."""
     opened = carried.get("open") or {c: np.zeros(0, np.int64) for c in OPEN}
     if rows is not None and rows.num_rows:
-        ranges, around = _closed_ranges(carried, names, rows, opened)
+        ranges, around = _closed_ranges(carried, names, rows, opened, span_end)
     else:  # a parent is open while the range is: among them, which come in order of id
         ranges, around = None, {**opened, "parent_at": np.where(opened["parent"] >= 0,
-                                                                np.searchsorted(opened["id"], opened["parent"]), -1)}
+                                                                np.searchsorted(opened["id"], opened["parent"]), -1),
+                                "nested": True}
     still = around["end"] >= span_end
     carried["open"] = {c: around[c][still] for c in OPEN}
     return ranges, around
 
 
-def _closed_ranges(carried: dict, names: NameIds, rows: pa.Table, opened: dict) -> tuple[dict, dict]:
+def _closed_ranges(carried: dict, names: NameIds, rows: pa.Table, opened: dict, span_end: int) -> tuple[dict, dict]:
     """A span's closed ranges in range order, with their ids (following `carried`'s next), levels, parents (ids) and
     names (ids), from its rows and the ranges open at its start (`opened`); and those ranges after the open ones, as
-    `_ranges_of` gives them."""
+    `_ranges_of` gives them (`nested`: whether none of them cross)."""
     closed = ~numpy_of(rows.column("end_ns").is_null(), True)
     start, end = numpy_of(rows.column("start_ns")), numpy_of(rows.column("end_ns"))
     take = None  # the closed ranges in range order: the rows as they come (a span's usually are), else one take
@@ -353,10 +316,12 @@ def _closed_ranges(carried: dict, names: NameIds, rows: pa.Table, opened: dict) 
     c_levels, c_parents = nesting(around["tid"], around["start"], around["end"])
     new = slice(len(opened["id"]), None)
     at, levels = c_parents[new], c_levels[new]
-    # a parent (there is one above level 0) starts first: it must end last, or the two cross, which the nesting
-    # below assumes they never do
-    if np.any((at >= 0) & (around["end"][np.maximum(at, 0)] < end)):
+    # a parent (there is one above level 0) starts first and ends last, unless the two cross: the ranges open at an
+    # instant are then no chain, which the ranges carried to the next span must be (the last span carries none)
+    nested = not np.any((at >= 0) & (around["end"][np.maximum(at, 0)] < end))
+    if not nested and span_end < END_OF_TIME:
         raise NotSorted("NVTX ranges that cross on one thread")
+    around["nested"] = nested
     # the open ones are the chains of ranges around the span's start, each one's parent the one before it
     around["parent"] = np.where(c_parents >= 0, around["id"][np.maximum(c_parents, 0)], -1)
     around["parent_at"] = c_parents
@@ -364,10 +329,14 @@ def _closed_ranges(carried: dict, names: NameIds, rows: pa.Table, opened: dict) 
             "level": levels, "parent": around["parent"][new]}, around
 
 
+def _rows_schema() -> pa.Schema:
+    """The ranges as the folds give them."""
+    return pa.schema([("name", NAMES), ("domain", NAMES), *((c, pa.int64()) for c in list(RANGE_DTYPES)[2:])])
+
+
 def _ranges_writer(folder: str | None) -> SpillWriter:
     """What the driver writes the ranges with as the fold finishes them: the output's Parquet file (spill.py)."""
-    rows = pa.schema([("name", NAMES), ("domain", NAMES), *((c, pa.int64()) for c in list(RANGE_DTYPES)[2:])])
-    return SpillWriter(rows, "range_id", folder, output=_ranges_schema())
+    return SpillWriter(_rows_schema(), "range_id", folder, output=_ranges_schema())
 
 
 def _fold(state: _Projection, span_start: int, span_end: int, chunk: dict) -> pa.Table | None:
@@ -430,18 +399,6 @@ def _add_calls(state: _Projection, calls: dict | None) -> None:
         pairs = pairs[first]
     state.pending_place, state.pending_at = np.divmod(pairs, size)
     state.pending_fresh = ~known
-    _rule_out_two_paths(state)
-
-
-def _rule_out_two_paths(state: _Projection) -> None:
-    """A key's ops count once in each range around its calls: calls of one key in two ranges of one thread would
-    count them twice in the ranges around both, which the whole read does not."""
-    same = np.flatnonzero(state.pending_place[1:] == state.pending_place[:-1])  # pairs in order: a key's together
-    if len(same):
-        rows = np.unique(np.r_[same, same + 1])
-        key_thread = np.c_[state.pending_place[rows], state.live["tid"][state.pending_at[rows]]]
-        if len(np.unique(key_thread, axis=0)) < len(rows):
-            raise ReadWhole("GPU ops launched by calls in two NVTX ranges of one thread")
 
 
 def _add_up(live: dict, ranges: np.ndarray, step: int) -> None:
@@ -477,7 +434,7 @@ def _add_ops(state: _Projection, gpu_ops: dict) -> None:
                                                    "reach": (end[op], np.maximum, np.iinfo(np.int64).min)})
         live["gpu_start"][ranges] = np.minimum(live["gpu_start"][ranges], start[ops[figures["first"]]])
         live["gpu_end"][ranges] = np.maximum(live["gpu_end"][ranges], figures["reach"])
-        live["ops"][ranges] += figures["count"]
+        live["ops"][ranges] += figures["count"] - _counted_again(live, where, op)[ranges]
         floor = live["reach"][ranges]
         busy, right = consecutive_union_lengths(figures["first"], figures["last"], figures["count"], floor,
                                                 start[ops], end[ops], thread[order])
@@ -491,6 +448,38 @@ def _add_ops(state: _Projection, gpu_ops: dict) -> None:
         _add_up(live, state.pending_at[done & ~state.pending_fresh], -1)
         state.pending_place, state.pending_at = state.pending_place[~done], state.pending_at[~done]
         state.pending_fresh = state.pending_fresh[~done]
+
+
+def _counted_again(live: dict, where: np.ndarray, op: np.ndarray) -> np.ndarray:
+    """Per live range, how often the roll-up counted an op it had counted already: an op whose key several calls hold
+    (pairs of one op: together, `pair_launches`) counts once in each range around any of them, also in the ranges
+    around two of them. The times need nothing of the kind: a union, a least start and a greatest end take an op
+    once however often they are given it."""
+    again = np.zeros(len(live["id"]), np.int64)
+    repeated = np.r_[op[1:] == op[:-1], False]
+    if not repeated.any():  # one call an op, as usual
+        return again
+    several = repeated | np.r_[False, repeated[:-1]]
+    ranges, ops = _chain_pairs(live, where[several], op[several])
+    pairs = ranges * (int(op.max()) + 1) + ops
+    once = distinct(pairs)
+    np.add.at(again, ranges, 1)
+    np.subtract.at(again, once // (int(op.max()) + 1), 1)
+    return again
+
+
+def _chain_pairs(live: dict, where: np.ndarray, op: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(range, op) of each op with each range around its innermost ones (`where`), the innermost included, an op as
+    often as it is given."""
+    pair_range, pair_op = [], []
+    while len(where):
+        pair_range.append(where)
+        pair_op.append(op)
+        parent = live["parent_at"][where]
+        where, op = parent[parent >= 0], op[parent >= 0]
+    if not pair_range:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    return np.concatenate(pair_range), np.concatenate(pair_op)
 
 
 def _rolled_up(live: dict, where: np.ndarray, values: dict) -> tuple[np.ndarray, dict]:
@@ -530,13 +519,8 @@ def _union_beyond_reach(live: dict, ranges: np.ndarray, where: np.ndarray, op: n
     another."""
     wanted = np.zeros(len(live["id"]), bool)
     wanted[ranges] = True
-    pair_range, pair_op = [], []
-    while len(where):
-        pair_range.append(where[wanted[where]])
-        pair_op.append(op[wanted[where]])
-        parent = live["parent_at"][where]
-        where, op = parent[parent >= 0], op[parent >= 0]
-    g, i = np.concatenate(pair_range), np.concatenate(pair_op)
+    g, i = _chain_pairs(live, where, op)
+    g, i = g[wanted[g]], i[wanted[g]]
     s, e = np.maximum(start[i], live["reach"][g]), end[i]
     beyond = e > s
     lengths = np.zeros(len(ranges), np.int64)
