@@ -226,7 +226,7 @@ def test_what_the_reads_ahead_of_the_spans_freed_is_handed_back_before_the_first
 
 
 @pytest.mark.parametrize(("name", "reads_ahead"), [("compute_memory_share", False), ("sync_summary", True),
-                                                    ("kernel_pace", True)])
+                                                    ("kernel_pace", True), ("nvtx_gpu_proj", True)])
 def test_a_rank_read_whole_is_one_span_of_the_same_fold(monkeypatch, name, reads_ahead):
     """map_rank is the stream a long capture goes through span by span, given the whole rank as one span, and what it
     reads ahead through the same `prepare` (kernel_pace: its iterations, iteration_scan over the rank as one span): no
@@ -236,7 +236,7 @@ def test_a_rank_read_whole_is_one_span_of_the_same_fold(monkeypatch, name, reads
 
     def fold(state, low, high, span):
         spans.append((low, high))
-        stream.fold(state, low, high, span)
+        return stream.fold(state, low, high, span)
 
     def prepare(ahead, options):
         prepared.append(type(ahead).__name__)
@@ -248,3 +248,4 @@ def test_a_rank_read_whole_is_one_span_of_the_same_fold(monkeypatch, name, reads
     maps = [module.map_rank(r, {}) for r in ranks]
     assert spans == [(chunks.START_OF_TIME, chunks.END_OF_TIME)] * len(ranks) and all(maps)
     assert prepared == (["RankAhead"] * len(ranks) if reads_ahead else [])
+    assert all(m["ranges"].num_rows for m in maps if "ranges" in m)  # nvtx_gpu_proj's: what its one fold finished

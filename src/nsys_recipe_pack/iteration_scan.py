@@ -4,10 +4,13 @@ read whole in one (`find_iterations`).
 
 A first read of the ranges counts, per process, thread, name and domain, the ranges, the time they cover, where
 they first appear and whether two of them overlap. That gives each process's busiest thread and its candidate
-delimiters in the order find_iterations tries them. Whether a candidate lies mostly inside another needs their ranges
-side by side: a further read answers it for the first few candidates of that order (`INNER_QUERIES`), counting, for
-each of their ranges, the other candidates' last range started by then that holds it, and collects those candidates'
-ranges, whose outermost are the iterations. A further read replays the first read's ranges as ids (`_Replay`), not
+delimiters there (repeating at least MIN_REPEATS times, never overlapping themselves, named and in a domain, not
+NCCL's own API ranges) in the order they are tried: the most time covered first (the most frequent would be a per-op
+range in reports made with PyTorch's emit_nvtx), then the most repeats, then the first seen. The first that lies
+mostly inside no other candidate delimits the iterations. Whether it does needs their ranges side by side: a
+further read answers it for the first few candidates of that order (`INNER_QUERIES`), counting, for each of their
+ranges, the other candidates' last range started by then that holds it, and collects those candidates' ranges, whose
+outermost are the iterations. A further read replays the first read's ranges as ids (`_Replay`), not
 the table, and so do the spans of a map that takes them all (`FirstRead`). A delimiter named by --iteration is
 collected in the first read. A process without a delimiting range takes its kernels: one read counts their names,
 another collects the launches.
@@ -54,8 +57,6 @@ INNER_QUERIES = 20_000_000  # (range, candidate) pairs a further read tests, bey
 INNER_CANDIDATES = 8  # candidates a further read tests at most
 REPLAY_ROWS = 8_000_000  # closed ranges of the first read a replay holds in memory (32 bytes each); the rest in a file
 # ... and one kept for a sliced map's spans, which take it after the iterations are found, beside their own buffers
-# (straggler_heatmap on bench/RESULTS.md's 5.4 GB Parquet export peaked at 1.33-1.35 GB holding 8 M, 1.10-1.13 GB
-# holding 0.5 M, no slower)
 KEPT_REPLAY_ROWS = 1_000_000
 QUERIES = 1_000_000  # (range, candidate) pairs tested at once
 
@@ -247,9 +248,8 @@ class _Plan:
 
     def add(self, start: np.ndarray, end: np.ndarray, at: np.ndarray) -> None:
         """A span of a further read, the process's rows: their start, end and tally entry. Each candidate's last range
-        so far is filled forward over the rows to the tested ranges, where sorting every candidate's ranges by time
-        took two thirds longer (bench/huge.py's 5.4 GB case: 1931 candidates with 24.3 M ranges, 4,000 tested; 1.35
-        s against 2.24 s)."""
+        so far is filled forward over the rows to the tested ranges, rather than sorting every candidate's ranges by
+        time."""
         home = self.home_of[at]
         for i in np.unique(home[home >= 0]).tolist():
             hit = home == i
@@ -309,7 +309,7 @@ class _Plan:
 
 
 def _outermost_of(delimiter: Delimiter, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> Iterations:
-    """find_iterations' last step: the delimiter's ranges on their most common thread, outermost of nested repeats."""
+    """The last step: the delimiter's ranges on their most common thread, outermost of nested repeats."""
     thread = int(most_common(tid))
     on = tid == thread
     start, end = start[on], end[on]
@@ -398,8 +398,7 @@ class FirstRead:
 class _Replay:
     """The first read's closed ranges as the further reads need them (process, start, end, tally entry), span by
     span: the first `in_memory` in memory, the rest written to a file (spill.SpillWriter), so that the table is read
-    once however long the capture (the iterations of 38.6 M ranges in a Parquet export: 14.1 s reading the table
-    again, 10.2 s replaying the rest from a file)."""
+    once however long the capture (replaying ids from a file costs less than reading the table again)."""
 
     COLUMNS = ("pid", "start", "end", "at")
 
@@ -518,7 +517,7 @@ KERNEL_COLUMNS = ["start", "end", "globalPid", "shortName", "demangledName"]  # 
 
 def iterations_ahead(ahead, options: dict, keep: bool = False) -> tuple[dict, bool, FirstRead | None]:
     """pid -> Iterations or the text of an error, for each process, found from its NVTX ranges (or its kernels) read
-    ahead of the spans (inputs.chunks.Ahead) as find_iterations finds them with the recipe's --iteration and
+    ahead of the spans (inputs.chunks.Ahead, or a rank read whole: RankAhead) with the recipe's --iteration and
     --iteration-kernel; whether kernels were read for them (a process missing then has no GPU work); with `keep`, the
     closed ranges read (`FirstRead`), else None."""
     windows: dict = {}

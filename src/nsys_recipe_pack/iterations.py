@@ -173,8 +173,7 @@ def matching(words: np.ndarray, pattern) -> np.ndarray:
 
 @functools.lru_cache(maxsize=32)
 def _matching(pattern, words: tuple) -> np.ndarray:
-    """A long capture's map asks again for each span with the same words (in one of 38.6 M ranges, 0.86 M searches
-    took 0.98 s)."""
+    """A long capture's map asks again for each span with the same words: searched once."""
     search = re.compile(pattern).search  # once, not once a word
     out = np.array([w is not None and search(str(w)) is not None for w in words], bool)
     out.flags.writeable = False

@@ -22,9 +22,7 @@ def nesting(tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> tuple[np.nda
     by then (at equal times an end comes before a start, that of a range of no length after the starts), so each end
     placed among the sorted starts makes the levels a running count, without sorting the ends. A level rises by at
     most one from a range to the next, so a range whose predecessor on its thread is one level up has it for parent,
-    and any other one its previous sibling's: a forward fill over the ranges in order of thread and level. (Levels and
-    parents of 3.9 M ranges of two threads span by span: 0.29-0.33 s, against 0.43-0.46 s counting against sorted ends
-    and joining levels as of the start.)"""
+    and any other one its previous sibling's: a forward fill over the ranges in order of thread and level."""
     tid, start, end = (np.asarray(a, np.int64) for a in (tid, start, end))
     n = len(tid)
     if not n:

@@ -409,9 +409,9 @@ def _read_gpu_named(src: ExportSource, table: str, cols: list[str], strings, nam
 
 
 def _side_by_side(reads: dict, rows: int, done: Callable[[str], None]) -> dict[str, Frame]:
-    """Whole tables read at once, a thread each: the readers let go of Python while they read (on the 5.4 GB export
-    of bench/RESULTS.md, kernel_pace --kernel reads its kernels while SQLite looks for the ranges naming the rank).
-    rows: what the tables hold; a few are read one after another (readers.threads_pay)."""
+    """Whole tables read at once, a thread each: the readers let go of Python while they read (kernel_pace --kernel
+    reads its kernels while SQLite looks for the ranges naming the rank). rows: what the tables hold; a few are read
+    one after another (readers.threads_pay)."""
     out = {}
 
     def finished(name: str, frame: Frame) -> None:

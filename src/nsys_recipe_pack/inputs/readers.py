@@ -57,8 +57,7 @@ MPI_PREFIX = "MPI_"
 TEXT_COLUMNS = {"NVTX_EVENTS": {"text"}, "StringIds": {"value"}, "TARGET_INFO_SYSTEM_ENV": {"name", "value"},
                 "META_DATA_EXPORT": {"name", "value"}, "TARGET_INFO_GPU": {"name"}, "ENUM_CUDA_MEM_KIND": {"label"}}
 # text a batched read (ExportSource.read_batches) gives from Parquet as the file's dictionary: NVTX range names repeat,
-# and making a string of every row, then hashing them all again, took most of the text's time (38.6 M names in
-# bench/RESULTS.md's 5.4 GB export: 2.7 s a read, against 0.25 s)
+# and making a string of every row, then hashing them all again, would take most of the text's time
 DICTIONARY_TEXT = {"NVTX_EVENTS": {"text"}}
 SQLITE_BATCH_ROWS = 65536
 STREAM_BATCH_ROWS = 1 << 18  # rows of a long table handled at a time when it is read in batches
@@ -170,7 +169,7 @@ class ExportSource:
 
     def _footer(self, table: str) -> pq.FileMetaData:
         """A Parquet table's footer, read once for every read of the table: Nsight Systems writes row groups of
-        2,048 rows, and the footer of a table of 30 M kernels is 40 MB in the file and 0.38 GB once parsed."""
+        2,048 rows, so the footer of a long table is large, and larger once parsed."""
         with self._lock:
             if table not in self._footers:
                 self._footers[table] = pq.read_metadata(self.path / f"{table}.parquet")
@@ -353,8 +352,7 @@ class ExportSource:
 
 def row_group_runs(metadata: pq.FileMetaData, rows: int) -> list[list[int]]:
     """A Parquet file's row groups in runs of consecutive groups of about `rows` rows (at least one group each):
-    Nsight Systems writes groups of 2,048 rows, and a read per group costs more than the reading (a 30 M-row
-    column: 1.9 s a group at a time, 0.4 s in runs of 16)."""
+    Nsight Systems writes groups of 2,048 rows, and a read per group would cost more than the reading."""
     sizes = [metadata.row_group(i).num_rows for i in range(metadata.num_row_groups)]
     return [list(range(first, stop)) for first, stop in runs_of_about(sizes, rows)]
 

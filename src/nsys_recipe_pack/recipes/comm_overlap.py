@@ -213,8 +213,7 @@ def window_rows(rank_data, ranges, it: Iterations, options: dict, before: int = 
                "end_ns": window_end[iteration], **{c: v[ran] for c, v in totals.items()}}
     by_kind = _rows(per_kind, devices, "kind", np.array(KINDS, object), first)
     # the same per NVTX phase: the communication kernels each phase launched take the place of the kinds
-    # the phases that launched kernels in sorted order: their few names sorted, not each kernel's (sorting 2.3 M
-    # kernels' names as text took 5.9 s)
+    # the phases that launched kernels in sorted order: their few names sorted, not each kernel's name as text
     used = np.flatnonzero(np.bincount(phase[phase >= 0], minlength=len(phase_words)))
     phase_label, used_at = np.unique(phase_words[used].astype(str), return_inverse=True)
     place = np.full(len(phase_words), -1, np.int64)  # code -1: the last word, None

@@ -21,7 +21,7 @@ import pyarrow as pa
 from ..driver import fold_rank
 from ..gpu import GPU_NEEDS, call_key, key_places, launch_keys, pair_launches
 from ..groups import add_counts, distinct, factorize, one_of, picked, stable_order, sums_by_key
-from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables
+from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables, strings_of
 from ..inputs.batches import RANGE_EVENTS
 from ..inputs.chunks import END_OF_TIME, NotSorted, ReadWhole, Stream
 from ..intervals import consecutive_union_lengths, union_lengths
@@ -46,6 +46,7 @@ RANGE_DTYPES = {"name": "str", "domain": "str", "pid": "int64", "tid": "int64", 
                 "gpu_start_ns": "Int64", "gpu_end_ns": "Int64", "gpu_busy_ns": "Int64", "gpu_ops": "int64"}
 # a rank's sums over its ranges of one name and domain, added across ranks (and pieces of a rank) into the summary
 SUM_COLUMNS = ["count", "cpu_total_ns", "gpu_proj_total_ns", "gpu_busy_total_ns", "gpu_ops"]
+ID_BITS = 32  # a range's name and domain ids (each plus one) as one key: the name's above these bits
 
 
 def launch_ranges(r_tid, r_pid, r_start, r_end, tid, pid, call_start, call_end, attribution: str = "process",
@@ -93,19 +94,31 @@ def ranges_table(name: pa.Array, domain: pa.Array, columns: dict) -> pa.Table:
     return pa.table({c: arrays[c] for c in RANGE_DTYPES})
 
 
-def range_sums(name_codes: np.ndarray, name_words, domain_codes: np.ndarray, domain_words, columns: dict) -> pa.Table:
-    """Per name and domain of some ranges: how many, and the sums of their CPU time, GPU projection, GPU busy
-    time and GPU ops (the summary's columns, before they are added across ranks)."""
-    domains, domain_at = factorize(domain_codes)  # a few
+def range_sums(name: np.ndarray, domain: np.ndarray, columns: dict) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Per name and domain of some ranges (ids, -1 none: one key a pair), how many, and the sums of their CPU time, GPU
+    projection, GPU busy time and GPU ops (the summary's columns, before they are added across ranks)."""
     has_op = columns["gpu_ops"] > 0
-    keys, count, sums = sums_by_key(name_codes * len(domains) + domain_at, [
+    keys, count, sums = sums_by_key(((name + 1) << ID_BITS) | (domain + 1), [
         columns["cpu_end_ns"] - columns["cpu_start_ns"],
         np.where(has_op, columns["gpu_end_ns"] - columns["gpu_start_ns"], 0),
         np.where(has_op, columns["gpu_busy_ns"], 0), columns["gpu_ops"]])
-    name, domain = np.divmod(keys, max(len(domains), 1))
-    return pa.table({"name": dictionary_column(name, name_words),
-                     "domain": dictionary_column(domains[domain], domain_words),
-                     **dict(zip(SUM_COLUMNS, map(arrow_of, [count, *sums]), strict=True))})
+    return keys, [count, *sums]
+
+
+def _added(parts: list[tuple]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The sums of pieces (`range_sums`) added per name and domain."""
+    if not parts:
+        return np.zeros(0, np.int64), [np.zeros(0, np.int64) for _ in SUM_COLUMNS]
+    keys, _, added = sums_by_key(np.concatenate([k for k, _ in parts]),
+                                 [np.concatenate([s[i] for _, s in parts]) for i in range(len(SUM_COLUMNS))])
+    return keys, added
+
+
+def _sums_table(keys: np.ndarray, sums: list[np.ndarray], words: pa.Array) -> pa.Table:
+    """Added sums as the map's result gives them, names and domains among `words`."""
+    return pa.table({"name": dictionary_column((keys >> ID_BITS) - 1, words),
+                     "domain": dictionary_column((keys & ((1 << ID_BITS) - 1)) - 1, words),
+                     **dict(zip(SUM_COLUMNS, map(arrow_of, sums), strict=True))})
 
 
 def _output_schema(dtypes: dict) -> pa.Schema:
@@ -194,14 +207,14 @@ class _Projection:
         self.called = np.zeros(len(keys), bool)  # a call with this key was read
         self.arrived = np.zeros(len(keys), bool)  # an op with this key was read
         self.live = {c: np.zeros(0, t) for c, t in LIVE.items()}
-        self.words = pa.array([], pa.large_string())  # names and domains of NVTX ranges by the ids `live` holds
+        self.words = strings_of([], large=True)  # names and domains of NVTX ranges by the ids `live` holds
         self.pending_place, self.pending_at = np.zeros(0, np.int64), np.zeros(0, np.int64)
         # the pairs this span's calls made, not yet counted in `live`'s pending: most of them end within the span (their
         # ops come soon after their calls), and adding them up only to take them away again cost a tenth of a fold
         self.pending_fresh = np.zeros(0, bool)
         self.unlinked, self.pids = 0, set()
         self.late: list[pa.Table] = []
-        self.sums: list[pa.Table] = []
+        self.sums: list[tuple] = []  # range_sums of the ranges taken out of `live`
 
 
 def _prepare(ahead, options: dict) -> _Projection:
@@ -403,8 +416,7 @@ def _add_calls(state: _Projection, calls: dict | None) -> None:
 
 def _add_up(live: dict, ranges: np.ndarray, step: int) -> None:
     """Add `step` to the pending pairs of these ranges (repeats counting) and of every range around them: up each
-    one's chain, where `_rolled_up` takes every live range (a span's few such ranges among 0.26 M live ones: 0.19 ms
-    against 0.60 ms)."""
+    one's chain, where `_rolled_up` takes every live range (a span's few such ranges among many live ones)."""
     while len(ranges):
         add_counts(live["pending"], ranges, step)
         ranges = live["parent_at"][ranges]
@@ -577,9 +589,9 @@ def _rows_of(state: _Projection, chosen: np.ndarray | slice) -> pa.Table:
                "gpu_busy_ns": live["busy"][chosen], "gpu_ops": live["ops"][chosen]}
     words = state.words
     name, domain = live["name"][chosen], live["domain"][chosen]
-    state.sums.append(range_sums(name, words, domain, words, columns))
-    if sum(t.num_rows for t in state.sums) > SUMS_ROWS:
-        state.sums = [_sums_of(state.sums)]
+    state.sums.append(range_sums(name, domain, columns))
+    if sum(len(keys) for keys, _ in state.sums) > SUMS_ROWS:
+        state.sums = [_added(state.sums)]
     return ranges_table(dictionary_column(name, words), dictionary_column(domain, words), columns)
 
 
@@ -587,19 +599,9 @@ def _finish(state: _Projection, names: list) -> dict:
     """The map's result as `map_rank` gives it from a whole read, but for the ranges the folds gave: only those
     finished late (the driver puts them back in their places, spill.SpilledRows)."""
     late = pa.concat_tables(state.late) if state.late else None
-    result = {"ranges": late, "sums": _sums_of(state.sums), "unlinked_ops": state.unlinked}
+    result = {"ranges": late, "sums": _sums_table(*_added(state.sums), state.words), "unlinked_ops": state.unlinked}
     # one process's work: its rank's. Several: no process's alone, which rank_data reads again whole
     return {next(iter(state.pids)) if len(state.pids) == 1 else None: result}
-
-
-def _sums_of(parts: list[pa.Table]) -> pa.Table:
-    """Sums of pieces added per name and domain (each piece's sums, one row per name and domain in it)."""
-    plain = pa.schema([("name", pa.large_string()), ("domain", pa.large_string()),
-                       *((c, pa.int64()) for c in SUM_COLUMNS)])
-    rows = pa.concat_tables([t.cast(plain) for t in parts]) if parts else plain.empty_table()
-    added = rows.group_by(["name", "domain"], use_threads=False).aggregate([(c, "sum") for c in SUM_COLUMNS])
-    added = added.rename_columns([{f"{c}_sum": c for c in SUM_COLUMNS}.get(c, c) for c in added.column_names])
-    return added.select(plain.names)
 
 
 STREAM = Stream(needs=("nvtx", "runtime", *GPU_NEEDS), view=_view, fold=_fold, finish=_finish, prepare=_prepare,
