@@ -486,3 +486,21 @@ def test_a_spans_ops_roll_up_to_every_range_around_them():
     assert figures["first"].tolist() == [5, 10, 10, 30]
     assert figures["last"].tolist() == [50, 50, 40, 30]
     assert figures["reach"].tolist() == [900, 500, 400, 300]
+
+
+def test_a_call_of_another_process_pairs_with_none_of_the_ranks_work():
+    """The one rank of a file may hold rows of a process with no GPU work: its call with the correlation id of one of
+    the rank's kernels launched nothing, so its range has no GPU op and the rank's range has the kernel once."""
+    nvtx = pd.DataFrame({"start_ns": [0, 0], "end_ns": pd.array([100, 100], dtype="Int64"), "event_type": [59, 59],
+                         "name": ["mine", "helper"], "domain": ["", ""], "tid": [5, 9], "pid": [1, 2]})
+    rt = pd.DataFrame({"start_ns": [10, 20], "end_ns": [11, 21], "tid": [5, 9], "pid": [1, 2],
+                       "correlation_id": pd.array([7, 7], dtype="Int64"), "name": ["cudaLaunchKernel"] * 2})
+    k = pd.DataFrame({"start_ns": [30], "end_ns": [40], "device": [0], "stream": [7],
+                      "correlation_id": pd.array([7], dtype="Int64"), "pid": [1], "name": ["k"], "full_name": ["k"]})
+    rd = RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx, kernels=k, runtime=rt, has_cuda=True)
+    r = proj.map_rank(rd, {})["ranges"].to_pandas().set_index("name")
+    assert r.loc["mine", "gpu_ops"] == 1 and r.loc["helper", "gpu_ops"] == 0
+    assert r.loc["helper", "pid"] == 2  # each range keeps its process
+    # the other streams count such rows as the rank's process's, without their correlation ids
+    runtime = rank_data.RankAhead(rd, 1).frame("runtime")
+    assert runtime.values("pid").tolist() == [1, 1] and runtime.is_null("correlation_id").tolist() == [False, True]

@@ -73,13 +73,14 @@ def rank_map(spec, rank_data, options: dict, folded: dict | None = None) -> dict
     return stream.complete(rank_data, folded, options) if stream.complete is not None else folded
 
 
-def fold_rank(stream: Stream, rank_data: RankData, options: dict | None = None) -> dict | None:
+def fold_rank(stream: Stream, rank_data: RankData, options: dict | None = None, processes: bool = False) -> dict | None:
     """A stream's result over one rank read whole: what its `prepare` reads ahead and each table of its spans come as
     one part (`RankAhead`, one span of time), every row as the rank's process's. A recipe's `map_rank` that is this
     has one analysis for a report read whole and a long capture. None where the stream gives the rank nothing. A
-    stream's `output` is the rows its one fold finished (all of them: it is the last span)."""
+    stream's `output` is the rows its one fold finished (all of them: it is the last span). processes: each row keeps
+    its process, for a stream that gives one result for several (nvtx_gpu_proj's)."""
     pid = rank_data.pid if rank_data.pid is not None else 0
-    ahead = RankAhead(rank_data, pid)
+    ahead = RankAhead(rank_data, None if processes else pid)
     state = stream.prepare(ahead, {**stream.options, **(options or {})}) if stream.prepare else {}
     given = stream.replayed(state) if stream.replayed else {}
     chunk = {need: ahead.span(need, stream.view) for need in stream.needs}
@@ -90,7 +91,8 @@ def fold_rank(stream: Stream, rank_data: RankData, options: dict | None = None) 
     rows = stream.fold(state, START_OF_TIME, END_OF_TIME, span)
     nvtx = rank_data.frame("nvtx")
     names = list(nvtx.codes("name")[1][:-1]) if nvtx is not None else []
-    result = stream.finish(state, names).get(pid)
+    finished = stream.finish(state, names)
+    result = next(iter(finished.values()), None) if processes else finished.get(pid)
     _raise_error(rank_data, result)
     if stream.output is not None and result is not None:
         result[stream.output] = rows

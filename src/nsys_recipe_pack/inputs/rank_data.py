@@ -152,29 +152,38 @@ class RankData:
 
 
 class RankAhead:
-    """A rank read whole, as a stream's `prepare` reads ahead of the spans (chunks.Ahead): each table in one
-    part, its rows all of one process (the rank's: a rank may hold rows of others, which a whole read counts as its
-    own)."""
+    """A rank read whole, as a stream's `prepare` reads ahead of the spans (chunks.Ahead): each table in one part.
+    With a `pid`, its rows all of that process: a rank may hold rows of other processes (the one rank of a file, whose
+    other processes do no GPU work), which a whole read counts as its own, their correlation ids left out so that
+    their calls pair with none of its GPU work. Without, each row keeps its process."""
 
-    def __init__(self, rank_data: RankData, pid: int):
+    def __init__(self, rank_data: RankData, pid: int | None):
         self.rank_data, self.pid = rank_data, pid
         self.extents = self  # what a stream asks of the extents: the processes with rows in a table
         self.spill_dir = None
 
     def pids(self, attr: str) -> set[int]:
         frame = self.rank_data.frame(attr)
-        return {self.pid} if frame is not None and len(frame) else set()
+        if frame is None or not len(frame):
+            return set()
+        return {self.pid} if self.pid is not None else set(np.unique(frame.values("pid")).tolist())
 
     def frame(self, need: str) -> Frame | None:
         frame = self.rank_data.frame_for(need)
-        if frame is None or "pid" not in frame or not len(frame):
+        if frame is None or "pid" not in frame or not len(frame) or self.pid is None:
             return frame
         pid = frame.values("pid")
-        if (pid == self.pid).all():
+        others = pid != self.pid
+        if not others.any():
             return frame
         table = frame.table
-        return Frame(table.set_column(table.column_names.index("pid"), "pid",
-                                      arrow_of(np.full(len(frame), self.pid, np.int64))), frame.dtypes)
+        table = table.set_column(table.column_names.index("pid"), "pid",
+                                 arrow_of(np.full(len(frame), self.pid, np.int64)))
+        if "correlation_id" in frame:
+            table = table.set_column(table.column_names.index("correlation_id"), "correlation_id",
+                                     arrow_of(frame.values("correlation_id", fill=-1), valid=~others &
+                                              ~frame.is_null("correlation_id")))
+        return Frame(table, frame.dtypes)
 
     def span(self, need: str, view) -> pa.Table | None:
         """One need's rows as a span hands them over (`view`), in order of start."""

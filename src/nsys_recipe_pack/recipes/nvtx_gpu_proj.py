@@ -79,7 +79,7 @@ def map_rank(rank_data, options: dict) -> dict:
     """The projection a long capture goes through span by span (`STREAM`), over the rank's tables as one span."""
     rank_data.require("nvtx", "nvtx_gpu_proj")
     rank_data.require("runtime", "nvtx_gpu_proj")
-    result = fold_rank(STREAM, rank_data, options)
+    result = fold_rank(STREAM, rank_data, options, processes=True)  # calls pair with their own process's work
     if result["ranges"] is None:  # no range closed
         result["ranges"] = _rows_schema().empty_table()
     return result
