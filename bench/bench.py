@@ -96,7 +96,7 @@ def measure(cmd: list[str], env: dict, log: Path) -> dict:
             time.sleep(0.05)
     wall = time.perf_counter() - started
     return {"wall_s": round(wall, 2), "peak_mb": round(peak / 2**20), "ok": proc.returncode == 0,
-            "cmd": shlex.join(cmd)}
+            "exit": proc.returncode, "cmd": shlex.join(cmd)}
 
 
 def real_set(work: Path, n: int) -> Path:

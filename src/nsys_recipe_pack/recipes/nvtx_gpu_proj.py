@@ -97,12 +97,14 @@ def ranges_table(name: pa.Array, domain: pa.Array, columns: dict) -> pa.Table:
 def range_sums(name: np.ndarray, domain: np.ndarray, columns: dict) -> tuple[np.ndarray, list[np.ndarray]]:
     """Per name and domain of some ranges (ids, -1 none: one key a pair), how many, and the sums of their CPU time, GPU
     projection, GPU busy time and GPU ops (the summary's columns, before they are added across ranks)."""
+    domains, domain_at = factorize(domain)  # a few: keys within a narrow span, counted rather than sorted
     has_op = columns["gpu_ops"] > 0
-    keys, count, sums = sums_by_key(((name + 1) << ID_BITS) | (domain + 1), [
+    keys, count, sums = sums_by_key(name * len(domains) + domain_at, [
         columns["cpu_end_ns"] - columns["cpu_start_ns"],
         np.where(has_op, columns["gpu_end_ns"] - columns["gpu_start_ns"], 0),
         np.where(has_op, columns["gpu_busy_ns"], 0), columns["gpu_ops"]])
-    return keys, [count, *sums]
+    name, domain = np.divmod(keys, max(len(domains), 1))
+    return ((name + 1) << ID_BITS) | (domains[domain] + 1), [count, *sums]
 
 
 def _added(parts: list[tuple]) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -446,7 +448,8 @@ def _add_ops(state: _Projection, gpu_ops: dict) -> None:
                                                    "reach": (end[op], np.maximum, np.iinfo(np.int64).min)})
         live["gpu_start"][ranges] = np.minimum(live["gpu_start"][ranges], start[ops[figures["first"]]])
         live["gpu_end"][ranges] = np.maximum(live["gpu_end"][ranges], figures["reach"])
-        live["ops"][ranges] += figures["count"] - _counted_again(live, where, op)[ranges]
+        live["ops"][ranges] += figures["count"]
+        _take_back_repeats(live, where, op)
         floor = live["reach"][ranges]
         busy, right = consecutive_union_lengths(figures["first"], figures["last"], figures["count"], floor,
                                                 start[ops], end[ops], thread[order])
@@ -462,22 +465,19 @@ def _add_ops(state: _Projection, gpu_ops: dict) -> None:
         state.pending_fresh = state.pending_fresh[~done]
 
 
-def _counted_again(live: dict, where: np.ndarray, op: np.ndarray) -> np.ndarray:
-    """Per live range, how often the roll-up counted an op it had counted already: an op whose key several calls hold
+def _take_back_repeats(live: dict, where: np.ndarray, op: np.ndarray) -> None:
+    """Take back from the live ranges' op counts each op the roll-up counted again: an op whose key several calls hold
     (pairs of one op: together, `pair_launches`) counts once in each range around any of them, also in the ranges
     around two of them. The times need nothing of the kind: a union, a least start and a greatest end take an op
     once however often they are given it."""
-    again = np.zeros(len(live["id"]), np.int64)
     repeated = np.r_[op[1:] == op[:-1], False]
     if not repeated.any():  # one call an op, as usual
-        return again
+        return
     several = repeated | np.r_[False, repeated[:-1]]
     ranges, ops = _chain_pairs(live, where[several], op[several])
-    pairs = ranges * (int(op.max()) + 1) + ops
-    once = distinct(pairs)
-    np.add.at(again, ranges, 1)
-    np.subtract.at(again, once // (int(op.max()) + 1), 1)
-    return again
+    pairs = distinct(ranges * (int(op.max()) + 1) + ops)  # each (range, op) once
+    add_counts(live["ops"], ranges, -1)
+    add_counts(live["ops"], pairs // (int(op.max()) + 1), 1)
 
 
 def _chain_pairs(live: dict, where: np.ndarray, op: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
