@@ -5,7 +5,12 @@ bench.py) and on a SYNTHETIC N-rank set, the two versions taking turns after one
 and page cache in place); the median of --repeat runs is kept. The earlier commit runs from a git worktree
 of it, with this checkout's Python environment. Writes the "Before and after" section of bench/RESULTS.md.
 
+With --huge, the inputs are instead bench/huge.py's long captures (the real report replicated COPIES times, SQLite
+and Parquet, made by it into --huge-work) and its cases: no untimed run (huge.py leaves the files in the page
+cache), and the "Huge reports, before and after" section.
+
     .venv/bin/python bench/before_after.py --base 5f369c2 --sizes 64 --repeat 3
+    .venv/bin/python bench/before_after.py --base 1d00296 --huge 250,2000 --repeat 2
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ CASES = [  # recipe, its options on the real set
     ("compute_memory_share", []),
 ]
 BEGIN, END = "<!-- before-after:begin -->", "<!-- before-after:end -->"
+HUGE_BEGIN, HUGE_END = "<!-- huge-before-after:begin -->", "<!-- huge-before-after:end -->"
 
 
 def command(src: Path, recipe: str, args: list[str], inputs: Path, out: Path) -> list[str]:
@@ -45,6 +51,9 @@ def main() -> int:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "nsys-recipe-bench"))
     p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
+    p.add_argument("--huge", default="", help="bench/huge.py's long captures of these copies instead (comma-separated)")
+    p.add_argument("--huge-work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "nsys-recipe-bench-huge"),
+                   help="where bench/huge.py made them (its --work)")
     args = p.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -63,6 +72,8 @@ def main() -> int:
     versions = {"before": before, "after": after}
     nsys = nsys_tool.find_nsys()  # before the cache moves: `make bench` fetched it into the usual one
     env = {**os.environ, "NSYS": str(nsys.path), "XDG_CACHE_HOME": str(work / "cache-before-after")}
+    if args.huge:
+        return huge(args, versions, base, head, env, log)
     rows = []
     for n in [int(s) for s in args.sizes.split(",")]:
         sets = {"real": real_set(work, n), "synthetic": synth_set(work, env, n, 50, log)}
@@ -100,6 +111,52 @@ def main() -> int:
                      f"{r['after_s'] / max(r['before_s'], 1e-9):.2f} | {r['before_mb']:.0f} | {r['after_mb']:.0f} |")
     lines += ["", END]
     replace_section(Path(args.results), BEGIN, END, "\n".join(lines))
+    print(f"written: {args.results}")
+    return 0
+
+
+def huge(args, versions: dict, base: str, head: str, env: dict, log: Path) -> int:
+    """Each of bench/huge.py's cases on its long captures, from SQLite and from Parquet, the versions taking turns."""
+    from huge import CASES as HUGE_CASES
+
+    rows = []
+    for copies in [int(c) for c in args.huge.split(",")]:
+        case = Path(args.huge_work) / f"a100x{copies}"
+        forms = {"sqlite": case / f"a100x{copies}.sqlite", "parquet": case / f"a100x{copies}_pqtdir"}
+        if not all(p.exists() for p in forms.values()):
+            sys.exit(f"{case}: not made; run bench/huge.py --copies {copies} --work {args.huge_work} first")
+        for name, recipe, options, _, _ in HUGE_CASES:
+            for form, inputs in forms.items():
+                runs = {v: [] for v in versions}
+                for _ in range(args.repeat):
+                    for version, src in versions.items():
+                        r = measure(command(src, recipe, options, inputs, Path(args.work) / "out" / f"ba-{version}"),
+                                    env, log)
+                        # a recipe the input holds nothing for says so, exit 3 (comm_overlap: no NCCL kernel)
+                        if r["exit"] not in (0, 3):
+                            sys.exit(f"{name} ({version}) failed; see {log}")
+                        runs[version].append(r)
+                row = {"copies": copies, "recipe": name, "form": form}
+                for version, rs in runs.items():
+                    row[f"{version}_s"] = statistics.median(r["wall_s"] for r in rs)
+                    row[f"{version}_mb"] = statistics.median(r["peak_mb"] for r in rs)
+                    row[f"{version}_exit"] = rs[0]["exit"]
+                rows.append(row)
+                print(f"{copies:>5} {name:<22} {form:<8} before {row['before_s']:6.2f} s {row['before_mb']:6.0f} MB  "
+                      f"after {row['after_s']:6.2f} s {row['after_mb']:6.0f} MB", flush=True)
+    lines = [HUGE_BEGIN, "", f"## Huge reports, before and after: {base} and {head}", "",
+             f"`{' '.join(['python', 'bench/before_after.py', *sys.argv[1:]])}`: bench/huge.py's cases on its long "
+             f"captures (the real report replicated COPIES times), the two versions taking turns, median of "
+             f"{args.repeat} runs, the files in the page cache. Wall time of the whole command, to the 50 ms at which "
+             "the sampler polls; peak resident memory of its process tree. comm_overlap answers that it does not "
+             "apply (no NCCL kernel, exit 3) after reading the capture.", "",
+             "| copies | recipe | read from | before s | after s | after / before | before MB | after MB |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['copies']} | {r['recipe']} | {r['form']} | {r['before_s']:.2f} | {r['after_s']:.2f} | "
+                     f"{r['after_s'] / max(r['before_s'], 1e-9):.2f} | {r['before_mb']:.0f} | {r['after_mb']:.0f} |")
+    lines += ["", HUGE_END]
+    replace_section(Path(args.results), HUGE_BEGIN, HUGE_END, "\n".join(lines))
     print(f"written: {args.results}")
     return 0
 
