@@ -98,21 +98,27 @@ def main() -> int:
                 rows.append(row)
                 print(f"{n:>5} {kind:<9} {recipe:<22} before {row['before_s']:6.2f} s {row['before_mb']:6.0f} MB  "
                       f"after {row['after_s']:6.2f} s {row['after_mb']:6.0f} MB", flush=True)
-    lines = [BEGIN, "", f"## Before and after: {base} and {head}", "",
-             f"`{' '.join(['python', 'bench/before_after.py', *sys.argv[1:]])}`: each recipe warm with the pack's "
-             f"runner, the two versions taking turns, median of {args.repeat} runs (after one untimed run each); "
-             "real = the MPI Jacobi reports replicated to N ranks, synthetic = `nsys-recipe synth` (SYNTHETIC "
-             "data). Wall time of the whole command, to the 50 ms at which the sampler polls; peak resident "
-             "memory of its process tree.", "",
-             "| ranks | set | recipe | before s | after s | after / before | before MB | after MB |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['ranks']} | {r['set']} | {r['recipe']} | {r['before_s']:.2f} | {r['after_s']:.2f} | "
-                     f"{r['after_s'] / max(r['before_s'], 1e-9):.2f} | {r['before_mb']:.0f} | {r['after_mb']:.0f} |")
-    lines += ["", END]
-    replace_section(Path(args.results), BEGIN, END, "\n".join(lines))
-    print(f"written: {args.results}")
+    write_section(args.results, BEGIN, END, f"## Before and after: {base} and {head}",
+                  f"each recipe warm with the pack's runner, the two versions taking turns, median of {args.repeat} "
+                  "runs (after one untimed run each); real = the MPI Jacobi reports replicated to N ranks, synthetic = "
+                  "`nsys-recipe synth` (SYNTHETIC data).", {"ranks": "ranks", "set": "set", "recipe": "recipe"}, rows)
     return 0
+
+
+def write_section(results: str, begin: str, end: str, title: str, how: str, keys: dict, rows: list[dict]) -> None:
+    """A section of bench/RESULTS.md: the command, how it measured, and a row per case (`keys`: column -> row key)
+    with both versions' times and peaks."""
+    lines = [begin, "", title, "", f"`{' '.join(['python', 'bench/before_after.py', *sys.argv[1:]])}`: {how} Wall "
+             "time of the whole command, to the 50 ms at which the sampler polls; peak resident memory of its "
+             "process tree.", "",
+             f"| {' | '.join(keys)} | before s | after s | after / before | before MB | after MB |",
+             "|" + "---|" * (len(keys) + 5)]
+    for r in rows:
+        lines.append(f"| {' | '.join(str(r[k]) for k in keys.values())} | {r['before_s']:.2f} | {r['after_s']:.2f} | "
+                     f"{r['after_s'] / max(r['before_s'], 1e-9):.2f} | {r['before_mb']:.0f} | {r['after_mb']:.0f} |")
+    lines += ["", end]
+    replace_section(Path(results), begin, end, "\n".join(lines))
+    print(f"written: {results}")
 
 
 def huge(args, versions: dict, base: str, head: str, env: dict, log: Path) -> int:
@@ -144,20 +150,11 @@ def huge(args, versions: dict, base: str, head: str, env: dict, log: Path) -> in
                 rows.append(row)
                 print(f"{copies:>5} {name:<22} {form:<8} before {row['before_s']:6.2f} s {row['before_mb']:6.0f} MB  "
                       f"after {row['after_s']:6.2f} s {row['after_mb']:6.0f} MB", flush=True)
-    lines = [HUGE_BEGIN, "", f"## Huge reports, before and after: {base} and {head}", "",
-             f"`{' '.join(['python', 'bench/before_after.py', *sys.argv[1:]])}`: bench/huge.py's cases on its long "
-             f"captures (the real report replicated COPIES times), the two versions taking turns, median of "
-             f"{args.repeat} runs, the files in the page cache. Wall time of the whole command, to the 50 ms at which "
-             "the sampler polls; peak resident memory of its process tree. comm_overlap answers that it does not "
-             "apply (no NCCL kernel, exit 3) after reading the capture.", "",
-             "| copies | recipe | read from | before s | after s | after / before | before MB | after MB |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['copies']} | {r['recipe']} | {r['form']} | {r['before_s']:.2f} | {r['after_s']:.2f} | "
-                     f"{r['after_s'] / max(r['before_s'], 1e-9):.2f} | {r['before_mb']:.0f} | {r['after_mb']:.0f} |")
-    lines += ["", HUGE_END]
-    replace_section(Path(args.results), HUGE_BEGIN, HUGE_END, "\n".join(lines))
-    print(f"written: {args.results}")
+    write_section(args.results, HUGE_BEGIN, HUGE_END, f"## Huge reports, before and after: {base} and {head}",
+                  "bench/huge.py's cases on its long captures (the real report replicated COPIES times), the two "
+                  f"versions taking turns, median of {args.repeat} runs, the files in the page cache. comm_overlap "
+                  "answers that it does not apply (no NCCL kernel, exit 3) after reading the capture.",
+                  {"copies": "copies", "recipe": "recipe", "read from": "form"}, rows)
     return 0
 
 
