@@ -62,14 +62,10 @@ def map_rank(rank_data, options: dict) -> dict:
 
 
 def _prepare(ahead, options: dict) -> dict:
-    """Each process's iterations, found from its NVTX ranges (or its kernels) read ahead of the GPU work."""
+    """The fold's state before the GPU work: per process, its iterations (or the error of finding none), found from its
+    NVTX ranges (or its kernels) read ahead, and, per iteration, the earliest start and latest end of its GPU work (none
+    yet)."""
     windows, kernels_read, _ = iterations_ahead(ahead, options)
-    return _state(windows, kernels_read, options)
-
-
-def _state(windows: dict, kernels_read: bool, options: dict) -> dict:
-    """The fold's state before the GPU work: per process, its iterations (or the error of finding none) and, per
-    iteration, the earliest start and latest end of its GPU work (none yet)."""
     found = {p: len(w.start_ns) for p, w in windows.items() if not isinstance(w, str)}
     return {"windows": windows, "kernels_read": kernels_read, "options": options,
             "low": {p: np.full(n, np.iinfo(np.int64).max) for p, n in found.items()},

@@ -475,9 +475,10 @@ def _take_back_repeats(live: dict, where: np.ndarray, op: np.ndarray) -> None:
         return
     several = repeated | np.r_[False, repeated[:-1]]
     ranges, ops = _chain_pairs(live, where[several], op[several])
-    pairs = distinct(ranges * (int(op.max()) + 1) + ops)  # each (range, op) once
+    width = int(op.max()) + 1
+    pairs = distinct(ranges * width + ops)  # each (range, op) once
     add_counts(live["ops"], ranges, -1)
-    add_counts(live["ops"], pairs // (int(op.max()) + 1), 1)
+    add_counts(live["ops"], pairs // width, 1)
 
 
 def _chain_pairs(live: dict, where: np.ndarray, op: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
