@@ -119,6 +119,7 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
                          f"{', '.join(map(str, short[:10]))}): iterations past the shortest compare fewer ranks")
     tables = spec.reduce(per_rank, options)
     settings = tables.pop("settings", {})
+    notes.extend(settings.pop("notes", []))  # what the recipe's reduce has to say of the inputs
     files = ids[FILES_COLUMNS].copy()
     files["local_rank"] = files["local_rank"].astype("Int64")
     files["gpu"] = files["gpu"].astype("Int64")

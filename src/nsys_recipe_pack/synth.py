@@ -885,9 +885,10 @@ def _readme(truth: dict) -> str:
 # command line
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--job", choices=JOBS, default="nccl",
+    parser.add_argument("--job", choices=[*JOBS, "megatron"], default="nccl",
                         help="nccl: NVTX phases and an NCCL all-reduce per step; mpi: no NVTX, a kernel, a device "
-                             "sync and MPI_Allreduce per iteration")
+                             "sync and MPI_Allreduce per iteration; megatron: tensor, pipeline and data parallel "
+                             "groups (--parallel) in a 1F1B schedule")
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--format", choices=["sqlite", "parquetdir"], default="parquetdir")
@@ -903,9 +904,14 @@ def add_arguments(parser) -> None:
                              "makes rank R leak in those steps, big=R gives rank R twice the activation ('' for none)")
     parser.add_argument("--output", required=True)
     parser.add_argument("--force-overwrite", action="store_true", help="replace an existing --output folder")
+    from .synth_megatron import add_arguments as megatron_arguments
+
+    megatron_arguments(parser)
 
 
 def main(args) -> int:
+    if getattr(args, "job", "nccl") == "megatron":
+        return _main_megatron(args)
     try:
         stragglers = [parse_straggler(s) for s in args.straggler]
         memory = parse_memory(args.memory) if getattr(args, "memory", None) is not None else None
@@ -917,4 +923,24 @@ def main(args) -> int:
                           memory=memory)
     print(f"wrote SYNTHETIC exports ({args.ranks} ranks x {args.iterations} iterations, {args.format}) to {out} "
           f"(injected cells in {out / 'truth.json'})")
+    return 0
+
+
+def _main_megatron(args) -> int:
+    from .parallel import parse_parallel
+    from .synth_megatron import write_megatron
+
+    if not args.parallel:
+        raise UsageError("--job megatron needs --parallel tp=T,pp=P,dp=D")
+    layout = parse_parallel(args.parallel)
+    try:
+        stragglers = [parse_straggler(s if "cause=" in s else s + ",cause=compute") for s in args.straggler]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    out = write_megatron(args.output, layout, args.iterations, args.microbatches, args.format, stragglers,
+                         args.heavy_last_stage, not args.no_nvtx_payload, args.seed, args.gpus_per_node,
+                         overwrite=args.force_overwrite)
+    print(f"wrote SYNTHETIC exports of a Megatron-style job ({layout.world} ranks: tp={layout.tp}, pp={layout.pp}, "
+          f"dp={layout.dp}; {args.iterations} steps of {args.microbatches} micro-batches, {args.format}) to {out} "
+          f"(truth in {out / 'truth.json'})")
     return 0

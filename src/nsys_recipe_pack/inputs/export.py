@@ -16,6 +16,7 @@ import pyarrow as pa
 from .. import nsys_tool, versions
 from ..errors import BadInputError, MissingToolError
 from .discovery import EXPORTS_BESIDE, input_kind, report_stem
+from .payloads import TABLE_PATTERN as PAYLOAD_TABLES
 from .readers import ALWAYS, FOLDER_SUFFIXES, MPI_PREFIX, TABLES, ExportSource, small_table
 
 # reports up to this size are exported as Arrow files: nsys writes them in about three quarters of the CPU time
@@ -141,6 +142,8 @@ def table_names(needs: set[str]) -> list[str]:
         names.extend(TABLES.get(need, {}))
     if "mpi" in needs:
         names.append(MPI_PREFIX + "*")
+    if "payload" in needs:
+        names.append(PAYLOAD_TABLES)
     return names
 
 

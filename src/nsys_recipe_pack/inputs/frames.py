@@ -12,7 +12,7 @@ import pyarrow.ipc as ipc
 from ..groups import Vocabulary
 from ..lazy import pd
 
-FRAME_NAMES = ("nvtx", "kernels", "memcpy", "memset", "runtime", "sync", "mpi", "memory", "gpus")
+FRAME_NAMES = ("nvtx", "kernels", "memcpy", "memset", "runtime", "sync", "mpi", "memory", "gpus", "payloads")
 
 
 class Frame:

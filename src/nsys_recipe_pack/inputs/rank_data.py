@@ -30,6 +30,7 @@ from .discovery import report_stem
 from .events import read_gpu, read_gpus, read_memory, read_mpi, read_nvtx, read_runtime, recorded_env, session_start
 from .export import open_source
 from .frames import FRAME_NAMES, Frame, arrow_of, as_frame, numpy_of, read_arrow_streams, write_arrow_streams
+from .payloads import read_payloads
 from .readers import MEMORY_EVENTS, TABLES, ExportSource, StringTable, small_table, string_table, threads_pay
 
 RANK_ENV_KEYS = ["RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK"]
@@ -341,6 +342,8 @@ class Reading:
             reads["memory"] = (MEMORY_EVENTS, functools.partial(read_memory, src))
         if "memory" in needs:
             reads["gpus"] = (None, functools.partial(read_gpus, src))
+        if "payload" in needs:  # NCCL's payloads: one event per NCCL call, read whole
+            reads["payloads"] = (None, functools.partial(read_payloads, src, strings))
         frames.update(_side_by_side(reads, sum(src.count(t) for t in self._whole(spans + ahead)), done))
         nvtx = frames.pop("nvtx") if nvtx is None else nvtx
         if "nvtx" in needs:

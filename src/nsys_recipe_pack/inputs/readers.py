@@ -55,7 +55,8 @@ MPI_PREFIX = "MPI_"
 # the few text columns the pack reads (NVTX_EVENTS.text, StringIds.value, the name/value rows of the TARGET_INFO
 # and META_DATA tables); every other column it reads holds integers
 TEXT_COLUMNS = {"NVTX_EVENTS": {"text"}, "StringIds": {"value"}, "TARGET_INFO_SYSTEM_ENV": {"name", "value"},
-                "META_DATA_EXPORT": {"name", "value"}, "TARGET_INFO_GPU": {"name"}, "ENUM_CUDA_MEM_KIND": {"label"}}
+                "META_DATA_EXPORT": {"name", "value"}, "TARGET_INFO_GPU": {"name"}, "ENUM_CUDA_MEM_KIND": {"label"},
+                "NVTX_PAYLOAD_SCHEMAS": {"name"}, "NVTX_PAYLOAD_SCHEMA_ENTRIES": {"name", "description"}}
 # text a batched read (ExportSource.read_batches) gives from Parquet as the file's dictionary: NVTX range names repeat,
 # and making a string of every row, then hashing them all again, would take most of the text's time
 DICTIONARY_TEXT = {"NVTX_EVENTS": {"text"}}

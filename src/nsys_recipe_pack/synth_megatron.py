@@ -1,0 +1,393 @@
+"""SYNTHETIC exports of a Megatron-style job (`nsys-recipe synth --job megatron`): tensor, pipeline and data
+parallel groups in Megatron Core's rank order, a 1F1B pipeline schedule, and NCCL's kernels and NVTX payloads per
+communicator, with known stragglers and stage weights. Labelled synthetic as `synth.py`'s jobs are.
+
+The model, per step, on the common clock:
+- each stage runs its micro-batches' forward and backward passes in 1F1B order (`one_f_one_b`): warm-up forwards,
+  then one forward and one backward in turn, then the remaining backwards;
+- a pass is two compute kernels, each followed, with tp > 1, by an all-reduce of the tensor-parallel group (its
+  members' kernels start as each arrives and end together, the last arrival plus a transfer);
+- a stage's output goes to its neighbour as a SendRecv kernel on both sides, on the pipeline group's stream: the
+  sender's starts after its pass, the receiver's when it is ready to receive; both end at the later start plus a
+  transfer, and the receiver's pass starts then;
+- after its last backward a rank all-reduces its gradients with its data-parallel replicas (tp and pp alike), then
+  runs its optimizer; its next step starts right after.
+The host launches every kernel 5 us before it starts, inside the NVTX range of its phase (`step`; `forward`,
+`backward`, `forward-recv`, `backward-recv`, `forward-send`, `backward-send`, `grads-all-reduce`, `optimizer`), and
+every NCCL call is an NVTX range of NCCL's own domain carrying its payload (communicator id, message size, peer) laid
+out by the payload schemas a real NCCL registers; each communicator's creation is one too (id, size, rank, device).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from . import synth
+from .errors import UsageError
+from .lazy import pd
+from .parallel import Layout
+from .staging import staged_output
+from .synth import MS, US
+
+FWD_MS, BWD_MS, OPT_MS = 6.0, 12.0, 3.0
+JITTER = 0.03
+TP_TRANSFER_NS, P2P_TRANSFER_NS, DP_TRANSFER_NS = 150 * US, 250 * US, 3 * MS
+TP_BYTES, P2P_BYTES, DP_BYTES = 8 << 20, 4 << 20, 256 << 20
+LAG = 5 * US  # a kernel starts this long after its launch
+STEP_GAP_NS = 200 * US
+HOST_SEND_NS = 20 * US  # the host's time to post a send before it goes on
+COMPUTE_STREAM, TP_STREAM, DP_STREAM, PP_STREAM = 7, 13, 17, 21
+NCCL_DOMAIN_ID = 1
+COMPUTE = {"F": ("sm90_gemm_bf16_fprop_a", "sm90_gemm_bf16_fprop_b"),
+           "B": ("sm90_gemm_bf16_dgrad", "sm90_gemm_bf16_wgrad")}
+OPTIMIZER_KERNEL = "multi_tensor_apply_kernel"
+TP_KERNEL = "ncclDevKernel_AllReduce_Sum_bf16_RING_LL"
+DP_KERNEL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+P2P_KERNEL = "ncclDevKernel_SendRecv"
+RANGES = ["step", "forward", "backward", "forward-recv", "backward-recv", "forward-send", "backward-send",
+          "grads-all-reduce", "optimizer"]
+NCCL_CALLS = ["ncclCommInitRank", "ncclAllReduce", "ncclSend", "ncclRecv"]
+# NCCL 2.2x's payload schemas as a real export records them (NSYS_NOTES.md): id -> (payload size, entries of
+# (name, NVTX entry type, offset))
+SCHEMAS = {
+    16777218: (24, [("NCCL communicator ID", 18, 0), ("No. of ranks", 5, 8), ("Rank", 5, 12), ("CUDA device", 5, 16)]),
+    16777230: (8, [("NCCL communicator ID", 18, 0)]),
+    16777223: (24, [("NCCL communicator ID", 18, 0), ("Message size [bytes]", 22, 8),
+                    ("Reduction operation", 16777232, 16)]),
+    16777220: (16, [("NCCL communicator ID", 18, 0), ("Message size [bytes]", 22, 8)]),
+    16777226: (24, [("NCCL communicator ID", 18, 0), ("Message size [bytes]", 22, 8), ("Peer rank", 5, 16)]),
+    16777225: (24, [("NCCL communicator ID", 18, 0), ("Message size [bytes]", 22, 8), ("Peer rank", 5, 16)]),
+    16777222: (24, [("NCCL communicator ID", 18, 0), ("Message size [bytes]", 22, 8), ("Root", 5, 16)]),
+}
+PAYLOAD_TABLES = {
+    "NVTX_PAYLOAD_SCHEMAS": synth._spec("domainId:int64 schemaId:int64 name:string type:int64 flags:int64 "
+                                        "numEntries:int64 payloadSize:int64 alignTo:int64"),
+    "NVTX_PAYLOAD_SCHEMA_ENTRIES": synth._spec("domainId:int64! schemaId:int64! idx:int64! flags:int64 type:int64 "
+                                               "name:string description:string arrayOrUnionDetail:int64 "
+                                               "offset:int64"),
+}
+
+
+def one_f_one_b(stages: int, microbatches: int) -> list[list[tuple[str, int]]]:
+    """Each stage's passes in 1F1B order: ("F" or "B", micro-batch)."""
+    out = []
+    for s in range(stages):
+        warmup = min(stages - s - 1, microbatches)
+        order = [("F", m) for m in range(warmup)]
+        for i in range(microbatches - warmup):
+            order += [("F", warmup + i), ("B", i)]
+        order += [("B", m) for m in range(microbatches - warmup, microbatches)]
+        out.append(order)
+    return out
+
+
+def _in_dependency_order(stages: int, microbatches: int) -> list[tuple[int, str, int]]:
+    """Every stage's passes in one order in which each pass comes after the pass whose output it takes."""
+    per_stage = one_f_one_b(stages, microbatches)
+    done, at, order = set(), [0] * stages, []
+    while len(order) < 2 * stages * microbatches:
+        moved = False
+        for s in range(stages):
+            while at[s] < len(per_stage[s]):
+                kind, m = per_stage[s][at[s]]
+                source = (s - 1, "F", m) if kind == "F" else (s + 1, "B", m) if s < stages - 1 else (s, "F", m)
+                if (kind == "F" and s == 0) or source in done:
+                    done.add((s, kind, m))
+                    order.append((s, kind, m))
+                    at[s] += 1
+                    moved = True
+                else:
+                    break
+        if not moved:
+            raise AssertionError("the 1F1B schedule has a pass waiting on itself")
+    return order
+
+
+def _each(value, n: int) -> np.ndarray:
+    """A value per event: one for all (None: -1), or an array of one per event."""
+    value = np.asarray(-1 if value is None else value, np.int64).ravel()
+    return np.broadcast_to(value, (n,)) if len(value) == 1 else value
+
+
+class _Events:
+    """Events of every rank, gathered as arrays of a batch each, on the common clock."""
+
+    def __init__(self):
+        self.kernels: list[dict] = []
+        self.ranges: list[dict] = []
+
+    def kernel(self, rank, start, end, name: str, stream: int, call: str | None = None, comm=None, nbytes: int = 0,
+               peer=None):
+        rank, start, end = (np.asarray(a, np.int64).ravel() for a in (rank, start, end))
+        n = len(rank)
+        self.kernels.append({"rank": rank, "start": start, "end": end, "name": np.full(n, name, object),
+                             "stream": np.full(n, stream), "call": np.full(n, call, object),
+                             "comm": _each(comm, n), "bytes": np.full(n, nbytes, np.int64), "peer": _each(peer, n)})
+
+    def range(self, rank, start, end, name: str):
+        rank, start, end = (np.asarray(a, np.int64).ravel() for a in (rank, start, end))
+        self.ranges.append({"rank": rank, "start": start, "end": end, "name": np.full(len(rank), name, object)})
+
+    @staticmethod
+    def joined(parts: list[dict]) -> dict:
+        return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
+
+
+def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_last_stage: float, seed: int) -> dict:
+    """Every rank's kernels and NVTX ranges on the common clock (first step at 0), and the communicators."""
+    rng = np.random.default_rng(seed)
+    P, D, T = layout.pp, layout.dp, layout.tp
+    s_, d_, t_ = np.meshgrid(np.arange(P), np.arange(D), np.arange(T), indexing="ij")
+    zeros = {"cp": np.zeros_like(s_), "ep": np.zeros_like(s_)}
+    rank = layout.rank_of({"tp": t_, "dp": d_, "pp": s_, **zeros})  # (P, D, T)
+    comm_ids = rng.integers(1, 1 << 62, size=P * D + D * T + P * T, dtype=np.int64)
+    tp_comm = np.arange(P * D).reshape(P, D)[:, :, None].repeat(T, axis=2)
+    pp_comm = (P * D + np.arange(D * T).reshape(D, T))[None].repeat(P, axis=0)
+    dp_comm = (P * D + D * T + np.arange(P * T).reshape(P, T))[:, None, :].repeat(D, axis=1)
+    slow = np.ones((steps, P, D, T))
+    where = {int(r): tuple(int(x) for x in np.argwhere(rank == r)[0]) for r in rank.ravel()}
+    for st in stragglers:
+        last = steps - 1 if st.last == -1 else st.last
+        slow[(slice(st.first, last + 1), *where[st.rank])] *= st.slowdown
+    slow[:, P - 1] *= heavy_last_stage
+    ev = _Events()
+    order = _in_dependency_order(P, microbatches)
+    start = np.zeros((P, D, T), np.int64)
+    step_bounds = []
+    for k in range(steps):
+        free = start.copy()
+        posted: dict[tuple[int, str, int], np.ndarray] = {}
+        for s, kind, m in order:
+            ready = free[s]
+            needs = (kind == "F" and s > 0) or (kind == "B" and s < P - 1)
+            if needs:
+                src = s - 1 if kind == "F" else s + 1
+                send_start = posted.pop((s, kind, m))
+                recv_start = ready + 2 * LAG
+                arrival = np.maximum(send_start, recv_start) + P2P_TRANSFER_NS
+                label = "forward" if kind == "F" else "backward"
+                ev.kernel(rank[src], send_start, arrival, P2P_KERNEL, PP_STREAM, "ncclSend", pp_comm[src], P2P_BYTES,
+                          s)
+                ev.kernel(rank[s], recv_start, arrival, P2P_KERNEL, PP_STREAM, "ncclRecv", pp_comm[s], P2P_BYTES, src)
+                ev.range(rank[s], ready, arrival + LAG, f"{label}-recv")
+                ready = arrival + LAG
+            nominal = (FWD_MS if kind == "F" else BWD_MS) * MS / 2
+            now = ready
+            for half in range(2):
+                work = np.round(nominal * slow[k, s] * rng.uniform(1 - JITTER, 1 + JITTER, (D, T))).astype(np.int64)
+                ev.kernel(rank[s], now + LAG, now + LAG + work, COMPUTE[kind][half], COMPUTE_STREAM)
+                now = now + LAG + work
+                if T > 1:
+                    done = now.max(axis=1, keepdims=True) + TP_TRANSFER_NS
+                    ev.kernel(rank[s], now + LAG, np.broadcast_to(done + LAG, now.shape), TP_KERNEL, TP_STREAM,
+                              "ncclAllReduce", tp_comm[s], TP_BYTES)
+                    now = np.broadcast_to(done + LAG, now.shape).copy()
+            ev.range(rank[s], ready, now, "forward" if kind == "F" else "backward")
+            free[s] = now
+            dst = s + 1 if kind == "F" else s - 1
+            if 0 <= dst < P:
+                posted[(dst, kind, m)] = now + 2 * LAG
+                ev.range(rank[s], now, now + HOST_SEND_NS, "forward-send" if kind == "F" else "backward-send")
+                free[s] = now + HOST_SEND_NS
+        arrive = free + 2 * LAG
+        if D > 1:
+            done = np.broadcast_to(arrive.max(axis=1, keepdims=True) + DP_TRANSFER_NS, arrive.shape)
+            ev.kernel(rank, arrive, done, DP_KERNEL, DP_STREAM, "ncclAllReduce", dp_comm, DP_BYTES)
+            ev.range(rank, free, done + LAG, "grads-all-reduce")
+            reduced = done + LAG
+        else:
+            reduced = free
+        opt = np.round(OPT_MS * MS * rng.uniform(1 - JITTER, 1 + JITTER, (P, D, T))).astype(np.int64)
+        ev.kernel(rank, reduced + LAG, reduced + LAG + opt, OPTIMIZER_KERNEL, COMPUTE_STREAM)
+        end = reduced + LAG + opt + 10 * US
+        ev.range(rank, end - opt - LAG - 10 * US, end, "optimizer")
+        ev.range(rank, start, end, "step")
+        step_bounds.append((start.copy(), end.copy()))
+        start = end + STEP_GAP_NS
+    comms = []
+    for table, kind, axis in ((tp_comm, "tp", 2), (pp_comm, "pp", 0), (dp_comm, "dp", 1)):
+        for c in np.unique(table):
+            at = np.argwhere(table == c)
+            at = at[np.argsort(at[:, axis])]
+            comms.append({"index": int(c), "id": int(comm_ids[c]), "kind": kind,
+                          "members": [int(rank[tuple(a)]) for a in at]})
+    return {"rank": rank, "kernels": _Events.joined(ev.kernels), "ranges": _Events.joined(ev.ranges),
+            "comms": comms, "comm_ids": comm_ids, "steps": step_bounds}
+
+
+def _payload(values: list[tuple[int, str]], size: int) -> bytes:
+    """Little-endian fields at their offsets in a payload of `size` bytes: (value, struct code) in offset order."""
+    out = bytearray(size)
+    offset = 0
+    for value, code in values:
+        struct.pack_into("<" + code, out, offset, value)
+        offset += struct.calcsize(code)
+    return bytes(out)
+
+
+def _rank_events(r: int, sim: dict, shift: int, device: int, strings: dict, payloads: bool, init_at: int) -> dict:
+    """One rank's NVTX, kernel and runtime tables, on its own clock (common + shift)."""
+    pid = synth.PID_BASE + r
+    gpid = synth._global_pid(pid)
+    gtid = gpid | pid
+    k = sim["kernels"]
+    mine = np.flatnonzero(k["rank"] == r)
+    mine = mine[np.argsort(k["start"][mine], kind="stable")]
+    start, end = k["start"][mine] + shift, k["end"][mine] + shift
+    corr = 1000 + np.arange(len(mine), dtype=np.int64)
+    launch = start - LAG
+    names = k["name"][mine]
+    ids = pd.Series(names).map(strings).to_numpy(np.int64)
+    kernels = pd.DataFrame({
+        "start": start, "end": end, "deviceId": device, "contextId": 1, "streamId": k["stream"][mine],
+        "correlationId": corr, "globalPid": np.uint64(gpid), "demangledName": ids, "shortName": ids,
+        "mangledName": ids, "launchType": 0, "cacheConfig": 0, "registersPerThread": 64, "gridX": 64, "gridY": 1,
+        "gridZ": 1, "blockX": 256, "blockY": 1, "blockZ": 1, "staticSharedMemory": 0, "dynamicSharedMemory": 0,
+        "localMemoryPerThread": 0, "localMemoryTotal": 0, "gridId": corr, "sharedMemoryExecuted": 0,
+        "sharedMemoryLimitConfig": 0})
+    runtime = pd.DataFrame({"start": launch - 2 * US, "end": launch + 2 * US, "eventClass": 0,
+                            "globalTid": np.uint64(gtid), "correlationId": corr,
+                            "nameId": np.uint64(strings[synth.LAUNCH_API]), "returnValue": 0})
+    g = sim["ranges"]
+    at = np.flatnonzero(g["rank"] == r)
+    ranges = pd.DataFrame({"start": g["start"][at] + shift, "end": g["end"][at] + shift, "text": g["name"][at],
+                           "domainId": 0, "binaryData": None})
+    calls = k["call"][mine]
+    nccl = np.flatnonzero(pd.notna(calls))
+    comm_id = sim["comm_ids"][k["comm"][mine][nccl]]
+    blobs = [None] * len(nccl)
+    if payloads:
+        peers, sizes = k["peer"][mine][nccl], k["bytes"][mine][nccl]
+        blobs = [_payload([(int(c), "q"), (int(b), "Q"), (int(p), "i")], 24) if call in ("ncclSend", "ncclRecv")
+                 else _payload([(int(c), "q"), (int(b), "Q"), (0, "i")], 24)
+                 for c, b, p, call in zip(comm_id, sizes, peers, calls[nccl], strict=True)]
+    nccl_ranges = pd.DataFrame({"start": launch[nccl] - 3 * US, "end": launch[nccl] + 3 * US, "text": calls[nccl],
+                                "domainId": NCCL_DOMAIN_ID, "binaryData": blobs})
+    inits = [c for c in sim["comms"] if r in c["members"]]
+    init_start = init_at + shift + 2 * MS * np.arange(len(inits))
+    init_blobs = [_payload([(c["id"], "q"), (len(c["members"]), "i"), (c["members"].index(r), "i"), (device, "i")],
+                           24) if payloads else None for c in inits]
+    init_ranges = pd.DataFrame({"start": init_start, "end": init_start + 1 * MS, "text": "ncclCommInitRank",
+                                "domainId": NCCL_DOMAIN_ID, "binaryData": init_blobs})
+    create = pd.DataFrame({"start": [init_at + shift - 1 * MS], "end": [None], "eventType": [75], "text": ["NCCL"],
+                           "domainId": [NCCL_DOMAIN_ID], "binaryData": [None]})
+    nvtx = pd.concat([create, init_ranges, ranges, nccl_ranges], ignore_index=True)
+    nvtx["eventType"] = nvtx["eventType"].fillna(59).astype(np.int64)
+    nvtx["globalTid"] = np.uint64(gtid)
+    nvtx = nvtx.sort_values("start", kind="stable").reset_index(drop=True)
+    return {"NVTX_EVENTS": nvtx, "CUPTI_ACTIVITY_KIND_KERNEL": kernels, "CUPTI_ACTIVITY_KIND_RUNTIME": runtime}
+
+
+def _schema_tables() -> dict[str, pd.DataFrame]:
+    schemas = pd.DataFrame({"domainId": NCCL_DOMAIN_ID, "schemaId": list(SCHEMAS), "type": 1,
+                            "numEntries": [len(e) for _, e in SCHEMAS.values()],
+                            "payloadSize": [size for size, _ in SCHEMAS.values()]})
+    entries = pd.DataFrame([{"domainId": NCCL_DOMAIN_ID, "schemaId": sid, "idx": i, "type": typ, "name": name,
+                             "offset": offset}
+                            for sid, (_, rows) in SCHEMAS.items() for i, (name, typ, offset) in enumerate(rows)])
+    return {"NVTX_PAYLOAD_SCHEMAS": schemas, "NVTX_PAYLOAD_SCHEMA_ENTRIES": entries}
+
+
+def write_megatron(output_dir, layout: Layout, steps: int = 20, microbatches: int = 8, fmt: str = "parquetdir",
+                   stragglers=(), heavy_last_stage: float = 1.0, payloads: bool = True, seed: int = 0,
+                   gpus_per_node: int = 8, overwrite: bool = False) -> Path:
+    """Write one SYNTHETIC export per rank of a Megatron-style job, truth.json and README.md into output_dir."""
+    if layout.cp != 1 or layout.ep != 1:
+        raise UsageError("--job megatron models tp, pp and dp: leave cp and ep at 1")
+    if fmt not in ("sqlite", "parquetdir"):
+        raise UsageError(f"--format {fmt}: use sqlite or parquetdir")
+    if steps < 1 or microbatches < 1 or gpus_per_node < 1:
+        raise UsageError("--iterations, --microbatches and --gpus-per-node must be at least 1")
+    if not heavy_last_stage >= 1.0:
+        raise UsageError("--heavy-last-stage X: X is the last stage's compute against the others', at least 1")
+    world = layout.world
+    if any(s.cause not in ("compute", "gpu") for s in stragglers):
+        raise UsageError("--job megatron: a straggler's compute is slower (cause=compute or cause=gpu)")
+    stragglers = synth._check_stragglers(stragglers, world, steps)
+    out = Path(output_dir)
+    synth._check_output(out, overwrite)
+    sim = simulate(layout, steps, microbatches, stragglers, heavy_last_stage, seed)
+    schema = synth._schema("newer")
+    schema["tables"].update(PAYLOAD_TABLES)
+    names = list(dict.fromkeys([*COMPUTE["F"], *COMPUTE["B"], OPTIMIZER_KERNEL, TP_KERNEL, DP_KERNEL, P2P_KERNEL,
+                                synth.LAUNCH_API, synth.MAIN_THREAD_NAME, synth.WORKER_THREAD_NAME]))
+    strings = {n: i for i, n in enumerate(names)}
+    rng = np.random.default_rng(seed + 1)
+    offsets = np.round(rng.uniform(0, 5 * MS, size=world)).astype(np.int64)
+    first_step = int(offsets.max()) + synth.FIRST_STEP_NS
+    shared = {**synth._shared_tables(strings, schema),
+              **{t: synth._typed(t, df, schema) for t, df in _schema_tables().items()}}
+    with staged_output(out, replace=True) as tmp:
+        for r in range(world):
+            shift = first_step - int(offsets[r])
+            frames = synth._rank_info_tables(r, synth.BASE_UTC_NS + int(offsets[r]), world, gpus_per_node, strings)
+            events = _rank_events(r, sim, shift, r % gpus_per_node, strings, payloads, -800 * MS)
+            path = tmp / (f"rank{r}.sqlite" if fmt == "sqlite" else f"rank{r}_pqtdir")
+            with synth._export_writer(path, fmt, schema) as write:
+                write({**shared, **{t: synth._typed(t, df, schema) for t, df in {**frames, **events}.items()}})
+        truth = _truth(layout, sim, steps, microbatches, stragglers, heavy_last_stage, payloads, seed, fmt,
+                       gpus_per_node, offsets, first_step)
+        (tmp / "truth.json").write_text(json.dumps(truth, indent=1))
+        (tmp / "README.md").write_text(_readme(truth))
+    return out
+
+
+def _truth(layout, sim, steps, microbatches, stragglers, heavy, payloads, seed, fmt, gpus_per_node, offsets,
+           first_step) -> dict:
+    earliest = int(offsets.min())
+    P = layout.pp
+    return {
+        "synthetic": True,
+        "note": "SYNTHETIC data written by nsys-recipe-pack's generator; not a real profile",
+        "generator": "nsys-recipe-pack synth --job megatron",
+        "job": "megatron", "ranks": layout.world, "iterations": steps, "format": fmt, "seed": seed,
+        "gpus_per_node": gpus_per_node, "parallel": asdict(layout), "microbatches": microbatches,
+        "schedule": "1F1B", "nvtx_payload": payloads, "iteration_delimiter": "step",
+        "heavy_last_stage": heavy, "heavy_stage": P - 1 if heavy > 1 and P > 1 else None,
+        "nominal_ms": {"forward": FWD_MS, "backward": BWD_MS, "optimizer": OPT_MS},
+        "transfer_ns": {"tp": TP_TRANSFER_NS, "pp": P2P_TRANSFER_NS, "dp": DP_TRANSFER_NS},
+        "bytes": {"tp": TP_BYTES, "pp": P2P_BYTES, "dp": DP_BYTES},
+        "kernels": {"tp": TP_KERNEL, "pp": P2P_KERNEL, "dp": DP_KERNEL},
+        "streams": {"compute": COMPUTE_STREAM, "tp": TP_STREAM, "pp": PP_STREAM, "dp": DP_STREAM},
+        "communicators": [{"id": c["id"], "group": c["kind"], "members": c["members"]} for c in sim["comms"]],
+        "stragglers": [asdict(s) for s in stragglers],
+        "cells": [{"rank": s.rank, "iteration": i} for s in stragglers
+                  for i in range(s.first, (steps - 1 if s.last == -1 else s.last) + 1)],
+        "session_start_utc_ns": [synth.BASE_UTC_NS + int(o) for o in offsets],
+        "session_offsets_ns": offsets.tolist(),
+        # each rank's step on the common clock of the pack's outputs (ns since the earliest session start)
+        "step_end_aligned_ns": [(end + first_step - earliest).ravel().tolist() for _, end in sim["steps"]],
+    }
+
+
+def _readme(truth: dict) -> str:
+    p = truth["parallel"]
+    ext = "rank{R}.sqlite" if truth["format"] == "sqlite" else "rank{R}_pqtdir/"
+    return (
+        "# SYNTHETIC exports of a Megatron-style job\n\n"
+        "Written by nsys-recipe-pack's generator (`nsys-recipe synth --job megatron`), not by a profiler: these are "
+        f"**not real profiles**. Each rank's export (`{ext}`) has the shape of a newer Nsight Systems export and a "
+        "`SYNTHETIC` row in `META_DATA_EXPORT`.\n\n"
+        f"- tp={p['tp']}, pp={p['pp']}, dp={p['dp']} ({truth['ranks']} ranks, Megatron Core's rank order), "
+        f"{truth['iterations']} steps of {truth['microbatches']} micro-batches in a 1F1B schedule, seed "
+        f"{truth['seed']}.\n"
+        "- NCCL kernels per communicator (tensor-parallel all-reduces, pipeline SendRecv, the data-parallel gradient "
+        "all-reduce) with NCCL's NVTX ranges" + (" and their payloads" if truth["nvtx_payload"] else
+                                                 " (payload schemas, but no event carries a payload)") + ".\n"
+        "- Every rank's coordinates, the communicators and the injected stragglers are in `truth.json`.\n")
+
+
+def add_arguments(parser) -> None:
+    """The megatron job's own flags on `nsys-recipe synth`."""
+    parser.add_argument("--parallel", default=None, metavar="tp=T,pp=P,dp=D",
+                        help="--job megatron: the parallel sizes (Megatron Core's rank order)")
+    parser.add_argument("--microbatches", type=int, default=8, help="--job megatron: micro-batches per step")
+    parser.add_argument("--heavy-last-stage", type=float, default=1.0, metavar="X",
+                        help="--job megatron: the last pipeline stage computes X times as long as the others")
+    parser.add_argument("--no-nvtx-payload", action="store_true",
+                        help="--job megatron: NCCL's NVTX ranges without payloads (as most exports have them)")
