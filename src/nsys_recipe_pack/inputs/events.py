@@ -88,8 +88,9 @@ NVTX_TIMES = ("start", "eventType")
 DOMAIN_CREATE = 75  # the NVTX event that names a domain
 
 
-def nvtx_frame(raw: pa.Table, strings: StringTable) -> Frame:
-    """NVTX_EVENTS rows as the normalised frame (domain-create events, which name domains, left out)."""
+def event_names(raw: pa.Table, strings: StringTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(words, at, unnamed): each NVTX event's name, words[at], its text when it has one, else the string its textId
+    names; the words that were neither ("" now)."""
     n = raw.num_rows
     if "text" in raw.column_names:
         text_words, has_text, text_at = _text_codes(one_array(raw.column("text")))
@@ -102,7 +103,13 @@ def nvtx_frame(raw: pa.Table, strings: StringTable) -> Frame:
     words = np.concatenate([text_words, id_words])
     unnamed = np.equal(words, None)
     words[unnamed] = ""
-    at = np.where(has_text, text_at, len(text_words) + id_at)
+    return words, np.where(has_text, text_at, len(text_words) + id_at), unnamed
+
+
+def nvtx_frame(raw: pa.Table, strings: StringTable) -> Frame:
+    """NVTX_EVENTS rows as the normalised frame (domain-create events, which name domains, left out)."""
+    n = raw.num_rows
+    words, at, unnamed = event_names(raw, strings)
     event_type = _ints(raw, "eventType")
     domain_id = _ints(raw, "domainId")
     # a range's domain: the name of the first domain-create event (type 75) with its domainId

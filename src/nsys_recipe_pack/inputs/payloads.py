@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from .events import _text_codes
+from .events import event_names
 from .frames import Frame, arrow_of, numpy_of, one_array, strings_of
 from .readers import ExportSource, StringTable, pid_of
 
@@ -51,7 +51,7 @@ def read_payloads(src: ExportSource, strings: StringTable) -> Frame:
     if not raw.num_rows:
         return empty()
     data, offsets, lengths = _bytes_of(one_array(raw.column("binaryData")))
-    names = _names(raw, strings)
+    names = event_names(raw, strings)[:2]
     schema = _schema_of(raw, names, lengths, layouts)
     keep = schema >= 0
     out = {c: np.full(raw.num_rows, MISSING, np.int64) for c in ["comm_id", *FIELDS]}
@@ -171,22 +171,6 @@ def _integers(data: np.ndarray, at: np.ndarray, width: int) -> np.ndarray:
     raw = np.ascontiguousarray(data[at[:, None] + np.arange(width)])
     kind = {1: "<i1", 2: "<i2", 4: "<i4", 8: "<i8"}[width]
     return raw.view(kind).reshape(-1).astype(np.int64)
-
-
-def _names(raw: pa.Table, strings: StringTable) -> tuple[np.ndarray, np.ndarray]:
-    """(words, at): each event's name, its text or the string its textId names."""
-    n = raw.num_rows
-    if "text" in raw.column_names:
-        text_words, has_text, text_at = _text_codes(one_array(raw.column("text")))
-    else:
-        text_words, has_text, text_at = np.zeros(0, object), np.zeros(n, bool), np.zeros(n, np.int64)
-    if "textId" in raw.column_names:
-        id_words, id_at = strings.distinct(raw.column("textId"))
-    else:
-        id_words, id_at = np.array([None], object), np.zeros(n, np.int64)
-    words = np.concatenate([text_words, id_words])
-    words[np.equal(words, None)] = ""
-    return words, np.where(has_text, text_at, len(text_words) + id_at)
 
 
 def _schema_of(raw: pa.Table, names, lengths: np.ndarray, layouts: dict) -> np.ndarray:

@@ -27,7 +27,7 @@ from ..inputs.frames import arrow_of
 from ..iteration_scan import find_iterations
 from ..lazy import pd
 from ..nvtx import innermost_of
-from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
+from . import Recipe, indented, iteration_options, ms, ms_cell
 from .comm_overlap import KINDS, collective_kind
 
 NEEDS = {"nvtx", "kernel", "runtime", "payload"}
@@ -399,10 +399,6 @@ def headline(out) -> str:
            f"waited{tail}"
 
 
-def diff_metrics(ranks) -> pd.DataFrame | None:
-    return None
-
-
 def add_options(add, framework: bool = False) -> None:
     iteration_options(add)
     add("--parallel", metavar="tp=T,pp=P,dp=D[,cp=C,ep=E][,order=...]", default=None,
@@ -421,5 +417,4 @@ RECIPE = Recipe(
     add_options=add_options,
     summary=summary,
     headline=headline,
-    metrics=(Metric("wait_ns", "time waited in collectives"),),
 )
