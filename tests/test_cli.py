@@ -88,7 +88,7 @@ def test_a_flag_of_another_recipe_is_a_usage_error_naming_the_recipe_that_takes_
     listed = cli("list").stdout.splitlines()
     options = listed[listed.index(next(ln for ln in listed if ln.startswith("straggler_heatmap"))) + 1]
     assert options.split() == ["options:", "--iteration", "--iteration-kernel", "--sync", "--threshold", "--sigma",
-                               "--keep-warmup"]
+                               "--keep-warmup", "--parallel"]
 
 
 def test_the_packs_own_error_inside_nsys_recipe_is_the_same_error(nsys, tmp_path):

@@ -160,12 +160,28 @@ def test_a_missing_rank_is_named_and_the_rest_matched(megatron, tmp_path):
     assert len(res.tables["collectives"]) and 3 not in set(res.tables["groups"]["rank"])
 
 
-def test_a_layout_that_contradicts_the_trace_is_an_error_naming_ranks(megatron, tmp_path):
-    _, out, _, _ = megatron
-    with pytest.raises(UsageError, match=r"--parallel tp=4,pp=2,dp=2 contradicts .*rank \d+"):
-        run_recipe("collectives", [str(out)], str(tmp_path / "out"), mode="none", parallel="tp=4,pp=2,dp=2")
+def test_a_layout_that_contradicts_the_trace_is_an_error_naming_ranks_or_wins_over_a_guess(megatron, tmp_path):
+    """Against NCCL's payloads a contradicting --parallel is an error naming ranks; against groups only inferred from
+    the kernels' timing, the user's layout wins and a note names the ranks the timing put elsewhere."""
+    payload, out, _, _ = megatron
+    wrong = "tp=4,pp=2,dp=2"
+    if payload:
+        with pytest.raises(UsageError, match=r"--parallel tp=4,pp=2,dp=2 contradicts .*rank \d+"):
+            run_recipe("collectives", [str(out)], str(tmp_path / "out"), mode="none", parallel=wrong)
+    else:
+        res = run_recipe("collectives", [str(out)], str(tmp_path / "out"), mode="none", parallel=wrong)
+        groups = res.tables["groups"].set_index("rank")
+        assert (groups["source"] == "--parallel").all()
+        for r in range(16):  # rank = t + 4 (d + 2 p)
+            t, d, p = r % 4, (r // 4) % 2, r // 8
+            assert sorted(groups.at[r, "tp_group"]) == [i + 4 * (d + 2 * p) for i in range(4)]
+            assert (groups.at[r, "tp"], groups.at[r, "dp"], groups.at[r, "pp"]) == (t, d, p)
+        notes = " ".join(json.loads((res.output_dir / "analysis.json").read_text())["notes"])
+        assert "timing suggested others for rank(s) 0," in notes
     same = run_recipe("collectives", [str(out)], str(tmp_path / "same"), mode="none", parallel=f"tp={T},pp={P},dp={D}")
     assert len(same.tables["groups"]) == T * P * D
+    notes = json.loads((same.output_dir / "analysis.json").read_text())["notes"]
+    assert not any("timing suggested" in n for n in notes)
 
 
 def test_no_nccl_is_not_applicable_with_exit_3(tmp_path):

@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nsys_recipe_pack import straggler_noise
 from nsys_recipe_pack.errors import BadInputError
 from nsys_recipe_pack.inputs import RankData
 from nsys_recipe_pack.iterations import Delimiter, Iterations, Ranges
@@ -166,15 +167,16 @@ def test_child_ranges_named_once_per_op_point_at_the_slow_op():
 def _tail_scale(x: pd.Series) -> float:
     """The noise scale of one component over the whole cell x component table, by its definition."""
     dev = np.abs(x - np.median(x))
-    return max(float(straggler.MAD_TO_SIGMA * np.median(dev)), float(np.quantile(dev, 0.90) / straggler.Q90_TO_SIGMA))
+    return max(float(straggler_noise.MAD_TO_SIGMA * np.median(dev)),
+               float(np.quantile(dev, 0.90) / straggler_noise.Q90_TO_SIGMA))
 
 
-@pytest.mark.parametrize("chunk_rows", [3, straggler.EXCESS_CHUNK_ROWS])
+@pytest.mark.parametrize("chunk_rows", [3, straggler_noise.EXCESS_CHUNK_ROWS])
 def test_component_excess_and_noise_from_the_cells_own_components_match_the_whole_table(monkeypatch, chunk_rows):
     # the cells' own components against the whole table: each cell's excess over its iteration's median, and
     # each component's noise scale (_tail_scale over every cell, the cells lacking it at 0); worked on a few
     # components at a time too
-    monkeypatch.setattr(straggler, "EXCESS_CHUNK_ROWS", chunk_rows)
+    monkeypatch.setattr(straggler_noise, "EXCESS_CHUNK_ROWS", chunk_rows)
     rng = np.random.default_rng(8)
     for _ in range(200):
         n_iter, n_names = int(rng.integers(1, 6)), int(rng.integers(1, 8))
@@ -187,13 +189,13 @@ def test_component_excess_and_noise_from_the_cells_own_components_match_the_whol
         table[cell_col] = ns
         table = pd.DataFrame(table.reshape(n_cells, n_names))
         want = table - table.groupby(cell_iteration).transform("median")
-        cell, col, excess, scale = straggler._component_excess(cell_iteration, cell_col, ns, n_names)
+        cell, col, excess, scale = straggler_noise.component_excess(cell_iteration, cell_col, ns, n_names)
         np.testing.assert_array_equal(excess, want.to_numpy()[cell, col])
         np.testing.assert_array_equal(scale, want.apply(_tail_scale).to_numpy())
 
 
 def test_one_long_capture_skips_the_component_work_whose_causes_it_cannot_have(monkeypatch):
-    # with one rank, each iteration's only cell is every component's median: _component_causes, given what the
+    # with one rank, each iteration's only cell is every component's median: component_causes, given what the
     # reduce would give it, finds no cause and no component beyond its noise; the reduce then does not call it and
     # says the same (no cause, nothing flagged), while two ranks still go through it
     rank = make(cpu_rank({2: 30, 5: 40}, iterations=8))
@@ -201,13 +203,13 @@ def test_one_long_capture_skips_the_component_work_whose_causes_it_cannot_have(m
     comps = straggler.Frame(res["components"], straggler.COMPONENT_DTYPES)
     n = res["iterations"].num_rows
     assert len(comps) > n  # several components per iteration
-    noise_ok, cause, cause_side = straggler._component_causes(
+    noise_ok, cause, cause_side = straggler.component_causes(
         np.arange(n), comps.values("iteration"), comps, set(), np.zeros(n), 100.0 * MS, straggler.DEFAULT_SIGMA)
     assert not noise_ok.any() and all(c is None for c in cause) and all(c is None for c in cause_side)
 
     calls = []
-    real = straggler._component_causes
-    monkeypatch.setattr(straggler, "_component_causes", lambda *a: calls.append(1) or real(*a))
+    real = straggler.component_causes
+    monkeypatch.setattr(straggler, "component_causes", lambda *a: calls.append(1) or real(*a))
     _, out = run([make(cpu_rank({2: 30, 5: 40}, iterations=8))])
     assert not calls
     it = out["iterations"]
@@ -285,7 +287,7 @@ def test_flagged_cells_that_no_component_explains_have_no_cause(monkeypatch, tmp
         n = len(cell_iteration)
         return np.ones(n, bool), np.full(n, None, dtype=object), np.full(n, None, dtype=object)
 
-    monkeypatch.setattr(sh, "_component_causes", unexplained)
+    monkeypatch.setattr(sh, "component_causes", unexplained)
     out = runner.run("straggler_heatmap", [str(SAMPLES / "h100_gloo_8rank")], str(tmp_path / "o"), engine="pack",
                      mode="none")
     ranks = pd.read_parquet(out / "ranks.parquet").set_index("rank")

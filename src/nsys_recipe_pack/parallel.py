@@ -29,6 +29,7 @@ GROUP_COLUMNS = ["rank", "tp", "pp", "dp", "cp", "ep", "tp_group", "pp_group", "
 END_TOLERANCE_NS = 20_000
 TRANSFER_SHARE = 0.25
 SAMPLED_INSTANCES = 16  # instances of a channel compared across ranks when inferring communicators
+P2P_SHARE = 0.25  # of the smaller rank's SendRecv kernels that must end with the other's for them to be neighbours
 AGREEING_SHARE = 0.75  # of the sampled instances in which two channels must end together to be one communicator
 
 
@@ -110,6 +111,13 @@ def _members(layout: Layout, coords: dict, i: int, kind: str) -> list[int]:
     return layout.rank_of(one).tolist()
 
 
+def is_parallel(groups: pd.DataFrame) -> bool:
+    """Whether the ranks form tensor- or pipeline-parallel groups (a job of data-parallel peers alone does not)."""
+    if not len(groups) or (groups["source"] == "one_group").all():
+        return False
+    return bool((groups["tp_group"].map(len) > 1).any() or (groups["pp_group"].map(len) > 1).any())
+
+
 def one_group(ranks: np.ndarray) -> pd.DataFrame:
     """Every rank a data-parallel peer of every other: a job without parallel groups."""
     ranks = np.sort(np.asarray(ranks, np.int64))
@@ -136,9 +144,9 @@ def communicator_table(members: list[list[int]], keys: list[str], collective_cal
 
 def label_groups(table: pd.DataFrame) -> list[str]:
     """Each communicator's kind from what it carries: SendRecv, pp; of the others with collectives, those calling
-    most tp and those calling least dp (communicators of one kind call as often as each other). Where all call
-    equally often, they are tp if they call at least as often as the pipeline exchanges (in every forward and
-    backward), else dp."""
+    most tp (if they call at least as often as the pipeline exchanges: in every forward and backward; else other)
+    and those calling least dp (communicators of one kind call as often as each other). Where all call equally
+    often, they are tp if they call at least as often as the pipeline exchanges, else dp."""
     labels = ["other"] * len(table)
     sizes = table["size"].to_numpy()
     pp = (table["p2p_calls"].to_numpy() > 0) & (sizes > 1)
@@ -149,11 +157,11 @@ def label_groups(table: pd.DataFrame) -> list[str]:
     distinct = np.unique(calls[collective])
     if not len(distinct):
         return labels
+    p2p = int(table.loc[pp, "p2p_calls"].min()) if pp.any() else 0
     if len(distinct) == 1:
-        p2p = int(table.loc[pp, "p2p_calls"].max()) if pp.any() else 0
         most, least = ("tp", None) if p2p and distinct[0] >= p2p else (None, "dp")
-    else:
-        most, least = "tp", "dp"
+    else:  # tensor parallelism all-reduces in every forward and backward: at least as often as the stages exchange
+        most, least = ("tp" if distinct[-1] >= p2p else "other"), "dp"
     for i in np.flatnonzero(collective):
         if calls[i] == distinct[-1] and most:
             labels[i] = most
@@ -182,19 +190,29 @@ def groups_from_communicators(ranks: np.ndarray, comms: pd.DataFrame, source: st
     return out[["rank", "tp", "pp", "dp", "cp", "ep", "tp_group", "pp_group", "dp_group", "source"]]
 
 
-def check_layout(found: pd.DataFrame, layout: Layout, how: str) -> None:
-    """A `--parallel` layout that contradicts the groups found in the trace is an error naming the ranks."""
+def layout_differences(found: pd.DataFrame, layout: Layout) -> list[tuple[int, str, list, list]]:
+    """(rank, kind, its group in the trace, its group by the layout) for each rank and kind where a group of more
+    than one rank found in the trace is not the layout's."""
     given = layout_groups(layout, found["rank"].to_numpy())
+    out = []
     for kind in ("tp", "pp", "dp"):
         have = found.set_index("rank")[f"{kind}_group"].map(lambda g: tuple(sorted(g)))
         want = given.set_index("rank")[f"{kind}_group"].map(lambda g: tuple(sorted(g)))
-        differ = [int(r) for r in have.index if have[r] != want[r] and len(have[r]) > 1]
-        if differ:
-            r = differ[0]
-            raise UsageError(
-                f"--parallel {_layout_text(layout)} contradicts the {how}: rank {r}'s {kind} group is "
-                f"{list(have[r])} in the trace but {list(want[r])} by the layout ({len(differ)} rank(s) differ: "
-                f"{', '.join(map(str, differ[:8]))}); fix the sizes or the order, or leave --parallel out")
+        out += [(int(r), kind, list(have[r]), list(want[r])) for r in have.index if have[r] != want[r] and
+                len(have[r]) > 1]
+    return out
+
+
+def check_layout(found: pd.DataFrame, layout: Layout, how: str) -> None:
+    """A `--parallel` layout that contradicts the groups found in the trace is an error naming the ranks."""
+    differ = layout_differences(found, layout)
+    if differ:
+        r, kind, have, want = differ[0]
+        ranks = sorted({d[0] for d in differ})
+        raise UsageError(
+            f"--parallel {_layout_text(layout)} contradicts the {how}: rank {r}'s {kind} group is {have} in the trace "
+            f"but {want} by the layout ({len(ranks)} rank(s) differ: {', '.join(map(str, ranks[:8]))}); fix the sizes "
+            "or the order, or leave --parallel out")
 
 
 def _layout_text(layout: Layout) -> str:
@@ -235,42 +253,61 @@ def infer_collective_channels(channels: pd.DataFrame, ends: list[np.ndarray],
         picks = np.unique(np.linspace(0, key[1] - 1, min(SAMPLED_INSTANCES, key[1])).round().astype(np.int64))
         matrix = np.stack([ends[i][picks] for i in rows])  # channel x sampled instance
         allowed = tolerance(np.stack([durations[i][picks] for i in rows]).min(axis=0))
-        votes: dict[tuple[int, int], int] = {}
-        for j in range(len(picks)):
-            order = np.argsort(matrix[:, j], kind="stable")
-            cluster = np.r_[0, np.cumsum(np.diff(matrix[order, j]) > allowed[j])]
-            for c in np.unique(cluster):
-                members = order[cluster == c]
-                if len(members) < 2 or len(members) > 512:
-                    continue
-                for a in range(len(members)):
-                    for b in range(a + 1, len(members)):
-                        pair = (int(min(members[a], members[b])), int(max(members[a], members[b])))
-                        votes[pair] = votes.get(pair, 0) + 1
-        for (a, b), v in votes.items():
-            if v >= AGREEING_SHARE * len(picks):
-                ra, rb = find(rows[a]), find(rows[b])
-                if ra != rb:
-                    parent[max(ra, rb)] = min(ra, rb)
+        pairs, votes = np.unique(np.concatenate([_pairs_ending_together(matrix[:, j], allowed[j], len(rows))
+                                                 for j in range(len(picks))]), return_counts=True)
+        for code in pairs[votes >= AGREEING_SHARE * len(picks)].tolist():
+            ra, rb = find(rows[code // len(rows)]), find(rows[code % len(rows)])
+            if ra != rb:
+                parent[max(ra, rb)] = min(ra, rb)
     return np.array([find(i) for i in range(n)], np.int64)
 
 
+MAX_TOGETHER = 512  # channels ending together in one instance beyond which none of them is taken as one collective's
+
+
+def _pairs_ending_together(ends: np.ndarray, allowed: float, n: int) -> np.ndarray:
+    """Codes a * n + b (a < b) of the channels whose ends in one instance are in one run of ends each within
+    `allowed` of the next, a run of at most MAX_TOGETHER."""
+    order = np.argsort(ends, kind="stable")
+    run = np.r_[0, np.cumsum(np.diff(ends[order]) > allowed)]
+    size = np.bincount(run)
+    kept = (size[run] >= 2) & (size[run] <= MAX_TOGETHER)
+    members, run = order[kept], run[kept]
+    codes = [np.zeros(0, np.int64)]
+    for k in range(1, int(size[run].max()) if len(run) else 1):  # the k-th next member of the same run
+        same = run[k:] == run[:-k]
+        a, b = members[:-k][same], members[k:][same]
+        codes.append(np.minimum(a, b) * n + np.maximum(a, b))
+    return np.concatenate(codes)
+
+
 def infer_p2p_pairs(rank: np.ndarray, start: np.ndarray, end: np.ndarray) -> list[tuple[int, int]]:
-    """Pipeline neighbours from SendRecv kernels (every rank's, on aligned clocks): two ranks whose SendRecv
-    kernels end together (`tolerance`, next to each other in time) in at least half of the smaller one's
-    exchanges."""
-    if not len(end):
+    """Pipeline neighbours from SendRecv kernels (every rank's, on aligned clocks): each kernel votes for the rank of
+    the kernel of another rank that ends nearest to it (within `tolerance`: the two sides of one exchange end
+    together); two ranks are neighbours where their votes come to at least a quarter of the smaller one's kernels (a
+    middle stage exchanges with two neighbours, half of its exchanges each) and at least half of either's votes for
+    the rank it votes for most (ranks of other pipelines exchanging at about the same instants draw a few)."""
+    if len(end) < 2:
         return []
     order = np.argsort(end, kind="stable")
     r, e, d = rank[order], end[order], (end - start)[order]
-    close = (np.diff(e) <= tolerance(np.minimum(d[1:], d[:-1]))) & (r[1:] != r[:-1])
-    a, b = np.minimum(r[:-1][close], r[1:][close]), np.maximum(r[:-1][close], r[1:][close])
+    gap = np.diff(e).astype(np.float64)
+    gap[r[1:] == r[:-1]] = np.inf  # a rank's own kernels are not its partner
+    left, right = np.r_[np.inf, gap], np.r_[gap, np.inf]
+    nearest = np.where(left <= right, np.arange(len(e)) - 1, np.arange(len(e)) + 1)
+    nearest_gap = np.minimum(left, right)
+    other = np.clip(nearest, 0, len(e) - 1)
+    close = np.isfinite(nearest_gap) & (nearest_gap <= tolerance(np.minimum(d, d[other])))
+    a, b = np.minimum(r[close], r[other[close]]), np.maximum(r[close], r[other[close]])
     if not len(a):
         return []
     pairs, votes = np.unique(np.stack([a, b], axis=1), axis=0, return_counts=True)
     per_rank = dict(zip(*np.unique(rank, return_counts=True), strict=True))
+    strongest: dict = {}
+    for (x, y), v in zip(pairs.tolist(), votes.tolist(), strict=True):
+        strongest[x], strongest[y] = max(strongest.get(x, 0), v), max(strongest.get(y, 0), v)
     return [(int(x), int(y)) for (x, y), v in zip(pairs.tolist(), votes.tolist(), strict=True)
-            if v >= 0.5 * min(per_rank[x], per_rank[y])]
+            if v >= P2P_SHARE * min(per_rank[x], per_rank[y]) and v >= 0.5 * max(strongest[x], strongest[y])]
 
 
 def chains(pairs: list[tuple[int, int]]) -> list[list[int]]:

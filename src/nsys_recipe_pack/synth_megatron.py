@@ -6,7 +6,8 @@ The model, per step, on the common clock:
 - each stage runs its micro-batches' forward and backward passes in 1F1B order (`one_f_one_b`): warm-up forwards,
   then one forward and one backward in turn, then the remaining backwards;
 - a pass is two compute kernels, each followed, with tp > 1, by an all-reduce of the tensor-parallel group (its
-  members' kernels start as each arrives and end together, the last arrival plus a transfer);
+  members' kernels start as each arrives and end together, the last arrival plus a transfer: each collective's
+  transfer within 10 % of its nominal time);
 - a stage's output goes to its neighbour as a SendRecv kernel on both sides, on the pipeline group's stream: the
   sender's starts after its pass, the receiver's when it is ready to receive; both end at the later start plus a
   transfer, and the receiver's pass starts then;
@@ -36,6 +37,7 @@ from .synth import MS, US
 
 FWD_MS, BWD_MS, OPT_MS = 6.0, 12.0, 3.0
 JITTER = 0.03
+TRANSFER_JITTER = 0.1  # each collective's transfer takes its nominal time within this share: no two end at one instant
 TP_TRANSFER_NS, P2P_TRANSFER_NS, DP_TRANSFER_NS = 150 * US, 250 * US, 3 * MS
 TP_BYTES, P2P_BYTES, DP_BYTES = 8 << 20, 4 << 20, 256 << 20
 LAG = 5 * US  # a kernel starts this long after its launch
@@ -169,7 +171,7 @@ def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_la
                 src = s - 1 if kind == "F" else s + 1
                 send_start = posted.pop((s, kind, m))
                 recv_start = ready + 2 * LAG
-                arrival = np.maximum(send_start, recv_start) + P2P_TRANSFER_NS
+                arrival = np.maximum(send_start, recv_start) + _transfer(rng, P2P_TRANSFER_NS, (D, T))
                 label = "forward" if kind == "F" else "backward"
                 ev.kernel(rank[src], send_start, arrival, P2P_KERNEL, PP_STREAM, "ncclSend", pp_comm[src], P2P_BYTES,
                           s)
@@ -183,7 +185,7 @@ def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_la
                 ev.kernel(rank[s], now + LAG, now + LAG + work, COMPUTE[kind][half], COMPUTE_STREAM)
                 now = now + LAG + work
                 if T > 1:
-                    done = now.max(axis=1, keepdims=True) + TP_TRANSFER_NS
+                    done = now.max(axis=1, keepdims=True) + _transfer(rng, TP_TRANSFER_NS, (D, 1))
                     ev.kernel(rank[s], now + LAG, np.broadcast_to(done + LAG, now.shape), TP_KERNEL, TP_STREAM,
                               "ncclAllReduce", tp_comm[s], TP_BYTES)
                     now = np.broadcast_to(done + LAG, now.shape).copy()
@@ -196,7 +198,8 @@ def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_la
                 free[s] = now + HOST_SEND_NS
         arrive = free + 2 * LAG
         if D > 1:
-            done = np.broadcast_to(arrive.max(axis=1, keepdims=True) + DP_TRANSFER_NS, arrive.shape)
+            done = np.broadcast_to(arrive.max(axis=1, keepdims=True) + _transfer(rng, DP_TRANSFER_NS, (P, 1, T)),
+                                   arrive.shape)
             ev.kernel(rank, arrive, done, DP_KERNEL, DP_STREAM, "ncclAllReduce", dp_comm, DP_BYTES)
             ev.range(rank, free, done + LAG, "grads-all-reduce")
             reduced = done + LAG
@@ -218,6 +221,12 @@ def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_la
                           "members": [int(rank[tuple(a)]) for a in at]})
     return {"rank": rank, "kernels": _Events.joined(ev.kernels), "ranges": _Events.joined(ev.ranges),
             "comms": comms, "comm_ids": comm_ids, "steps": step_bounds}
+
+
+def _transfer(rng, nominal_ns: int, shape: tuple) -> np.ndarray:
+    """Each collective's transfer time (one per instance: its members end together, other instances at other
+    instants, as on real clocks)."""
+    return np.round(nominal_ns * rng.uniform(1 - TRANSFER_JITTER, 1 + TRANSFER_JITTER, shape)).astype(np.int64)
 
 
 def _payload(values: list[tuple[int, str]], size: int) -> bytes:

@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 
 from ..escape import plotly_text
 from ..recipes.straggler_heatmap import GPU_COMPONENTS
+from . import table
 
 MAX_HEATMAP_ROWS = 256
 # the heatmap and the arrival-skew chart share their horizontal layout, so an iteration sits at the same place
@@ -70,7 +71,8 @@ def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
         fig.add_trace(go.Scatter(x=flagged["iteration"], y=flagged["row"], mode="markers", name="straggler",
                                  marker={"symbol": "x-thin", "size": 7, "line": {"width": 1.5, "color": "black"}},
                                  hoverinfo="skip"))
-    title = "Busy time relative to the iteration's cross-rank median (× marks flagged cells)"
+    title = ("Busy time relative to its pipeline stage's median in the iteration" if "stage" in df else
+             "Busy time relative to the iteration's cross-rank median") + " (× marks flagged cells)"
     warm = np.unique(df.loc[df["is_warmup"].astype(bool), "iteration"]) if "is_warmup" in df else []
     for i in warm:  # start-up, not compared: shaded
         fig.add_vrect(x0=i - 0.5, x1=i + 0.5, fillcolor="grey", opacity=0.35, line_width=0)
@@ -139,6 +141,31 @@ def arrival_skew(it: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def stage_busy(it: pd.DataFrame) -> go.Figure:
+    """A pipeline job's busy time per stage (its median rank) in each iteration: a stage above the others throughout
+    is stage imbalance, not a straggler."""
+    per_stage = it.groupby(["stage", "iteration"])["busy_ns"].median().reset_index()
+    fig = go.Figure([go.Scatter(x=g["iteration"], y=_ms(g["busy_ns"]), mode="lines+markers", name=f"stage {stage}",
+                                hovertemplate=f"stage {stage}<br>iteration %{{x}}<br>busy %{{y:.1f}} ms<extra></extra>")
+                     for stage, g in per_stage.groupby("stage")])
+    fig.update_layout(title="Busy time per pipeline stage (its median rank): ranks are compared within their stage",
+                      xaxis=_iteration_axis(it["iteration"]), yaxis_title="busy (ms)", margin=MARGIN,
+                      legend={"x": 1.02, "xanchor": "left", "y": 1})
+    return fig
+
+
 def overview(out) -> list:
-    """This recipe's figures on the run overview page (`nsys-recipe report`)."""
-    return [heatmap(pd.read_parquet(out / "iterations.parquet"))]
+    """This recipe's figures on the run overview page (`nsys-recipe report`): the heatmap, and for a pipeline job the
+    stages' busy time and the stage imbalance found."""
+    it = pd.read_parquet(out / "iterations.parquet")
+    figures = [heatmap(it)]
+    if "stage" in it and it["stage"].nunique() > 1:
+        figures.append(stage_busy(it))
+    findings = out / "findings.parquet"
+    if findings.exists():
+        found = pd.read_parquet(findings)
+        if len(found):
+            figures.append(table(found.assign(excess_ms=found["excess_ns"] / 1e6, ranks=found["ranks"].map(
+                lambda m: ", ".join(map(str, m))))[["finding", "stage", "ranks", "excess_ms", "excess_pct",
+                                                     "busier_iterations", "iterations"]]))
+    return figures

@@ -148,6 +148,12 @@ def iteration_options(add) -> None:
         help="each launch of this kernel starts an iteration")
 
 
+def parallel_option(add) -> None:
+    add("--parallel", metavar="tp=T,pp=P,dp=D[,cp=C,ep=E][,order=...]", default=None,
+        help="the job's parallel sizes (Megatron Core's rank order tp-cp-ep-dp-pp by default): the groups where the "
+             "trace shows none or only guesses them from the NCCL kernels' timing; checked against NCCL's payloads")
+
+
 def ms_cell(ns) -> str:
     """Nanoseconds as milliseconds for a table cell ("" when missing)."""
     from ..lazy import pd

@@ -9,7 +9,9 @@ collective kind (all_reduce, all_gather, reduce_scatter, send_recv, broadcast, r
 kind's kernels only; and per NVTX phase (the ranges directly inside an NVTX-delimited iteration: forward,
 backward, optimizer...) with the communication kernels each launched (by its thread, or by another thread of the
 process with no range of its own open, as PyTorch's autograd thread), beside any compute. Copies and memsets count
-as neither; times are clipped to the iteration.
+as neither; times are clipped to the iteration. In a job with tensor or pipeline parallel groups (collective_match.py),
+the same per group kind (tp, pp, dp, other): a rank's NCCL kernels of one stream, collective and communicator are
+one channel, measured in the map, and the reduce gives each channel its communicator's kind.
 
 Where a GPU's compute kernels never overlap one another, a communication kernel's overlapped time is what
 Nsight Systems' `nccl_gpu_overlap_trace` adds up as its compute overlap (the sum over the compute kernels it
@@ -22,11 +24,12 @@ iterations is one window over its whole capture, read whole.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import numpy as np
 import pyarrow as pa
 
+from .. import collective_match, parallel
+from ..collective_match import KIND_OF_OP, KINDS, collective_kind
 from ..errors import BadInputError, NotApplicableError
 from ..gpu import call_key, key_places, launched_ops
 from ..groups import Vocabulary, factorize
@@ -35,33 +38,23 @@ from ..inputs.frames import column_codes
 from ..intervals import split_into_windows, union_lengths
 from ..iteration_scan import find_iterations
 from ..iteration_slices import sliced_stream
-from ..iterations import NCCL_KERNEL_RE, Delimiter, Iterations, range_arrays
+from ..iterations import Delimiter, Iterations, range_arrays
 from ..lazy import pd
 from ..nvtx import innermost_of
 from ..phases import child_ranges, launching_child
-from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
+from . import Metric, Recipe, indented, iteration_options, ms, ms_cell, parallel_option
 
 NEEDS = {"nvtx", "kernel", "runtime"}
-KINDS = ["all_reduce", "all_gather", "reduce_scatter", "send_recv", "broadcast", "reduce", "all_to_all", "other"]
-_KIND_OF_OP = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatter": "reduce_scatter",
-               "sendrecv": "send_recv", "send": "send_recv", "recv": "send_recv", "broadcast": "broadcast",
-               "reduce": "reduce", "alltoall": "all_to_all"}
-_OP_RE = re.compile(r"^ncc(?:l|lDev)Kernel_([A-Za-z]+)")
+GROUP_NEEDS = {"payload"}  # NCCL's payloads: the groups (collective_match.py); a long capture reads none
 WHOLE_CAPTURE = {"kind": "capture", "name": "whole capture", "domain": None,
                  "source": "no repeating NVTX range or kernel: the capture is one window"}
 WINDOW_COLUMNS = ["iteration", "device", "start_ns", "end_ns", "busy_ns", "compute_ns", "comm_ns",
                   "overlapped_ns", "exposed_comm_ns", "exposed_compute_ns"]
 KIND_COLUMNS = ["iteration", "device", "kind", "kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
 PHASE_COLUMNS = ["iteration", "device", "phase", "kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
+CHANNEL_COLUMNS = ["iteration", "device", "stream", "op", "comm_id", "kernels", "comm_ns", "overlapped_ns",
+                   "exposed_ns"]
 NCCL_DOMAIN = "NCCL"
-
-
-def collective_kind(name: str | None) -> int:
-    """Index into KINDS of a communication kernel's collective, -1 for any other kernel."""
-    if name is None or not NCCL_KERNEL_RE.search(name):
-        return -1
-    op = _OP_RE.match(name)
-    return KINDS.index(_KIND_OF_OP.get(op.group(1).lower(), "other")) if op else KINDS.index("other")
 
 
 def _iterations(rank_data, options: dict):
@@ -90,7 +83,7 @@ def _kind_from_nccl_ranges(rank_data, ranges, n_kernels: int, ops) -> np.ndarray
                           ops.call_start_ns[kernels], ops.call_end_ns[kernels])
     hit = inside >= 0
     names, at = np.unique(ranges.name[nccl[inside[hit]]], return_inverse=True)  # the few NCCL calls' names
-    kind_of_name = np.array([KINDS.index(_KIND_OF_OP.get(str(w)[4:].lower(), "other")) for w in ranges.names[names]],
+    kind_of_name = np.array([KINDS.index(KIND_OF_OP.get(str(w)[4:].lower(), "other")) for w in ranges.names[names]],
                             np.int64)
     kind[ops.op[kernels[hit]]] = kind_of_name[at.reshape(-1)]
     return kind
@@ -168,7 +161,7 @@ def map_rank(rank_data, options: dict) -> dict:
     rank_data.require("kernel", "comm_overlap")
     it, ranges = _iterations(rank_data, options)
     piece, _ = window_rows(rank_data, ranges, it, options)
-    return map_result(it, [piece], ranges.names[:-1])
+    return {**map_result(it, [piece], ranges.names[:-1]), **collective_match.nccl_kernels(rank_data, it)}
 
 
 def window_rows(rank_data, ranges, it: Iterations, options: dict, before: int = END_OF_TIME, first: int = 0,
@@ -198,6 +191,7 @@ def window_rows(rank_data, ranges, it: Iterations, options: dict, before: int = 
     carry = np.flatnonzero(decided)
     carry = carry[np.argsort(key[carry], kind="stable")]  # by key, as letting go keeps it
     carry = {"key": key[carry], "kind": by_range[carry], "phase": phase_words[phase[carry]]}  # code -1: None
+    channel, channels = _channels(rank_data, kernels, kind)
     kind = np.where(kind < 0, by_range, kind)
 
     window_start, window_end = it.start_ns, it.end_ns
@@ -225,14 +219,34 @@ def window_rows(rank_data, ranges, it: Iterations, options: dict, before: int = 
     per_phase = overlap_by_kind(group[launched], comm_phase[launched], clipped_start[launched], clipped_end[launched],
                                 size, totals["compute_ns"])
     by_phase = _rows(per_phase, devices, "phase", phase_label.astype(object), first)
-    return {"windows": windows, "by_kind": by_kind, "by_phase": by_phase}, carry
+    # the same per channel of NCCL kernels (stream, op, communicator), which the reduce gives its group kind
+    nccl = (channel[event] >= 0) | (kind[event] < 0)
+    per_channel = overlap_by_kind(group[nccl], channel[event][nccl], clipped_start[nccl], clipped_end[nccl], size,
+                                  totals["compute_ns"])
+    by_channel = _rows(per_channel, devices, "channel", np.arange(len(channels)), first)
+    at = by_channel.pop("channel")
+    by_channel.update({c: channels[at, i] for i, c in enumerate(("stream", "op", "comm_id"))})
+    return {"windows": windows, "by_kind": by_kind, "by_phase": by_phase, "by_channel": by_channel}, carry
+
+
+def _channels(rank_data, kernels, kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each kernel's channel (-1: not an NCCL kernel by name) and the channels' (stream, op, comm_id) rows: the keys
+    collective_match gives a group kind."""
+    if not len(kind):
+        return kind, np.zeros((0, 3), np.int64)
+    nccl = kind >= 0
+    keys = np.stack([kernels.values("stream", fill=-1), kind, collective_match.comm_ids(rank_data, kind)], axis=1)
+    channels, at = np.unique(keys[nccl], axis=0, return_inverse=True)
+    channel = np.full(len(kind), -1, np.int64)
+    channel[nccl] = at.reshape(-1)
+    return channel, channels
 
 
 def map_result(it: Iterations, pieces: list[dict], names) -> dict:
     """The map's result from the pieces of all a rank's iterations, in order; the phases of each window and device in
     the order of the rank's NVTX names (`names`, as its whole table gives them), as a whole map has them."""
     out = {table: {c: np.concatenate([p[table][c] for p in pieces]) for c in pieces[0][table]}
-           for table in ("windows", "by_kind", "by_phase")}
+           for table in ("windows", "by_kind", "by_phase", "by_channel")}
     by_phase = out["by_phase"]
     place = {w: i for i, w in enumerate(names)}
     labels, label_at = np.unique(by_phase["phase"].astype(str), return_inverse=True)
@@ -285,7 +299,31 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     ranks = ranks.reset_index()[["rank", "iterations", "wall_ns", "busy_ns", "compute_ns", "comm_ns", "overlapped_ns",
                                  "exposed_comm_ns", "exposed_compute_ns", "exposed_comm_pct",
                                  "overlapped_of_comm_pct"]]
-    return {"windows": windows, "collectives": by_kind, "phases": by_phase, "ranks": ranks}
+    tables = {"windows": windows, "collectives": by_kind, "phases": by_phase, "ranks": ranks}
+    matched = collective_match.match(per_rank, options, only_parallel=True)
+    if parallel.is_parallel(matched.groups):
+        tables.update(_by_group(per_rank, matched, ranks))
+    return tables
+
+
+def _by_group(per_rank: list[dict], matched, ranks: pd.DataFrame) -> dict:
+    """A job with tensor or pipeline parallel groups: the communication of each group kind (tp, pp, dp, other), its
+    overlapped and exposed time, per rank and iteration (`groups_exposure`) and per rank (exposed_<kind>_ns): TP
+    exposure and DP exposure have different fixes. A channel's kernels are a group kind's; a rank's channels of one
+    kind are added up (their kernels seldom run at once)."""
+    channels = _ranked(per_rank, "by_channel", CHANNEL_COLUMNS).astype({c: "int64" for c in CHANNEL_COLUMNS})
+    joined = channels.merge(matched.channels, on=collective_match.CHANNEL_KEY, how="left")
+    joined["group"] = joined["group"].fillna("other").astype(str)
+    per_iteration = joined.groupby(["rank", "iteration", "group"], sort=True)[
+        ["kernels", "comm_ns", "overlapped_ns", "exposed_ns"]].sum().reset_index()
+    exposed = per_iteration.pivot_table(index="rank", columns="group", values="exposed_ns", aggfunc="sum",
+                                        fill_value=0)
+    ranks = ranks.copy()
+    for kind in ("tp", "pp", "dp"):
+        ranks[f"exposed_{kind}_ns"] = ranks["rank"].map(exposed[kind] if kind in exposed else {}).fillna(0) \
+            .astype("int64")
+    return {"groups_exposure": per_iteration, "ranks": ranks, "groups": matched.groups,
+            "settings": {"groups_source": matched.source, "notes": matched.notes}}
 
 
 def summary(out) -> list[str]:
@@ -295,12 +333,23 @@ def summary(out) -> list[str]:
                           "overlapped ms": t["overlapped_ns"].map(ms_cell), "exposed ms": t["exposed_ns"].map(ms_cell)})
     ranks = pd.read_parquet(out / "ranks.parquet").sort_values("exposed_comm_ns", ascending=False).head(5)
     # a run without communication kernels writes no output (reduce: not applicable)
-    return indented("communication by collective, all ranks:", table.to_string()) + indented(
+    return indented("communication by collective, all ranks:", table.to_string()) + _group_lines(out) + indented(
         "most exposed communication:", pd.DataFrame({
             "rank": ranks["rank"], "exposed ms": ranks["exposed_comm_ns"].map(ms_cell),
             "% of iterations": ranks["exposed_comm_pct"].map(lambda v: "" if pd.isna(v) else f"{v:.1f}"),
             "overlapped % of comm": ranks["overlapped_of_comm_pct"].map(lambda v: "" if pd.isna(v) else f"{v:.1f}"),
         }).to_string(index=False))
+
+
+def _group_lines(out) -> list[str]:
+    """A parallel job's communication per group kind, all ranks (groups_exposure.parquet)."""
+    if not (out / "groups_exposure.parquet").exists():
+        return []
+    g = pd.read_parquet(out / "groups_exposure.parquet").groupby("group")[["kernels", "comm_ns", "overlapped_ns",
+                                                                          "exposed_ns"]].sum()
+    return indented("communication by group kind, all ranks:", pd.DataFrame({
+        "kernels": g["kernels"], "comm ms": g["comm_ns"].map(ms_cell), "overlapped ms": g["overlapped_ns"].map(ms_cell),
+        "exposed ms": g["exposed_ns"].map(ms_cell)}).to_string())
 
 
 def headline(out) -> str:
@@ -327,15 +376,20 @@ def diff_metrics(ranks) -> pd.DataFrame | None:
         else None
 
 
+def add_options(add, framework: bool = False) -> None:
+    iteration_options(add)
+    parallel_option(add)
+
+
 RECIPE = Recipe(
     name="comm_overlap",
     display_name="Communication overlap",
     description="How much of each rank's communication (NCCL kernels) runs beside compute on its GPU and how much "
                 "is exposed, per iteration and collective kind.",
-    needs=frozenset(NEEDS),
+    needs=frozenset(NEEDS | GROUP_NEEDS),
     map_rank=map_rank,
     reduce=reduce,
-    add_options=lambda add, framework=False: iteration_options(add),
+    add_options=add_options,
     per_iteration=True,
     stream=STREAM,
     summary=summary,

@@ -22,15 +22,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pyarrow as pa
 
+from .. import collective_match, parallel, peers
 from ..gpu import call_key, collective_ops, gpu_frames, gpu_intervals, launched_ops
-from ..groups import SortedGroups, runs_of_about
+from ..groups import SortedGroups
 from ..inputs import Frame, arrow_of, dictionary_column, sorted_place
 from ..inputs.chunks import END_OF_TIME
 from ..intervals import split_into_windows, union_lengths
 from ..iteration_scan import find_iterations
 from ..iteration_slices import sliced_stream
 from ..iterations import (
-    DEFAULT_SYNC_RE,
     SYNC_SOURCES,
     WARMUP_RULE,
     SyncPoints,
@@ -41,14 +41,14 @@ from ..iterations import (
 )
 from ..lazy import pd
 from ..phases import child_ranges, launching_child
-from . import Metric, Recipe, comma_list, indented, iteration_options, ms_cell
+from ..straggler_noise import component_causes, robust_scale
+from ..straggler_verdicts import incidental, most_frequent, pattern, recurrence, verdicts
+from . import Metric, Recipe, comma_list, indented, iteration_options, ms_cell, parallel_option
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "mpi"}
+GROUP_NEEDS = {"payload"}  # NCCL's NVTX payloads: the groups (collective_match.py); a long capture reads none
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_SIGMA = 4.0
-MAD_TO_SIGMA = 1.4826
-Q90_TO_SIGMA = 1.645  # the 90th percentile of |N(0, 1)|
-EXPLAINS = 0.5  # a component must account for this share of the excess to flag on its own noise
 COMPONENT_BUSY_SIGMA = 0.75  # ... and then the busy excess needs only this fraction of sigma
 GPU_COMPONENTS = ("gpu_compute", "memcpy")  # GPU work launched outside every child range
 
@@ -92,7 +92,8 @@ def map_rank(rank_data, options: dict) -> dict:
     ranges = range_arrays(rank_data.frame("nvtx"))
     it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"))
     piece = iteration_rows(rank_data, ranges, it, options)
-    return map_result(it, [piece], ranges.names[:-1], piece.any_peer, piece.present)
+    return {**map_result(it, [piece], ranges.names[:-1], piece.any_peer, piece.present),
+            **collective_match.nccl_kernels(rank_data, it)}
 
 
 @dataclass
@@ -307,164 +308,6 @@ def _child_sums(iteration: np.ndarray, name: np.ndarray, ns: np.ndarray, names: 
     return iteration[groups.lead], name[groups.lead], groups.sum(ns)
 
 
-def _robust_scale(x: pd.Series) -> float:
-    x = x.dropna()
-    if x.empty:
-        return 0.0
-    return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
-
-
-def _component_causes(cell_iteration: np.ndarray, comp_cell: np.ndarray, comps: Frame, sync_names: set,
-                      cell_excess: np.ndarray, typical: float, sigma: float) -> tuple[np.ndarray, ...]:
-    """For each cell (rank, iteration): whether one component accounts for its excess and stands out of
-    that component's own noise, the component furthest above its cross-rank median (None if none is), and
-    whether that is host time or GPU time ("host", "gpu").
-
-    Over a cell x component table, 0 where a cell lacks a component, of which only the components each cell
-    has are held: with torch's emit_nvtx every op's range name carries its sequence number, so a report can
-    have tens of thousands of child range names and the whole table would not fit in memory.
-    """
-    codes, words = comps.codes("component")
-    codes = codes * 2 + comps.values("on_gpu")  # a range's host time and the GPU time of its work apart
-    words, gpu_side = np.repeat(words, 2), np.tile([False, True], len(words))
-    present = np.unique(codes)
-    present = present[np.argsort(words[present], kind="stable")]  # columns in name order, as a pivot table's
-    kept = np.array([not (DEFAULT_SYNC_RE.search(str(w)) or w in sync_names) for w in words[present]], bool)
-    names = np.asarray(words[present][kept], dtype=object)
-    on_gpu = gpu_side[present][kept]
-    column = np.full(len(words), -1)
-    column[present[kept]] = np.arange(len(names))
-    take = column[codes] >= 0
-    n_cells = len(cell_iteration)
-    cell, col, excess, scale = _component_excess(cell_iteration, comp_cell[take] * len(names) + column[codes][take],
-                                                 comps.values("ns")[take].astype(np.float64), len(names))
-    scale = np.maximum(scale, max(1000.0, 0.001 * typical))
-    explains = (excess >= EXPLAINS * cell_excess[cell]) & (excess / scale[col] > sigma)
-    noise_ok = np.zeros(n_cells, bool)
-    noise_ok[cell[explains]] = True
-    # the cause: the largest excess above 0, the first component in name order among equals
-    above = excess > 0
-    top = np.full(n_cells, -np.inf)
-    np.maximum.at(top, cell[above], excess[above])
-    at_top = above & (excess == top[cell])
-    first_col = np.full(n_cells, len(names))
-    np.minimum.at(first_col, cell[at_top], col[at_top])
-    cause = np.full(n_cells, None, dtype=object)
-    cause_side = np.full(n_cells, None, dtype=object)
-    has = first_col < len(names)
-    cause[has] = names[first_col[has]]
-    cause_side[has] = np.where(on_gpu[first_col[has]], "gpu", "host")
-    return noise_ok, cause, cause_side
-
-
-EXCESS_CHUNK_ROWS = 1_000_000  # component cells `_component_excess` works on at once (~170 B each at its peak)
-
-
-def _component_excess(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.ndarray, n_names: int):
-    """`_excess_by_component` over runs of components of about EXCESS_CHUNK_ROWS cells at a time: a component's
-    excess and scale depend on its own cells only, so that a long capture or many ranks (tens of millions of
-    cells) need not hold every column of the work at once. Rows come by component run."""
-    col = cell_col % max(n_names, 1)
-    per_col = np.bincount(col, minlength=n_names)
-    runs = runs_of_about(per_col, EXCESS_CHUNK_ROWS)
-    if len(cell_col) <= EXCESS_CHUNK_ROWS or len(runs) < 2:
-        return _excess_by_component(cell_iteration, cell_col, ns, n_names)
-    by_col = np.argsort(col, kind="stable")
-    ends = np.cumsum(per_col)
-    cell, out_col, excess = np.empty(len(col), np.int64), np.empty(len(col), np.int64), np.empty(len(col))
-    scale, at = np.zeros(n_names), 0  # the runs' rows, one after another (fewer where a cell's repeats are summed)
-    for low, high in runs:
-        rows = by_col[ends[low] - per_col[low]:ends[high - 1]]
-        width = high - low
-        part = _excess_by_component(cell_iteration, cell_col[rows] // n_names * width + col[rows] - low, ns[rows],
-                                    width)
-        size = len(part[0])
-        cell[at:at + size], out_col[at:at + size], excess[at:at + size], scale[low:high] = part
-        out_col[at:at + size] += low
-        at += size
-    return cell[:at], out_col[:at], excess[:at], scale
-
-
-def _excess_by_component(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.ndarray, n_names: int):
-    """The cell x component table's excess over each iteration's median and each component's noise scale
-    (the larger of the MAD scale and the 90th percentile of the absolute deviation read as a normal
-    quantile, over every cell: on a contended CPU a forward pass's time is heavy-tailed, and the MAD alone
-    would call its ordinary slow iterations outliers), from the cells' own components only: (cell, component,
-    excess) of each component a cell has, and the scale of each component. Component times are never negative,
-    so a component a cell lacks is at or below the median there: it can neither explain a cell's excess nor be
-    its cause."""
-    n_cells = len(cell_iteration)
-    sorted_cell_col = np.sort(cell_col)
-    if (sorted_cell_col[1:] == sorted_cell_col[:-1]).any():  # a child range named like a fixed component
-        cell_col, at = np.unique(cell_col, return_inverse=True)
-        ns = np.bincount(at.reshape(-1), weights=ns)
-    cell, col = np.divmod(cell_col, max(n_names, 1))
-    del sorted_cell_col, cell_col  # millions of rows each: no more columns of their length at once than needed
-    # each (iteration, component)'s median over the iteration's cells, the cells without it counting 0
-    per_iteration = np.bincount(cell_iteration)
-    group_key = cell_iteration[cell] * n_names + col
-    order = _by_group(group_key, ns, 1)
-    sorted_ns = ns[order]
-    first = np.flatnonzero(np.r_[True, group_key[order][1:] != group_key[order][:-1]]) if len(order) else \
-        np.zeros(0, np.int64)
-    size = np.diff(np.r_[first, len(order)])
-    cells_in = per_iteration[cell_iteration[cell[order[first]]]]
-    lacking = cells_in - size
-
-    # the middle two of each group, its missing cells as zeros before its values
-    median = np.median(np.stack([np.where(n < lacking, 0.0, sorted_ns[first + np.maximum(n - lacking, 0)])
-                                 for n in ((cells_in - 1) // 2, cells_in // 2)]), axis=0)
-    excess = np.empty(len(ns))
-    excess[order] = sorted_ns - np.repeat(median, size)
-    group_col = col[order[first]]
-    del order, sorted_ns, group_key, first, size
-    # each component's excess over all cells: the cells that have it, those of the same iterations that
-    # lack it (0 minus the median), and those of iterations where no cell has it (0)
-    covered = np.bincount(group_col, weights=cells_in, minlength=n_names).astype(np.int64)
-    x_col = np.concatenate([col, group_col, np.arange(n_names)])
-    x = np.concatenate([excess, 0.0 - median, np.zeros(n_names)])
-    weight = np.concatenate([np.ones(len(excess), np.int64), lacking, n_cells - covered])
-    middle = [(n_cells - 1) // 2, n_cells // 2]
-    deviation = x
-    deviation -= np.median(_order_stats(x_col, x, weight, n_cells, middle, 2), axis=0)[x_col]
-    np.abs(deviation, out=deviation)
-    del x
-    q90 = (n_cells - 1) * 0.90  # where np.quantile finds it: between two values
-    around = [int(np.floor(q90)), min(int(np.floor(q90)) + 1, n_cells - 1)]
-    dev = _order_stats(x_col, deviation, weight, n_cells, middle + around, 4)
-    # np.median and np.quantile on the values they would pick from the whole column: the same to the last bit
-    scale = np.maximum(MAD_TO_SIGMA * np.median(dev[:2], axis=0),
-                       np.quantile(dev[2:], q90 - np.floor(q90), axis=0) / Q90_TO_SIGMA)
-    return cell, col, excess, scale
-
-
-def _order_stats(col: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, positions: list[int],
-                 step: int) -> np.ndarray:
-    """The values at these positions of each column's sorted values, each value repeated `weight` times
-    (every column's weights add up to n)."""
-    order = _by_group(col, x, step)
-    ends = np.cumsum(weight[order])
-    columns = np.arange(int(col.max()) + 1 if len(col) else 0) * n
-    return np.stack([x[order[np.searchsorted(ends, columns + p, side="right")]] for p in positions])
-
-
-def _by_group(group: np.ndarray, x: np.ndarray, step: int) -> np.ndarray:
-    """The order that sorts by group, then by x within a group (ties in any order). Times in ns, and their
-    medians and deviations, are whole multiples of 1/step: then one sort of one packed integer key does it,
-    several times faster than np.lexsort on millions of rows."""
-    if len(x):
-        scaled = x * step
-        low = float(scaled.min())
-        span = int(scaled.max() - low) + 1
-        if span < 1 << 52 and (int(group.max()) + 1) * span < 1 << 62 and (scaled == np.floor(scaled)).all():
-            scaled -= low
-            key = scaled.astype(np.int64)
-            del scaled
-            key += group * span
-            return np.argsort(key)
-    return np.lexsort((x, group))
-
-
 def reduce(per_rank: list[dict], options: dict) -> dict:
     """Cross-rank comparison. per_rank items: the map output plus rank and offset_ns (clock alignment)."""
     threshold = float(options.get("threshold", DEFAULT_THRESHOLD))
@@ -479,12 +322,18 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     comp_cell = np.repeat(np.cumsum(counts) - counts, [r["components"].num_rows for r in per_rank]) + \
         comps.values("iteration")
 
+    matched = collective_match.match(per_rank, options, only_parallel=True)
+    parallel_job = parallel.is_parallel(matched.groups)
+    # a rank is compared with the ranks of its own pipeline stage (all ranks, in a job without one)
+    iters["stage"] = peers.stages(matched.groups, iters["rank"].to_numpy()) if parallel_job else 0
+    iters["cohort"] = peers.cohorts(iters["iteration"].to_numpy(), iters["stage"].to_numpy())
+
     iters["start_aligned_ns"] = iters["start_ns"] + iters["offset"]
     arrival_aligned = iters["arrival_ns"] + iters["offset"]
     iters["arrival_skew_ns"] = (arrival_aligned - arrival_aligned.groupby(iters["iteration"]).transform("min"))
     iters["arrival_skew_ns"] = iters["arrival_skew_ns"].astype("Int64")
 
-    med_busy = iters.groupby("iteration")["busy_ns"].transform("median")
+    med_busy = iters.groupby("cohort")["busy_ns"].transform("median")
     iters["excess_ns"] = (iters["busy_ns"] - med_busy).round().astype("int64")
     iters["score"] = np.where(med_busy > 0, iters["busy_ns"] / med_busy.where(med_busy > 0, 1), 1.0)
     # an iteration that is warm-up on any rank (start-up, not straggling) is not compared, nor sets the noise scale
@@ -493,15 +342,15 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     compared = ~iters["is_warmup"] if not options.get("keep_warmup") else pd.Series(True, index=iters.index)
     typical = float(np.median(med_busy)) if len(med_busy) else 0.0
     floor = max(1000.0, 0.005 * typical)
-    busy_scale = max(_robust_scale(iters["excess_ns"][compared]), floor)
+    busy_scale = max(robust_scale(iters["excess_ns"][compared]), floor)
     z_busy = iters["excess_ns"] / busy_scale
 
     key = ["rank", "iteration"]
-    n_ranks = iters.groupby("iteration")["rank"].transform("nunique")
+    n_ranks = iters.groupby("cohort")["rank"].transform("nunique")
     # an iteration of one rank is every component's median itself: no excess, no cause and never flagged (below),
     # so where no iteration has two ranks (one long capture) the cell x component work is skipped
     if len(comps) and (n_ranks >= 2).any():
-        noise_ok, cause, cause_side = _component_causes(iters["iteration"].to_numpy(), comp_cell, comps,
+        noise_ok, cause, cause_side = component_causes(iters["cohort"].to_numpy(), comp_cell, comps,
                                                         sync_names, iters["excess_ns"].to_numpy(dtype=float),
                                                         typical, sigma)
     else:
@@ -517,7 +366,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
 
     cols = ["rank", "iteration", "start_ns", "start_aligned_ns", "duration_ns", "wait_ns", "busy_ns",
             "gpu_busy_ns", "arrival_skew_ns", "score", "is_straggler", "cause", "cause_side", "excess_ns", "noise_z",
-            "is_warmup"]
+            "is_warmup", *(["stage"] if parallel_job else [])]
     iterations = iters[cols].sort_values(key, kind="mergesort").reset_index(drop=True)
     for c in ["rank", "iteration", "start_ns", "start_aligned_ns", "duration_ns", "wait_ns", "busy_ns",
               "excess_ns"]:
@@ -558,33 +407,28 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
                 "warmup": {"rule": WARMUP_RULE, "left_out": not options.get("keep_warmup"),
                            "iterations": sorted(int(i) for i in iterations.loc[iterations["is_warmup"], "iteration"]
                                                 .unique())}}
-    return {"iterations": iterations, "ranks": ranks, "stragglers": stragglers, "settings": settings}
+    tables = {"iterations": iterations, "ranks": ranks, "stragglers": stragglers, "settings": settings}
+    if parallel_job:
+        tables.update(_parallel_tables(tables, matched, iters, compared.to_numpy(), threshold))
+    return tables
 
 
-def most_frequent(values: pd.Series):
-    """The most frequent value that is not missing, None when every one is (a flagged cell that no component
-    explains has no cause)."""
-    counts = values.value_counts()
-    return counts.index[0] if len(counts) else None
-
-
-FIXED_CAUSES = {"gpu_compute": "GPU compute (kernels not launched inside an NVTX phase)",
-                "memcpy": "copies (not launched inside an NVTX phase)",
-                "host_gap": "host time outside every NVTX phase"}
-
-
-def spans(values) -> str:
-    """Sorted whole numbers as runs: 3, 5–7, 15–24."""
-    v = np.unique(np.asarray(values, np.int64))
-    if not len(v):
-        return ""
-    cut = np.flatnonzero(np.diff(v) != 1) + 1
-    runs = [(int(r[0]), int(r[-1])) for r in np.split(v, cut)]
-    text = [f"{a}" if a == b else f"{a}–{b}" for a, b in runs[:8]]
-    return ", ".join(text) + (", …" if len(runs) > 8 else "")
-
-
-INCIDENTAL_CELLS = 3  # fewer flagged iterations than this, or as few as this apart from one another: incidental
+def _parallel_tables(tables: dict, matched, iters: pd.DataFrame, compared: np.ndarray, threshold: float) -> dict:
+    """What a job with tensor or pipeline parallel groups adds: each straggler's cost by who waited for it, each
+    rank's stage, a stage slower throughout as a finding of its own, and the groups."""
+    stragglers, ranks = tables["stragglers"], tables["ranks"]
+    stragglers = pd.concat([stragglers, peers.waited_for(matched.collectives, stragglers["rank"].to_numpy(),
+                                                         stragglers["iteration"].to_numpy())], axis=1)
+    waited = stragglers.groupby("rank")[peers.WAITED_COLUMNS].sum()
+    ranks = ranks.join(waited, on="rank")
+    ranks[peers.WAITED_COLUMNS] = ranks[peers.WAITED_COLUMNS].fillna(0).astype("int64")
+    ranks.insert(1, "stage", peers.stages(matched.groups, ranks["rank"].to_numpy()))
+    findings = peers.stage_imbalance(iters, compared, matched.groups, threshold)
+    settings = {**tables["settings"], "groups_source": matched.source,
+                "notes": matched.notes + peers.peerless_note(matched.groups),
+                "stage_imbalance": findings["text"].tolist()}
+    return {"stragglers": stragglers, "ranks": ranks, "findings": findings, "groups": matched.groups,
+            "settings": settings}
 
 
 def _of_the_others(group: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -604,11 +448,12 @@ def _of_the_others(group: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 def _recoverable(iterations: pd.DataFrame, med_busy: pd.Series, iters: pd.DataFrame) -> np.ndarray:
     """For each flagged cell, the time the whole iteration would have been shorter had the rank's busy time been
-    the median rank's: its busy time above the busiest of the others (or the median, if higher), and no more
-    than the others waited beyond its own wait (the least-waiting other rank). 0 for cells not flagged."""
+    the median peer's: its busy time above the busiest of its other peers (or the median, if higher), and no more
+    than they waited beyond its own wait (the least-waiting other peer). 0 for cells not flagged."""
     merged = iterations[["rank", "iteration", "busy_ns", "wait_ns", "is_straggler"]].merge(
-        iters[["rank", "iteration"]].assign(med_busy=med_busy.to_numpy()), on=["rank", "iteration"], how="left")
-    group = merged["iteration"].to_numpy()
+        iters[["rank", "iteration", "cohort"]].assign(med_busy=med_busy.to_numpy()), on=["rank", "iteration"],
+        how="left")
+    group = merged["cohort"].to_numpy()  # the rank's peers: its stage's ranks in the iteration
     busy, wait = merged["busy_ns"].to_numpy(float), merged["wait_ns"].to_numpy(float)
     above = busy - np.maximum(merged["med_busy"].to_numpy(float), _of_the_others(group, busy))
     waited_more = -_of_the_others(group, -wait) - wait  # the least-waiting other rank's wait, beyond this rank's
@@ -616,105 +461,17 @@ def _recoverable(iterations: pd.DataFrame, med_busy: pd.Series, iters: pd.DataFr
     return np.round(np.where(merged["is_straggler"].to_numpy(), saving, 0.0))
 
 
-PERSISTENT_RUN = 3  # consecutive flagged iterations that make a rank's straggling persistent
-
-
-def recurrence(ranks: pd.DataFrame, stragglers: pd.DataFrame) -> pd.DataFrame:
-    """Per rank: episodes (runs of consecutive flagged iterations), the longest, its share of all flagged cells,
-    and whether its straggling is persistent (a run of 3 or more, or a fifth of the iterations) or
-    intermittent; by rank."""
-    out = pd.DataFrame(index=pd.Index(ranks["rank"], name="rank"))
-    s = stragglers.sort_values(["rank", "iteration"])
-    rank, it = s["rank"].to_numpy(), s["iteration"].to_numpy()
-    new_run = np.r_[True, (rank[1:] != rank[:-1]) | (it[1:] != it[:-1] + 1)] if len(s) else np.zeros(0, bool)
-    out["episodes"] = pd.Series(new_run.astype(np.int64), index=rank).groupby(level=0).sum()
-    out["longest_run"] = longest_runs(stragglers)
-    out = out.fillna(0).astype("int64")
-    cells = ranks.set_index("rank")["straggler_iterations"]
-    out["flagged_share"] = cells / max(int(cells.sum()), 1)
-    persistent = (out["longest_run"] >= PERSISTENT_RUN) | (cells >= 0.2 * ranks.set_index("rank")["iterations"])
-    out["recurrence"] = np.where(cells == 0, None, np.where(persistent, "persistent", "intermittent"))
-    return out
-
-
-def pattern(ranks: pd.DataFrame) -> str:
-    """Whether one rank dominates the run's straggling, the culprit moves from rank to rank, or a few share it."""
-    flagged = ranks[ranks["straggler_iterations"] > 0].sort_values("flagged_share", ascending=False)
-    if flagged.empty:
-        return "no rank straggles"
-    top = flagged.iloc[0]
-    if top["flagged_share"] > 0.6:
-        return f"one rank dominates: rank {top['rank']} has {top['flagged_share']:.0%} of the flagged iterations"
-    if len(flagged) >= 3 and top["flagged_share"] <= 1 / 3:
-        return (f"the culprit moves: {len(flagged)} ranks share the {int(flagged['straggler_iterations'].sum())} "
-                f"flagged iterations, none more than {int(flagged['straggler_iterations'].max())}")
-    return "a few ranks share it: " + ", ".join(f"rank {r.rank} ({r.flagged_share:.0%})"
-                                                   for r in flagged.head(5).itertuples())
-
-
-def longest_runs(stragglers: pd.DataFrame) -> pd.Series:
-    """Per rank, the most consecutive iterations it was flagged in."""
-    if stragglers.empty:
-        return pd.Series(dtype="int64")
-    s = stragglers.sort_values(["rank", "iteration"])
-    rank, it = s["rank"].to_numpy(), s["iteration"].to_numpy()
-    new_run = np.r_[True, (rank[1:] != rank[:-1]) | (it[1:] != it[:-1] + 1)]
-    run_id = np.cumsum(new_run)
-    lengths = np.bincount(run_id)[run_id]
-    return pd.Series(lengths, index=rank).groupby(level=0).max()
-
-
-def incidental(ranks: pd.DataFrame, stragglers: pd.DataFrame) -> pd.Series:
-    """Which flagged ranks were flagged only now and then: one-off delays, not a rank that holds the job back
-    (fewer than 3 iterations, or a few scattered single iterations)."""
-    n = ranks["straggler_iterations"]
-    run = ranks["rank"].map(longest_runs(stragglers)).fillna(0)
-    few = (n <= np.maximum(INCIDENTAL_CELLS, 0.05 * ranks["iterations"])) & (run <= 1)
-    return (n > 0) & ((n < INCIDENTAL_CELLS) | few)
-
-
-def verdicts(ranks: pd.DataFrame, stragglers: pd.DataFrame, top: int = 5) -> list[str]:
-    """The answer first: one sentence per rank that holds the others back (the most flagged first), where,
-    how much and in what; then one for the ranks flagged only incidentally. Names are as recorded: escape
-    them where they are shown."""
-    lines = []
-    flagged = ranks[ranks["straggler_iterations"] > 0]
-    odd = incidental(flagged, stragglers)
-    for r in flagged[~odd].head(top).itertuples():
-        cells = stragglers[stragglers["rank"] == r.rank]
-        cause, side = r.top_cause, getattr(r, "top_cause_side", None)
-        if cause is None:
-            what = "busy time"
-        elif cause in FIXED_CAUSES:
-            what = FIXED_CAUSES[cause]
-        else:
-            what = f"{'GPU work launched in' if side == 'gpu' else 'host time in'} {cause}"
-        recurring = getattr(r, "recurrence", None)
-        if recurring == "intermittent":
-            recurring = f"intermittent: {r.episodes} episodes"
-        cost = (f"{r.recoverable_ns / 1e6:,.0f} ms recoverable, {r.recoverable_pct:.1f} % of the run"
-                if hasattr(r, "recoverable_ns") else f"{cells['excess_ns'].sum() / 1e6:,.1f} ms of excess busy time")
-        lines.append(f"rank {r.rank} holds the others back in {len(cells)} of {r.iterations} iterations "
-                     f"({spans(cells['iteration'])}{', ' + recurring if isinstance(recurring, str) else ''}): "
-                     f"{cost}; {what}, +{np.median(cells['excess_ns']) / 1e6:,.1f} ms per iteration")
-    if odd.any():
-        few = flagged[odd]
-        lines.append("incidental: " + ", ".join(
-            f"rank {r.rank} in {r.straggler_iterations} iteration{'s' if r.straggler_iterations > 1 else ''}"
-            for r in few.head(8).itertuples()) + (", …" if len(few) > 8 else "")
-            + " (one-off delays, not a rank that holds the job back)")
-    return lines
-
-
 def add_options(add, framework: bool = False) -> None:
     iteration_options(add)
     add("--sync", metavar="NAME[,NAME]", type=comma_list, default=None,
         help="extra NVTX range names that are sync points (collective names are matched anyway)")
     add("--threshold", type=float, default=DEFAULT_THRESHOLD,
-        help="minimum excess busy time over the iteration's cross-rank median, as a fraction (default 0.1)")
+        help="minimum excess busy time over the iteration's median peer (its pipeline stage's ranks, else every rank), "
+             "as a fraction of the iteration (default 0.1)")
     add("--sigma", type=float, default=DEFAULT_SIGMA,
         help="minimum excess in units of the run-wide robust noise scale (default 4)")
     warmup_option(add)
+    parallel_option(add)
 
 
 def summary(out, top: int = 5) -> list[str]:
@@ -722,7 +479,9 @@ def summary(out, top: int = 5) -> list[str]:
     analysis = json.loads((out / "analysis.json").read_text())
     d = analysis.get("delimiter") or {}
     lines = [f"iterations delimited by {d.get('kind')} {d.get('name')!r} ({d.get('source')}); "
-             f"{analysis.get('ranks')} ranks"]
+             f"{analysis.get('ranks')} ranks" + (", each compared with its pipeline stage's ranks"
+                                                 if "stage" in ranks else "")]
+    lines.extend(analysis.get("stage_imbalance", []))
     holds_back = ~ranks["incidental"] if "incidental" in ranks else True  # outputs of earlier versions lack it
     flagged = ranks[(ranks["straggler_iterations"] > 0) & holds_back].head(top)
     if flagged.empty:
@@ -747,6 +506,7 @@ def summary(out, top: int = 5) -> list[str]:
 def headline(out) -> str:
     ranks = pd.read_parquet(out / "ranks.parquet")
     said = verdicts(ranks, pd.read_parquet(out / "stragglers.parquet"), top=1)
+    said += json.loads((out / "analysis.json").read_text()).get("stage_imbalance", [])
     return said[0] if said else f"no straggler in {len(ranks)} ranks"
 
 
@@ -770,7 +530,7 @@ RECIPE = Recipe(
     name="straggler_heatmap",
     display_name="Straggler heatmap",
     description="Which rank holds the others back, in which iterations, and why (rank x iteration heatmap).",
-    needs=frozenset(NEEDS),
+    needs=frozenset(NEEDS | GROUP_NEEDS),
     map_rank=map_rank,
     reduce=reduce,
     add_options=add_options,
