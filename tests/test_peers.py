@@ -180,3 +180,23 @@ def test_exposed_communication_per_group_equals_sql(heavy):
     assert set(exposure["group"]) == {"tp", "pp", "dp"}
     assert (exposure.groupby("rank")["exposed_ns"].sum() == ranks[["exposed_tp_ns", "exposed_pp_ns",
                                                                       "exposed_dp_ns"]].sum(axis=1)).all()
+
+
+def test_a_gpu_bound_pipeline_straggler_behind_device_syncs_is_gpu_compute(tmp_path):
+    """A SYNTHETIC job whose host launches ahead and syncs the device after every exchange (Megatron's
+    batch_p2p_sync): rank 5 computing 2.5 times as long in steps 3-6 is flagged there, its cause the GPU work of its
+    forward or backward passes, not the host time it spent blocked in the syncs; its excess is the extra compute by
+    hand: 1.5 x (6 + 12) ms x 4 micro-batches."""
+    out = tmp_path / "job"
+    write_megatron(out, parallel.Layout(tp=T, pp=P, dp=D), steps=10, microbatches=MICROBATCHES, fmt="sqlite",
+                   p2p_sync=True, stragglers=[parse_straggler(f"rank={STRAGGLER},iterations=3-6,cause=compute,"
+                                                              "slowdown=2.5")])
+    with sqlite3.connect(out / f"rank{STRAGGLER}.sqlite") as db:  # the host blocks in a device sync in every exchange
+        (syncs,) = db.execute("SELECT count(*) FROM CUPTI_ACTIVITY_KIND_RUNTIME r JOIN StringIds s ON s.id = r.nameId "
+                              "WHERE s.value LIKE 'cudaDeviceSynchronize%'").fetchone()
+    assert syncs >= 10 * MICROBATCHES
+    res = run_recipe("straggler_heatmap", [str(out)], str(tmp_path / "sh"), mode="none")
+    flagged = res.tables["stragglers"]
+    assert set(zip(flagged["rank"], flagged["iteration"], strict=True)) == {(STRAGGLER, i) for i in range(3, 7)}
+    assert set(flagged["cause"]) <= {"forward", "backward"} and set(flagged["cause_side"]) == {"gpu"}
+    assert flagged["excess_ns"].median() == pytest.approx(1.5 * 18 * MS * MICROBATCHES, rel=0.1)

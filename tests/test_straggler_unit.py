@@ -294,3 +294,38 @@ def test_flagged_cells_that_no_component_explains_have_no_cause(monkeypatch, tmp
     assert ranks.loc[3, "straggler_iterations"] == 10 and ranks.loc[3, "top_cause"] is None
     assert ranks["top_cause_side"].isna().all()
     assert sh.headline(out).startswith("rank ") and "busy time" in sh.headline(out)
+
+
+def pipeline_rank(compute_ms: dict, iterations: int = 8) -> RankData:
+    """Steps of 100 ms, as a pipeline stage that syncs the device after its exchange: `forward` [0, 5) launches a
+    kernel at 1 ms that runs from 2 ms for 40 ms (compute_ms[i] in iteration i); `batch-p2p` [5, kernel end + 1)
+    holds a cudaDeviceSynchronize from 6 ms until the kernel ends; every rank then meets in `allreduce` until 90 ms
+    (the latest rank's kernel ends before it) and runs `optimizer` to 100 ms."""
+    nvtx, runtime, kernels = [], [], []
+    for i in range(iterations):
+        t = i * 100 * MS
+        k_end = t + (2 + compute_ms.get(i, 40)) * MS
+        nvtx += [("step", t, t + 100 * MS), ("forward", t, t + 5 * MS), ("batch-p2p", t + 5 * MS, k_end + 1 * MS),
+                 ("allreduce", k_end + 1 * MS, t + 90 * MS), ("optimizer", t + 90 * MS, t + 100 * MS)]
+        runtime += [(t + 1 * MS, t + 1 * MS + 10_000, 2 * i + 1, "cudaLaunchKernel_v7000"),
+                    (t + 6 * MS, k_end, 2 * i + 2, "cudaDeviceSynchronize_v3020")]
+        kernels += [(t + 2 * MS, k_end, 2 * i + 1)]
+    rt = pd.DataFrame({"start_ns": [r[0] for r in runtime], "end_ns": [r[1] for r in runtime], "tid": TID, "pid": 1,
+                       "correlation_id": pd.array([r[2] for r in runtime], dtype="Int64"),
+                       "name": [r[3] for r in runtime]})
+    k = pd.DataFrame({"start_ns": [r[0] for r in kernels], "end_ns": [r[1] for r in kernels], "device": 0,
+                      "stream": 7, "correlation_id": pd.array([r[2] for r in kernels], dtype="Int64"), "pid": 1,
+                      "name": "gemm", "full_name": "gemm"})
+    return RankData(file="x", pid=1, session_start_ns=0, nvtx=nvtx_rows(nvtx), kernels=k, runtime=rt, has_cuda=True)
+
+
+def test_a_slow_gpu_behind_a_device_sync_is_gpu_compute_not_host_time_in_the_sync_range():
+    # rank 1's kernel takes 70 ms instead of 40 in iterations 3-5: its host sits 30 ms longer in cudaDeviceSynchronize
+    # inside `batch-p2p` (sorted before `forward`: it would win a tie), which is its own GPU's time: the cause is the
+    # GPU work launched in `forward`, by 30 ms
+    slow = {i: 70 for i in (3, 4, 5)}
+    _, out = run([pipeline_rank(slow if r == 1 else {}) for r in range(4)])
+    flagged = out["stragglers"]
+    assert set(zip(flagged["rank"], flagged["iteration"], strict=True)) == {(1, 3), (1, 4), (1, 5)}
+    assert set(flagged["cause"]) == {"forward"} and set(flagged["cause_side"]) == {"gpu"}
+    assert (flagged["excess_ns"] == 30 * MS).all()

@@ -939,7 +939,7 @@ def _main_megatron(args) -> int:
         raise UsageError(str(exc)) from None
     out = write_megatron(args.output, layout, args.iterations, args.microbatches, args.format, stragglers,
                          args.heavy_last_stage, not args.no_nvtx_payload, args.seed, args.gpus_per_node,
-                         overwrite=args.force_overwrite)
+                         overwrite=args.force_overwrite, p2p_sync=args.p2p_sync)
     print(f"wrote SYNTHETIC exports of a Megatron-style job ({layout.world} ranks: tp={layout.tp}, pp={layout.pp}, "
           f"dp={layout.dp}; {args.iterations} steps of {args.microbatches} micro-batches, {args.format}) to {out} "
           f"(truth in {out / 'truth.json'})")

@@ -17,6 +17,9 @@ The host launches every kernel 5 us before it starts, inside the NVTX range of i
 `backward`, `forward-recv`, `backward-recv`, `forward-send`, `backward-send`, `grads-all-reduce`, `optimizer`), and
 every NCCL call is an NVTX range of NCCL's own domain carrying its payload (communicator id, message size, peer) laid
 out by the payload schemas a real NCCL registers; each communicator's creation is one too (id, size, rank, device).
+With `p2p_sync` (Megatron's `batch_p2p_sync`) the GPU's timeline is the same but the host runs ahead: it launches a
+pass's kernels 20 us apart as soon as it may, and blocks in `cudaDeviceSynchronize` after posting each receive until
+the exchange is done, and at the step's end until its optimizer is; its phase ranges are the host's own.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ TP_BYTES, P2P_BYTES, DP_BYTES = 8 << 20, 4 << 20, 256 << 20
 LAG = 5 * US  # a kernel starts this long after its launch
 STEP_GAP_NS = 200 * US
 HOST_SEND_NS = 20 * US  # the host's time to post a send before it goes on
+LAUNCH_NS = 20 * US  # --p2p-sync: the host's time to launch a kernel, running ahead of its GPU
+SYNC_API = "cudaDeviceSynchronize_v3020"
 COMPUTE_STREAM, TP_STREAM, DP_STREAM, PP_STREAM = 7, 13, 17, 21
 NCCL_DOMAIN_ID = 1
 COMPUTE = {"F": ("sm90_gemm_bf16_fprop_a", "sm90_gemm_bf16_fprop_b"),
@@ -122,17 +127,27 @@ class _Events:
     def __init__(self):
         self.kernels: list[dict] = []
         self.ranges: list[dict] = []
+        self.calls: list[dict] = []
 
     def kernel(self, rank, start, end, name: str, stream: int, call: str | None = None, comm=None, nbytes: int = 0,
-               peer=None):
-        rank, start, end = (np.asarray(a, np.int64).ravel() for a in (rank, start, end))
+               peer=None, launch=None):
+        """Kernels; launched LAG before they start unless `launch` says when."""
+        shape = np.shape(start)
+        rank, start, end = (np.array(a, np.int64).ravel() for a in (rank, start, end))  # copies
+        launch = start - LAG if launch is None else np.array(np.broadcast_to(launch, shape), np.int64).ravel()
         n = len(rank)
-        self.kernels.append({"rank": rank, "start": start, "end": end, "name": np.full(n, name, object),
-                             "stream": np.full(n, stream), "call": np.full(n, call, object),
-                             "comm": _each(comm, n), "bytes": np.full(n, nbytes, np.int64), "peer": _each(peer, n)})
+        self.kernels.append({"rank": rank, "start": start, "end": end, "launch": launch,
+                             "name": np.full(n, name, object), "stream": np.full(n, stream),
+                             "call": np.full(n, call, object), "comm": _each(comm, n),
+                             "bytes": np.full(n, nbytes, np.int64), "peer": _each(peer, n)})
+
+    def sync(self, rank, start, end):
+        """The host blocked in a device synchronisation."""
+        rank, start, end = (np.array(a, np.int64).ravel() for a in (rank, start, end))  # copies
+        self.calls.append({"rank": rank, "start": start, "end": end})
 
     def range(self, rank, start, end, name: str):
-        rank, start, end = (np.asarray(a, np.int64).ravel() for a in (rank, start, end))
+        rank, start, end = (np.array(a, np.int64).ravel() for a in (rank, start, end))  # copies
         self.ranges.append({"rank": rank, "start": start, "end": end, "name": np.full(len(rank), name, object)})
 
     @staticmethod
@@ -140,8 +155,11 @@ class _Events:
         return {c: np.concatenate([p[c] for p in parts]) for c in parts[0]}
 
 
-def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_last_stage: float, seed: int) -> dict:
-    """Every rank's kernels and NVTX ranges on the common clock (first step at 0), and the communicators."""
+def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_last_stage: float, seed: int,
+             p2p_sync: bool = False) -> dict:
+    """Every rank's kernels and NVTX ranges on the common clock (first step at 0), and the communicators. p2p_sync:
+    the host launches ahead of its GPU and syncs the device after every exchange and at the step's end, as Megatron
+    does (`batch_p2p_sync`): the GPU's timeline is the same, the host's ranges are its own."""
     rng = np.random.default_rng(seed)
     P, D, T = layout.pp, layout.dp, layout.tp
     s_, d_, t_ = np.meshgrid(np.arange(P), np.arange(D), np.arange(T), indexing="ij")
@@ -163,52 +181,78 @@ def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_la
     step_bounds = []
     for k in range(steps):
         free = start.copy()
-        posted: dict[tuple[int, str, int], np.ndarray] = {}
+        host = start.copy()  # p2p_sync: where each rank's host is, ahead of its GPU but for its syncs
+        posted: dict[tuple[int, str, int], tuple] = {}
+
         for s, kind, m in order:
             ready = free[s]
+            label = "forward" if kind == "F" else "backward"
             needs = (kind == "F" and s > 0) or (kind == "B" and s < P - 1)
             if needs:
                 src = s - 1 if kind == "F" else s + 1
-                send_start = posted.pop((s, kind, m))
+                send_start, send_launch = posted.pop((s, kind, m))
                 recv_start = ready + 2 * LAG
                 arrival = np.maximum(send_start, recv_start) + _transfer(rng, P2P_TRANSFER_NS, (D, T))
-                label = "forward" if kind == "F" else "backward"
                 ev.kernel(rank[src], send_start, arrival, P2P_KERNEL, PP_STREAM, "ncclSend", pp_comm[src], P2P_BYTES,
-                          s)
-                ev.kernel(rank[s], recv_start, arrival, P2P_KERNEL, PP_STREAM, "ncclRecv", pp_comm[s], P2P_BYTES, src)
-                ev.range(rank[s], ready, arrival + LAG, f"{label}-recv")
+                          s, launch=send_launch)
+                posted_at = host[s].copy()
+                recv_launch = _launched(host, s, p2p_sync, recv_start)
+                ev.kernel(rank[s], recv_start, arrival, P2P_KERNEL, PP_STREAM, "ncclRecv", pp_comm[s], P2P_BYTES, src,
+                          launch=recv_launch)
+                if p2p_sync:  # the host waits until the exchange is done, its GPU's work before it too
+                    ev.sync(rank[s], recv_launch + 3 * US, arrival)
+                    ev.range(rank[s], np.minimum(posted_at, recv_launch), arrival + US, f"{label}-recv")
+                    host[s] = arrival + 2 * US
+                else:
+                    ev.range(rank[s], ready, arrival + LAG, f"{label}-recv")
                 ready = arrival + LAG
             nominal = (FWD_MS if kind == "F" else BWD_MS) * MS / 2
             now = ready
+            pass_at = host[s].copy()
             for half in range(2):
                 work = np.round(nominal * slow[k, s] * rng.uniform(1 - JITTER, 1 + JITTER, (D, T))).astype(np.int64)
-                ev.kernel(rank[s], now + LAG, now + LAG + work, COMPUTE[kind][half], COMPUTE_STREAM)
+                ev.kernel(rank[s], now + LAG, now + LAG + work, COMPUTE[kind][half], COMPUTE_STREAM,
+                          launch=_launched(host, s, p2p_sync, now + LAG))
                 now = now + LAG + work
                 if T > 1:
                     done = now.max(axis=1, keepdims=True) + _transfer(rng, TP_TRANSFER_NS, (D, 1))
                     ev.kernel(rank[s], now + LAG, np.broadcast_to(done + LAG, now.shape), TP_KERNEL, TP_STREAM,
-                              "ncclAllReduce", tp_comm[s], TP_BYTES)
+                              "ncclAllReduce", tp_comm[s], TP_BYTES, launch=_launched(host, s, p2p_sync, now + LAG))
                     now = np.broadcast_to(done + LAG, now.shape).copy()
-            ev.range(rank[s], ready, now, "forward" if kind == "F" else "backward")
+            ev.range(rank[s], np.minimum(pass_at, host[s] - LAUNCH_NS) if p2p_sync else ready,
+                     host[s] if p2p_sync else now, label)
             free[s] = now
             dst = s + 1 if kind == "F" else s - 1
             if 0 <= dst < P:
-                posted[(dst, kind, m)] = now + 2 * LAG
-                ev.range(rank[s], now, now + HOST_SEND_NS, "forward-send" if kind == "F" else "backward-send")
+                send_at = host[s].copy()
+                posted[(dst, kind, m)] = (now + 2 * LAG, _launched(host, s, p2p_sync, now + 2 * LAG))
+                if p2p_sync:
+                    ev.range(rank[s], np.minimum(send_at, host[s] - LAUNCH_NS), host[s], f"{label}-send")
+                else:
+                    ev.range(rank[s], now, now + HOST_SEND_NS, f"{label}-send")
                 free[s] = now + HOST_SEND_NS
         arrive = free + 2 * LAG
         if D > 1:
             done = np.broadcast_to(arrive.max(axis=1, keepdims=True) + _transfer(rng, DP_TRANSFER_NS, (P, 1, T)),
                                    arrive.shape)
-            ev.kernel(rank, arrive, done, DP_KERNEL, DP_STREAM, "ncclAllReduce", dp_comm, DP_BYTES)
-            ev.range(rank, free, done + LAG, "grads-all-reduce")
+            reduce_at = host.copy()
+            dp_launch = _launched(host, slice(None), p2p_sync, arrive)
+            ev.kernel(rank, arrive, done, DP_KERNEL, DP_STREAM, "ncclAllReduce", dp_comm, DP_BYTES, launch=dp_launch)
+            ev.range(rank, np.minimum(reduce_at, dp_launch) if p2p_sync else free, host if p2p_sync else done + LAG,
+                     "grads-all-reduce")
             reduced = done + LAG
         else:
             reduced = free
         opt = np.round(OPT_MS * MS * rng.uniform(1 - JITTER, 1 + JITTER, (P, D, T))).astype(np.int64)
-        ev.kernel(rank, reduced + LAG, reduced + LAG + opt, OPTIMIZER_KERNEL, COMPUTE_STREAM)
+        opt_at = host.copy()
+        opt_launch = _launched(host, slice(None), p2p_sync, reduced + LAG)
+        ev.kernel(rank, reduced + LAG, reduced + LAG + opt, OPTIMIZER_KERNEL, COMPUTE_STREAM, launch=opt_launch)
         end = reduced + LAG + opt + 10 * US
-        ev.range(rank, end - opt - LAG - 10 * US, end, "optimizer")
+        if p2p_sync:  # the step ends once the host has synced with its GPU (the loss read back)
+            ev.sync(rank, opt_launch + LAUNCH_NS, end - 5 * US)
+            ev.range(rank, np.minimum(opt_at, opt_launch), end, "optimizer")
+        else:
+            ev.range(rank, end - opt - LAG - 10 * US, end, "optimizer")
         ev.range(rank, start, end, "step")
         step_bounds.append((start.copy(), end.copy()))
         start = end + STEP_GAP_NS
@@ -219,8 +263,19 @@ def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_la
             at = at[np.argsort(at[:, axis])]
             comms.append({"index": int(c), "id": int(comm_ids[c]), "kind": kind,
                           "members": [int(rank[tuple(a)]) for a in at]})
+    calls = _Events.joined(ev.calls) if ev.calls else {c: np.zeros(0, np.int64) for c in ("rank", "start", "end")}
     return {"rank": rank, "kernels": _Events.joined(ev.kernels), "ranges": _Events.joined(ev.ranges),
-            "comms": comms, "comm_ids": comm_ids, "steps": step_bounds}
+            "calls": calls, "comms": comms, "comm_ids": comm_ids, "steps": step_bounds}
+
+
+def _launched(host: np.ndarray, s, p2p_sync: bool, gpu_start: np.ndarray) -> np.ndarray | None:
+    """p2p_sync: when the host of stage s (host[s]) launches a kernel that starts at gpu_start, LAG after its launch
+    at the latest; its host goes on (None without p2p_sync: LAG before the start)."""
+    if not p2p_sync:
+        return None
+    at = np.minimum(host[s], gpu_start - LAG)
+    host[s] = np.maximum(host[s], at) + LAUNCH_NS
+    return at
 
 
 def _transfer(rng, nominal_ns: int, shape: tuple) -> np.ndarray:
@@ -249,7 +304,7 @@ def _rank_events(r: int, sim: dict, shift: int, device: int, strings: dict, payl
     mine = mine[np.argsort(k["start"][mine], kind="stable")]
     start, end = k["start"][mine] + shift, k["end"][mine] + shift
     corr = 1000 + np.arange(len(mine), dtype=np.int64)
-    launch = start - LAG
+    launch = k["launch"][mine] + shift
     names = k["name"][mine]
     ids = pd.Series(names).map(strings).to_numpy(np.int64)
     kernels = pd.DataFrame({
@@ -259,9 +314,15 @@ def _rank_events(r: int, sim: dict, shift: int, device: int, strings: dict, payl
         "gridZ": 1, "blockX": 256, "blockY": 1, "blockZ": 1, "staticSharedMemory": 0, "dynamicSharedMemory": 0,
         "localMemoryPerThread": 0, "localMemoryTotal": 0, "gridId": corr, "sharedMemoryExecuted": 0,
         "sharedMemoryLimitConfig": 0})
-    runtime = pd.DataFrame({"start": launch - 2 * US, "end": launch + 2 * US, "eventClass": 0,
-                            "globalTid": np.uint64(gtid), "correlationId": corr,
-                            "nameId": np.uint64(strings[synth.LAUNCH_API]), "returnValue": 0})
+    c = sim["calls"]
+    syncs = np.flatnonzero(c["rank"] == r)
+    runtime = pd.DataFrame({"start": np.r_[launch + 1 * US, c["start"][syncs] + shift],
+                            "end": np.r_[launch + 3 * US, c["end"][syncs] + shift], "eventClass": 0,
+                            "globalTid": np.uint64(gtid),
+                            "correlationId": np.r_[corr, 1000 + len(mine) + np.arange(len(syncs), dtype=np.int64)],
+                            "nameId": np.r_[np.full(len(mine), strings[synth.LAUNCH_API], np.uint64),
+                                            np.full(len(syncs), strings[SYNC_API], np.uint64)], "returnValue": 0})
+    runtime = runtime.sort_values("start", kind="stable").reset_index(drop=True)
     g = sim["ranges"]
     at = np.flatnonzero(g["rank"] == r)
     ranges = pd.DataFrame({"start": g["start"][at] + shift, "end": g["end"][at] + shift, "text": g["name"][at],
@@ -275,7 +336,7 @@ def _rank_events(r: int, sim: dict, shift: int, device: int, strings: dict, payl
         blobs = [_payload([(int(c), "q"), (int(b), "Q"), (int(p), "i")], 24) if call in ("ncclSend", "ncclRecv")
                  else _payload([(int(c), "q"), (int(b), "Q"), (0, "i")], 24)
                  for c, b, p, call in zip(comm_id, sizes, peers, calls[nccl], strict=True)]
-    nccl_ranges = pd.DataFrame({"start": launch[nccl] - 3 * US, "end": launch[nccl] + 3 * US, "text": calls[nccl],
+    nccl_ranges = pd.DataFrame({"start": launch[nccl] - 3 * US, "end": launch[nccl] + 4 * US, "text": calls[nccl],
                                 "domainId": NCCL_DOMAIN_ID, "binaryData": blobs})
     inits = [c for c in sim["comms"] if r in c["members"]]
     init_start = init_at + shift + 2 * MS * np.arange(len(inits))
@@ -304,7 +365,7 @@ def _schema_tables() -> dict[str, pd.DataFrame]:
 
 def write_megatron(output_dir, layout: Layout, steps: int = 20, microbatches: int = 8, fmt: str = "parquetdir",
                    stragglers=(), heavy_last_stage: float = 1.0, payloads: bool = True, seed: int = 0,
-                   gpus_per_node: int = 8, overwrite: bool = False) -> Path:
+                   gpus_per_node: int = 8, overwrite: bool = False, p2p_sync: bool = False) -> Path:
     """Write one SYNTHETIC export per rank of a Megatron-style job, truth.json and README.md into output_dir."""
     if layout.cp != 1 or layout.ep != 1:
         raise UsageError("--job megatron models tp, pp and dp: leave cp and ep at 1")
@@ -320,11 +381,11 @@ def write_megatron(output_dir, layout: Layout, steps: int = 20, microbatches: in
     stragglers = synth._check_stragglers(stragglers, world, steps)
     out = Path(output_dir)
     synth._check_output(out, overwrite)
-    sim = simulate(layout, steps, microbatches, stragglers, heavy_last_stage, seed)
+    sim = simulate(layout, steps, microbatches, stragglers, heavy_last_stage, seed, p2p_sync)
     schema = synth._schema("newer")
     schema["tables"].update(PAYLOAD_TABLES)
     names = list(dict.fromkeys([*COMPUTE["F"], *COMPUTE["B"], OPTIMIZER_KERNEL, TP_KERNEL, DP_KERNEL, P2P_KERNEL,
-                                synth.LAUNCH_API, synth.MAIN_THREAD_NAME, synth.WORKER_THREAD_NAME]))
+                                synth.LAUNCH_API, SYNC_API, synth.MAIN_THREAD_NAME, synth.WORKER_THREAD_NAME]))
     strings = {n: i for i, n in enumerate(names)}
     rng = np.random.default_rng(seed + 1)
     offsets = np.round(rng.uniform(0, 5 * MS, size=world)).astype(np.int64)
@@ -340,14 +401,14 @@ def write_megatron(output_dir, layout: Layout, steps: int = 20, microbatches: in
             with synth._export_writer(path, fmt, schema) as write:
                 write({**shared, **{t: synth._typed(t, df, schema) for t, df in {**frames, **events}.items()}})
         truth = _truth(layout, sim, steps, microbatches, stragglers, heavy_last_stage, payloads, seed, fmt,
-                       gpus_per_node, offsets, first_step)
+                       gpus_per_node, offsets, first_step, p2p_sync)
         (tmp / "truth.json").write_text(json.dumps(truth, indent=1))
         (tmp / "README.md").write_text(_readme(truth))
     return out
 
 
 def _truth(layout, sim, steps, microbatches, stragglers, heavy, payloads, seed, fmt, gpus_per_node, offsets,
-           first_step) -> dict:
+           first_step, p2p_sync: bool = False) -> dict:
     earliest = int(offsets.min())
     P = layout.pp
     return {
@@ -356,7 +417,7 @@ def _truth(layout, sim, steps, microbatches, stragglers, heavy, payloads, seed, 
         "generator": "nsys-recipe-pack synth --job megatron",
         "job": "megatron", "ranks": layout.world, "iterations": steps, "format": fmt, "seed": seed,
         "gpus_per_node": gpus_per_node, "parallel": asdict(layout), "microbatches": microbatches,
-        "schedule": "1F1B", "nvtx_payload": payloads, "iteration_delimiter": "step",
+        "schedule": "1F1B", "nvtx_payload": payloads, "iteration_delimiter": "step", "p2p_sync": p2p_sync,
         "heavy_last_stage": heavy, "heavy_stage": P - 1 if heavy > 1 and P > 1 else None,
         "nominal_ms": {"forward": FWD_MS, "backward": BWD_MS, "optimizer": OPT_MS},
         "transfer_ns": {"tp": TP_TRANSFER_NS, "pp": P2P_TRANSFER_NS, "dp": DP_TRANSFER_NS},
@@ -398,5 +459,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--microbatches", type=int, default=8, help="--job megatron: micro-batches per step")
     parser.add_argument("--heavy-last-stage", type=float, default=1.0, metavar="X",
                         help="--job megatron: the last pipeline stage computes X times as long as the others")
+    parser.add_argument("--p2p-sync", action="store_true",
+                        help="--job megatron: the host launches ahead of its GPU and syncs the device after every "
+                             "pipeline exchange and at the step's end (Megatron's batch_p2p_sync)")
     parser.add_argument("--no-nvtx-payload", action="store_true",
                         help="--job megatron: NCCL's NVTX ranges without payloads (as most exports have them)")

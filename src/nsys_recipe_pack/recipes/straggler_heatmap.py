@@ -27,7 +27,7 @@ from ..gpu import call_key, collective_ops, gpu_frames, gpu_intervals, launched_
 from ..groups import SortedGroups
 from ..inputs import Frame, arrow_of, dictionary_column, sorted_place
 from ..inputs.chunks import END_OF_TIME
-from ..intervals import split_into_windows, union_lengths
+from ..intervals import covered_length, split_into_windows, union_lengths, union_segments
 from ..iteration_scan import find_iterations
 from ..iteration_slices import sliced_stream
 from ..iterations import (
@@ -187,7 +187,12 @@ def iteration_rows(rank_data, ranges, it, options: dict, before: int = END_OF_TI
     child = (np.zeros(0, np.int64),) * 3  # iteration, name code, host ns of each child range name
     if len(child_start):
         present.add("host_gap")
-        child = _child_sums(child_it, child_name, child_end - child_start, ranges.names)
+        # the time the host sat in a sync call until its own GPU work was done is that work's, not the range's host
+        # work (a pipeline syncs the device after every exchange: its slow GPU would read as host time in it)
+        host = np.flatnonzero(~points.on_gpu)
+        blocked = union_segments(points.start_ns[host], ready[host])
+        child = _child_sums(child_it, child_name,
+                            child_end - child_start - covered_length(*blocked, child_start, child_end), ranges.names)
     cov = _windowed_union(window_start, window_end, np.concatenate([child_start, points.start_ns]),
                           np.concatenate([child_end, points.end_ns]), n)
     fixed["host_gap"] = (window_end - window_start) - cov
