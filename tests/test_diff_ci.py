@@ -68,6 +68,10 @@ def test_a_gate_per_metric_turns_a_failing_pair_into_a_passing_one_and_back(tmp_
     table = pd.read_parquet(out / "diff.parquet").set_index(["metric", "key"])
     assert table.loc[("median_iteration_ns", "all ranks"), "reason"] == "tracked: within the tolerance (30 %)"
     assert table.loc[("kernel_total_ns", "Kernel"), "reason"] == "not gating: --gate kernel_total_ns=off"
+    green = (tmp_path / "loose.md").read_text()  # a passing run still shows its tracked metrics, base and new
+    assert green.startswith("## nsys-recipe diff: ✅") and "### Tracked, within the tolerance" in green
+    row = table.loc[("median_iteration_ns", "all ranks")]
+    assert f"| median_iteration_ns | all ranks | {row['base'] / 1e6:,.2f} ms | {row['new'] / 1e6:,.2f} ms |" in green
     counts = junit_counts(tmp_path / "loose.xml")
     assert counts["failures"] == 0 and counts["skipped"] == int(table["reason"].str.startswith("not gating").sum())
     res, _ = diff(tmp_path, OPTIMISED, BASE, *loose, "--gate", "median_iteration_ns=20", name="tight")

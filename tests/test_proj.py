@@ -2,6 +2,7 @@
 
 import os
 import shutil
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -130,3 +131,24 @@ def test_launch_keys_count_the_ops_of_each_key():
         keys, counts = gpu.launch_keys(Ahead(batches))
         want, want_counts = np.unique(np.array(corr) + 7 * 2**33, return_counts=True)
         assert keys.tolist() == want.tolist() and counts.tolist() == want_counts.tolist()
+
+
+def test_the_headline_names_the_top_range_below_the_iteration_range(tmp_path):
+    """The shipped H100 job: `step` holds every other range and so all the GPU time; the headline names the range with
+    the most GPU time below it. outermost_count (ranges inside no other range) equals a direct SQL count."""
+    h100 = Path(__file__).resolve().parents[1] / "sample_reports" / "h100_gloo_8rank"
+    out = runner.run("nvtx_gpu_proj", [str(h100)], str(tmp_path / "out"), mode="none", log=lambda msg: None)
+    summary = pd.read_parquet(out / "summary.parquet")
+    with sqlite3.connect(h100 / "rank0.sqlite") as db:
+        outermost = dict(db.execute(
+            "WITH r AS (SELECT e.rowid AS id, coalesce(e.text, s.value) AS name, e.start, e.end, e.globalTid "
+            "FROM NVTX_EVENTS e LEFT JOIN StringIds s ON s.id = e.textId WHERE e.end IS NOT NULL AND e.eventType = 59) "
+            "SELECT a.name, sum(NOT EXISTS (SELECT 1 FROM r b WHERE b.globalTid = a.globalTid AND b.id != a.id AND "
+            "b.start <= a.start AND b.end >= a.end AND b.end - b.start > a.end - a.start)) FROM r a GROUP BY a.name"
+        ).fetchall())
+    mine = summary[summary["rank"] == 0].set_index("name")["outermost_count"]
+    assert mine.to_dict() == outermost and outermost["step"] > 0 and set(outermost.values()) == {0, outermost["step"]}
+    t = summary.groupby("name")["gpu_busy_total_ns"].sum()
+    below = t.drop("step").sort_values(ascending=False)
+    assert t.idxmax() == "step"
+    assert proj.headline(out) == f"most GPU time below step: {below.index[0]} ({below.iloc[0] / 1e6:,.1f} ms)"

@@ -174,8 +174,12 @@ def summary_markdown(table: pd.DataFrame, missing: list[str], fail_on_missing: b
                 if gates else "") + "."]
     if missing and not fail_on_missing:
         lines += ["", "Ran on the base run only (not gating without --fail-on-missing): " + ", ".join(missing) + "."]
-    for verdict_name, title in (("regressed", "Slower or larger"), ("improved", "Faster or smaller")):
-        rows = by_time_moved(table[(table["verdict"] == verdict_name) & table["change_pct"].notna()], top)
+    within = table["reason"].str.startswith("tracked: within")  # a green run's tracked metrics: base and new too
+    for rows, title in ((table[(table["verdict"] == "regressed") & table["change_pct"].notna()], "Slower or larger"),
+                        (table[(table["verdict"] == "improved") & table["change_pct"].notna()], "Faster or smaller"),
+                        (table[within & ~table["verdict"].isin(["regressed", "improved"])],
+                         "Tracked, within the tolerance")):
+        rows = by_time_moved(rows, top)
         if len(rows):
             lines += ["", f"### {title}", "", "| gates | metric | key | base | new | change |",
                       "|---|---|---|---|---|---|"]

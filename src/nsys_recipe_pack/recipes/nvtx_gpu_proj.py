@@ -25,7 +25,7 @@ from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tabl
 from ..inputs.batches import RANGE_EVENTS
 from ..inputs.chunks import END_OF_TIME, NotSorted, ReadWhole, Stream
 from ..intervals import consecutive_union_lengths, union_lengths
-from ..iterations import closed_range_mask, closed_ranges
+from ..iterations import MIN_REPEATS, closed_range_mask, closed_ranges
 from ..lazy import pd
 from ..nvtx import (
     in_start_order,
@@ -45,7 +45,7 @@ RANGE_DTYPES = {"name": "str", "domain": "str", "pid": "int64", "tid": "int64", 
                 "parent_id": "Int64", "stack_level": "int64", "cpu_start_ns": "int64", "cpu_end_ns": "int64",
                 "gpu_start_ns": "Int64", "gpu_end_ns": "Int64", "gpu_busy_ns": "Int64", "gpu_ops": "int64"}
 # a rank's sums over its ranges of one name and domain, added across ranks (and pieces of a rank) into the summary
-SUM_COLUMNS = ["count", "cpu_total_ns", "gpu_proj_total_ns", "gpu_busy_total_ns", "gpu_ops"]
+SUM_COLUMNS = ["count", "cpu_total_ns", "gpu_proj_total_ns", "gpu_busy_total_ns", "gpu_ops", "outermost_count"]
 ID_BITS = 32  # a range's name and domain ids (each plus one) as one key: the name's above these bits
 
 
@@ -96,13 +96,15 @@ def ranges_table(name: pa.Array, domain: pa.Array, columns: dict) -> pa.Table:
 
 def range_sums(name: np.ndarray, domain: np.ndarray, columns: dict) -> tuple[np.ndarray, list[np.ndarray]]:
     """Per name and domain of some ranges (ids, -1 none: one key a pair), how many, and the sums of their CPU time, GPU
-    projection, GPU busy time and GPU ops (the summary's columns, before they are added across ranks)."""
+    projection, GPU busy time and GPU ops, and how many are inside no other range (the summary's columns, before
+    they are added across ranks)."""
     domains, domain_at = factorize(domain)  # a few: keys within a narrow span, counted rather than sorted
     has_op = columns["gpu_ops"] > 0
     keys, count, sums = sums_by_key(name * len(domains) + domain_at, [
         columns["cpu_end_ns"] - columns["cpu_start_ns"],
         np.where(has_op, columns["gpu_end_ns"] - columns["gpu_start_ns"], 0),
-        np.where(has_op, columns["gpu_busy_ns"], 0), columns["gpu_ops"]])
+        np.where(has_op, columns["gpu_busy_ns"], 0), columns["gpu_ops"],
+        (columns["stack_level"] == 0).astype(np.int64)])
     name, domain = np.divmod(keys, max(len(domains), 1))
     return ((name + 1) << ID_BITS) | (domains[domain] + 1), [count, *sums]
 
@@ -168,10 +170,20 @@ def summary(out, top: int = 8) -> list[str]:
 
 
 def headline(out) -> str:
+    """The range with the most GPU time; below the iteration's own range (one inside no other, repeating), which
+    holds every step's GPU time and so says nothing."""
     s = pd.read_parquet(out / "summary.parquet")
-    t = s.groupby("name")["gpu_busy_total_ns"].sum().sort_values(ascending=False)
-    t = t[t > 0]
-    return f"most GPU time: {t.index[0]!s} ({ms(t.iloc[0])})" if len(t) else "no GPU work inside NVTX ranges"
+    columns = [c for c in ("gpu_busy_total_ns", "count", "outermost_count") if c in s]  # earlier outputs lack one
+    t = s.groupby("name")[columns].sum().sort_values("gpu_busy_total_ns", ascending=False)
+    t = t[t["gpu_busy_total_ns"] > 0]
+    if not len(t):
+        return "no GPU work inside NVTX ranges"
+    top = t.index[0]
+    if "outermost_count" in t and t.at[top, "outermost_count"] == t.at[top, "count"] >= MIN_REPEATS:
+        nested = t[t["outermost_count"] < t["count"]]
+        if len(nested):
+            return f"most GPU time below {top!s}: {nested.index[0]!s} ({ms(nested['gpu_busy_total_ns'].iloc[0])})"
+    return f"most GPU time: {top!s} ({ms(t.at[top, 'gpu_busy_total_ns'])})"
 
 
 def diff_metrics(ranks) -> pd.DataFrame | None:
