@@ -49,6 +49,9 @@ def test_index_runs_recipes_and_reasons(report_dir):
         assert (report_dir / r.run / r.recipe / "report.html").exists()
     for run in ("cpu_ddp", "jacobi_report"):
         assert (report_dir / run / "overview.html").exists()
+    # gloo's all-reduce runs on the host: comm_overlap does not apply, and the overview says how the job communicated
+    assert "Communication on the host, not the GPU: collective NVTX ranges" in \
+        (report_dir / "cpu_ddp" / "overview.html").read_text()
     # one copy of plotly.js for the whole report folder: every page loads it by a relative path
     assert [p.relative_to(report_dir).as_posix() for p in report_dir.rglob("plotly.min.js")] == ["plotly.min.js"]
     for page in report_dir.rglob("*.html"):
@@ -82,3 +85,28 @@ def test_every_html_renders_its_figures_without_console_errors(report_dir, tmp_p
                         "--virtual-time-budget=15000", f"--screenshot={shots / name}", page.as_uri()],
                        capture_output=True, timeout=120)
         assert (shots / name).exists()
+
+
+def test_host_communication_time_equals_sql(tmp_path):
+    """The H100 gloo job's time in its `allreduce` NVTX ranges inside its `step` ranges, all ranks, as straggler_heatmap
+    counts it for the overview's communication line, against SQL over the shipped exports."""
+    import json
+    import sqlite3
+
+    from nsys_recipe_pack import run_recipe
+    from nsys_recipe_pack.plots.comm_overlap import host_communication
+
+    h100 = Path(__file__).resolve().parents[1] / "sample_reports" / "h100_gloo_8rank"
+    res = run_recipe("straggler_heatmap", [str(h100)], str(tmp_path / "straggler_heatmap"), mode="none")
+    want = 0
+    for export in sorted(h100.glob("rank*.sqlite")):
+        with sqlite3.connect(export) as db:
+            (ns,) = db.execute(
+                "WITH r AS (SELECT coalesce(e.text, s.value) AS name, e.start, e.end, e.globalTid FROM NVTX_EVENTS e "
+                "LEFT JOIN StringIds s ON s.id = e.textId WHERE e.end IS NOT NULL) "
+                "SELECT sum(min(a.end, b.end) - max(a.start, b.start)) FROM r a JOIN r b ON a.globalTid = b.globalTid "
+                "AND b.name = 'step' AND a.start < b.end AND a.end > b.start WHERE a.name = 'allreduce'").fetchone()
+            want += ns
+    analysis = json.loads((res.output_dir / "analysis.json").read_text())
+    assert analysis["sync_time_ns"]["collective NVTX range"] == want
+    assert f"collective NVTX ranges {want / 8 / 1e9:,.2f} s" in host_communication(tmp_path)

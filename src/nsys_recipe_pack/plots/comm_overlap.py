@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pandas as pd
 import plotly.graph_objects as go
 
@@ -48,3 +51,25 @@ def split_by(table: pd.DataFrame, column: str, title: str) -> go.Figure:
 def overview(out) -> list:
     """This recipe's figures on the run overview page (`nsys-recipe report`)."""
     return [by_rank(pd.read_parquet(out / "ranks.parquet"))]
+
+
+HOST_SOURCES = {"collective NVTX range": "collective NVTX ranges", "MPI call": "MPI calls"}
+
+
+def host_communication(run: Path) -> str | None:
+    """Where comm_overlap does not apply (no communication kernel on the GPU): how the ranks communicated and for how
+    long, from straggler_heatmap's sync points inside its iterations (collective NVTX ranges, MPI calls) in the same
+    run folder; None where it has none."""
+    analysis = Path(run) / "straggler_heatmap" / "analysis.json"
+    if not analysis.exists():
+        return None
+    times = json.loads(analysis.read_text()).get("sync_time_ns") or {}
+    said = {HOST_SOURCES[k]: v for k, v in times.items() if k in HOST_SOURCES and v > 0}
+    if not said:
+        return None
+    it = pd.read_parquet(analysis.parent / "iterations.parquet", columns=["rank", "duration_ns"])
+    ranks, steps = max(it["rank"].nunique(), 1), int(it["duration_ns"].sum())
+    parts = ", ".join(f"{what} {ns / ranks / 1e9:,.2f} s ({100 * ns / max(steps, 1):.0f} %)"
+                      for what, ns in said.items())
+    return (f"communication on the host, not the GPU: {parts} of each rank's {steps / ranks / 1e9:,.2f} s of "
+            "iterations, on average (straggler_heatmap's sync points)")

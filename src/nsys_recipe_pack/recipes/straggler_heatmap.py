@@ -110,6 +110,7 @@ class Piece:
     arrival_peer: np.ndarray
     arrival_any: np.ndarray
     used: np.ndarray  # sync points that begin inside the iterations, per SYNC_SOURCES
+    used_ns: np.ndarray  # the time inside the iterations in sync points, per SYNC_SOURCES
     child: tuple  # (iteration, name, host ns) in the order of the iteration, then of the name
     launched_in: tuple  # (iteration, name, GPU ns) in the order of the iteration, then of the name's code
     names: np.ndarray  # the words child and launched_in name codes refer to
@@ -149,6 +150,10 @@ def iteration_rows(rank_data, ranges, it, options: dict, before: int = END_OF_TI
     inside = np.searchsorted(window_start, points.start_ns, side="right") - 1
     inside = (inside >= 0) & (points.start_ns < window_end[np.maximum(inside, 0)]) if n else np.zeros(len(ready), bool)
     used = np.bincount(points.source[inside], minlength=len(SYNC_SOURCES))
+    # the time inside the iterations in each kind of sync point (a few kinds): how the rank communicated
+    used_ns = np.array([_windowed_union(window_start, window_end, points.start_ns[points.source == k],
+                                        points.end_ns[points.source == k], n).sum() for k in range(len(SYNC_SOURCES))],
+                       np.int64)
 
     child_start, child_end, child_name, child_it = child_ranges(ranges, it)
 
@@ -196,7 +201,7 @@ def iteration_rows(rank_data, ranges, it, options: dict, before: int = END_OF_TI
     cov = _windowed_union(window_start, window_end, np.concatenate([child_start, points.start_ns]),
                           np.concatenate([child_end, points.end_ns]), n)
     fixed["host_gap"] = (window_end - window_start) - cov
-    return Piece(first, window_start, window_end, wait, gpu_busy, arrival["peer"], arrival["any"], used, child,
+    return Piece(first, window_start, window_end, wait, gpu_busy, arrival["peer"], arrival["any"], used, used_ns, child,
                  launched_in, ranges.names, fixed, present, bool(points.peer.any()), covered_out)
 
 
@@ -256,6 +261,7 @@ def map_result(it, pieces: list[Piece], names, any_peer: bool, present: set) -> 
     gpu_busy = np.zeros(n, np.int64) if no_gpu else np.concatenate([p.gpu_busy_ns for p in pieces])
     arrival = np.concatenate([p.arrival_peer if any_peer else p.arrival_any for p in pieces])
     used = np.sum([p.used for p in pieces], axis=0) if pieces else np.zeros(len(SYNC_SOURCES), np.int64)
+    used_ns = np.sum([p.used_ns for p in pieces], axis=0) if pieces else np.zeros(len(SYNC_SOURCES), np.int64)
     iters = pa.Table.from_arrays([
         arrow_of(np.arange(n, dtype=np.int64)), arrow_of(start), arrow_of(end), arrow_of(end - start),
         arrow_of(wait), arrow_of((end - start) - wait),
@@ -263,7 +269,7 @@ def map_result(it, pieces: list[Piece], names, any_peer: bool, present: set) -> 
         arrow_of(np.where(arrival >= 0, arrival, 0), valid=arrival >= 0),
     ], names=list(ITERATION_DTYPES))
     return {"iterations": iters, "components": comps, "delimiter": it.delimiter.as_dict(),
-            "sync_points": np.asarray(used).tolist()}
+            "sync_points": np.asarray(used).tolist(), "sync_time_ns": np.asarray(used_ns).tolist()}
 
 
 def _measure(*args) -> tuple[Piece, dict]:
@@ -406,8 +412,10 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     ranks["recoverable_pct"] = 100.0 * ranks["recoverable_ns"] / max(run_ns, 1)
     ranks = ranks.join(recurrence(ranks, stragglers), on="rank")
     used = np.sum([r.get("sync_points", [0] * len(SYNC_SOURCES)) for r in per_rank], axis=0)
+    used_ns = np.sum([r.get("sync_time_ns", [0] * len(SYNC_SOURCES)) for r in per_rank], axis=0)
     settings = {"threshold": threshold, "sigma": sigma, "busy_noise_ns": busy_scale,
                 "sync_points": {name: int(c) for name, c in zip(SYNC_SOURCES, used, strict=True) if c},
+                "sync_time_ns": {name: int(t) for name, t in zip(SYNC_SOURCES, used_ns, strict=True) if t},
                 "run_ns": run_ns, "pattern": pattern(ranks),
                 "warmup": {"rule": WARMUP_RULE, "left_out": not options.get("keep_warmup"),
                            "iterations": sorted(int(i) for i in iterations.loc[iterations["is_warmup"], "iteration"]
