@@ -340,7 +340,7 @@ def test_bad_calls_and_atomic_output(tmp_path, monkeypatch):
             raise OSError("disk full")
         yield write
 
-    monkeypatch.setattr(synth, "_export_writer", broken)
+    monkeypatch.setattr(synth, "export_writer", broken)
     with pytest.raises(OSError):
         write_synthetic(tmp_path / "half", ranks=2, iterations=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["once"]  # no half-written folder left behind

@@ -3,7 +3,7 @@
 Everything written here is labelled synthetic: a README.md and truth.json beside the exports and a
 `SYNTHETIC` row in each export's META_DATA_EXPORT. Table and column names, column order and types are
 those of a real Nsight Systems 2023.4 export: `data/nsys_2023_4_schema.json` (made by
-scripts/dump_export_schema.py) plus `EXTRA_TABLES` below; tests/test_synth.py checks every table written
+scripts/dump_export_schema.py) plus `synth_export.EXTRA_TABLES`; tests/test_synth.py checks every table written
 against the record of a real export in tests/data/nsys_2023_4_schema.json.
 
 The model, per rank (one process, one GPU, one main thread):
@@ -21,22 +21,26 @@ only `TARGET_INFO_SESSION_START_TIME.utcEpochNs + start` lines the ranks up.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from . import progress
 from .errors import UsageError
 from .lazy import pd
 from .staging import staged_output
+from .synth_export import (
+    check_output,
+    export_writer,
+    schema_of,
+    shared_tables,
+    typed,
+)
+from .synth_memory import MemoryPlan, memory_events, memory_truth, parse_memory
 
-SCHEMA_FILE = Path(__file__).with_name("data") / "nsys_2023_4_schema.json"
 MS = 1_000_000
 US = 1_000
 BASE_UTC_NS = 1_700_000_000_000_000_000  # the common clock's zero, 2023-11-14T22:13:20Z
@@ -75,7 +79,6 @@ EXTRA_OPS = [
     ("dtoh_item", "optimizer", 950 * US, 960 * US, "memcpy"),         # loss.item(): 4 bytes, synchronous
 ]
 OVERLAP_BEFORE_ARRIVAL = (3 * MS, 2 * MS)  # bucket_reduce on stream 9, inside the last backward kernel
-SYNTHETIC_LABEL = "nsys-recipe-pack synthetic export"
 JOBS = ("nccl", "mpi")
 # The `mpi` job: no NVTX; per iteration each rank launches one kernel, waits for it in
 # cudaDeviceSynchronize, then meets the others in MPI_Allreduce (released together, after the last arrives).
@@ -91,7 +94,6 @@ GLOBAL_VM = 1 << 48
 PID_BASE = 4000
 NO_ID = 0xFFFFFFFF  # what CUPTI records where an id does not apply (e.g. eventId of a stream sync)
 NAME_ENUM = {"DeviceEnvironment": 610, "Hostname": 619}  # TARGET_INFO_SYSTEM_ENV.nameEnum in 2023.4
-PARQUET_ROW_GROUP = 2048  # as Nsight Systems' parquetdir export: several row groups per larger table
 BLOCK_ITERATIONS = 20_000  # a rank's events are made and written this many iterations at a time: a long capture
 # (millions of kernels) in bounded memory, the same export whatever the block
 KERNELS_PER_STEP = len(FWD_KERNELS) + len(BWD_KERNELS) + 1  # and the NCCL kernel: one correlation id each
@@ -152,139 +154,6 @@ def parse_straggler(text: str) -> Straggler:
         raise ValueError(f"--straggler {text!r}: slowdown must be a number > 1 (1.5 adds 50 %)")
     return Straggler(int(fields["rank"]), first, last, cause, slowdown)
 
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """Device memory every rank allocates (CUDA_GPU_MEMORY_USAGE_EVENTS, kind Device, as `nsys profile
-    --cuda-memory-usage=true` records it): `held` bytes freed 2 ms before the first step though allocated before the
-    capture, `weights` allocated 1 ms before it and kept, `activation` allocated at the start of each forward range and
-    freed at the start of each optimizer range. Rank `big_rank` allocates `big_factor` times the activation; rank
-    `leak_rank` also allocates `leak` bytes at the start of backward in iterations leak_first..leak_last (-1: to the
-    end) and never frees them. Every event 5 us after the instant named."""
-    held: int = 64 << 20
-    weights: int = 1 << 30
-    activation: int = 256 << 20
-    leak_rank: int = -1
-    leak: int = 16 << 20
-    leak_first: int = 0
-    leak_last: int = -1
-    big_rank: int = -1
-    big_factor: int = 2
-
-    def activation_of(self, rank: int) -> int:
-        return self.activation * (self.big_factor if rank == self.big_rank else 1)
-
-    def leaks(self, rank: int, iterations: int) -> np.ndarray:
-        """Whether the rank leaks in each iteration."""
-        last = iterations - 1 if self.leak_last == -1 else self.leak_last
-        i = np.arange(iterations)
-        return (rank == self.leak_rank) & (i >= self.leak_first) & (i <= last)
-
-
-def parse_memory(text: str) -> MemoryPlan:
-    """`leak=R,iterations=A-B,big=R` (each optional; '' for every rank alike)."""
-    usage = f"--memory {text!r}: give leak=R[,iterations=A-B][,big=R]"
-    fields = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        if not sep or key.strip() not in ("leak", "iterations", "big") or not re.fullmatch(r"[\d-]+", value.strip()):
-            raise ValueError(usage)
-        fields[key.strip()] = value.strip()
-    span = re.fullmatch(r"(\d+)-(\d+)", fields.get("iterations", "0-0"))
-    if span is None or int(span.group(2)) < int(span.group(1)) or any(
-            not fields[k].isdigit() for k in ("leak", "big") if k in fields):
-        raise ValueError(usage)
-    first, last = (int(span.group(1)), int(span.group(2))) if "iterations" in fields else (0, -1)
-    return MemoryPlan(leak_rank=int(fields.get("leak", -1)), leak_first=first, leak_last=last,
-                      big_rank=int(fields.get("big", -1)))
-
-
-# ---------------------------------------------------------------------------------------------------------
-# schema
-
-def _spec(text: str) -> list[dict]:
-    """Compact column list `name:arrowtype[!]` (`!` = NOT NULL) -> schema entries; SQLite types follow arrow's."""
-    cols = []
-    for item in text.split():
-        name, arrow = item.split(":")
-        required = arrow.endswith("!")
-        arrow = arrow.rstrip("!")
-        sql = "TEXT" if arrow == "string" else "REAL" if arrow in ("float", "double") else \
-            "BLOB" if arrow == "binary" else "INTEGER"
-        cols.append({"name": name, "sqlite": sql, "arrow": arrow, "nullable": not required})
-    return cols
-
-
-_ENUM = _spec("id:int64! name:string label:string")
-# Tables written beyond data/nsys_2023_4_schema.json, as the same real 2023.4 export has them.
-EXTRA_TABLES = {
-    "TARGET_INFO_GPU": _spec(
-        "vmId:int64! id:int64! name:string busLocation:string isDiscrete:bool l2CacheSize:int64 totalMemory:uint64 "
-        "memoryBandwidth:uint64 clockRate:int64 smCount:int64 pwGpuId:int64 uuid:string luid:uint64 chipName:string "
-        "cuDevice:int32 ctxswDevPath:string ctrlDevPath:string revision:int64 nodeMask:int64 constantMemory:int64 "
-        "maxIPC:int64 maxRegistersPerBlock:int64 maxShmemPerBlock:int64 maxShmemPerBlockOptin:int64 "
-        "maxShmemPerSm:int64 maxRegistersPerSm:int64 threadsPerWarp:int64 asyncEngines:int64 maxWarpsPerSm:int64 "
-        "maxBlocksPerSm:int64 maxThreadsPerBlock:int64 maxBlockDimX:int64 maxBlockDimY:int64 maxBlockDimZ:int64 "
-        "maxGridDimX:int64 maxGridDimY:int64 maxGridDimZ:int64 computeMajor:int64 computeMinor:int64 smMajor:int64 "
-        "smMinor:int64"),
-    "ENUM_CUDA_MEMCPY_OPER": _ENUM,
-    "ENUM_CUDA_MEM_KIND": _ENUM,
-    "ENUM_CUPTI_SYNC_TYPE": _ENUM,
-    "MPI_OTHER_EVENTS": _spec("start:int64! end:int64 globalTid:uint64 textId:int64"),
-    # written only with a MemoryPlan: its columns as Nsight Systems documents the table
-    "CUDA_GPU_MEMORY_USAGE_EVENTS": _spec(
-        "start:int64! globalPid:uint64 deviceId:int64! contextId:uint64! address:uint64! pc:uint64! bytes:uint64! "
-        "memKind:int64! memoryOperationType:int64! name:string correlationId:int64 streamId:uint64 "
-        "localMemoryPoolAddress:uint64 localMemoryPoolReleaseThreshold:uint64 localMemoryPoolSize:uint64 "
-        "localMemoryPoolUtilizedSize:uint64 importedMemoryPoolAddress:uint64 importedMemoryPoolProcessId:uint64"),
-    "ENUM_CUDA_DEV_MEM_EVENT_OPER": _ENUM,
-}
-# The enum values the exports use (CUPTI's enums as Nsight Systems numbers them).
-ENUMS = {
-    "ENUM_CUDA_MEMCPY_OPER": ("CUDA_MEMCPY_KIND_", [
-        ("UNKNOWN", "Unknown"), ("HTOD", "Host-to-Device"), ("DTOH", "Device-to-Host"), ("HTOA", "Host-to-Array"),
-        ("ATOH", "Array-to-Host"), ("ATOA", "Array-to-Array"), ("ATOD", "Array-to-Device"),
-        ("DTOA", "Device-to-Array"), ("DTOD", "Device-to-Device"), ("HTOH", "Host-to-Host"),
-        ("PTOP", "Peer-to-Peer"), ("UVM_HTOD", "Unified Host-to-Device"), ("UVM_DTOH", "Unified Device-to-Host"),
-        ("UVM_DTOD", "Unified Device-to-Device")]),
-    "ENUM_CUDA_MEM_KIND": ("CUDA_MEMOPR_MEMORY_KIND_", [
-        ("PAGEABLE", "Pageable"), ("PINNED", "Pinned"), ("DEVICE", "Device"), ("ARRAY", "Array"),
-        ("MANAGED", "Managed"), ("DEVICE_STATIC", "Device Static"), ("MANAGED_STATIC", "Managed Static"),
-        ("UNKNOWN", "Unknown")]),
-    "ENUM_CUPTI_SYNC_TYPE": ("CUPTI_ACTIVITY_SYNCHRONIZATION_TYPE_", [
-        ("UNKNOWN", "Unknown"), ("EVENT_SYNCHRONIZE", "Event sync"), ("STREAM_WAIT_EVENT", "Stream wait sync"),
-        ("STREAM_SYNCHRONIZE", "Stream sync"), ("CONTEXT_SYNCHRONIZE", "Context sync")]),
-}
-PRIMARY_KEYS = {"StringIds": "id", **{t: "id" for t in ENUMS}}
-
-NEWER_SCHEMA_VERSION = "3.25.0"
-# What newer exports (schema 3.16 to 3.25) add over 2023.4's, as seen in real ones: extra columns on existing
-# tables and a new table. Readers must ignore what they do not know.
-NEWER_COLUMNS = {
-    "NVTX_EVENTS": [{"name": "eventId", "sqlite": "INTEGER", "arrow": "uint64", "nullable": True},
-                    {"name": "binaryData", "sqlite": "BLOB", "arrow": "binary", "nullable": True}],
-    "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": [{"name": "eventSyncId", "sqlite": "INTEGER", "arrow": "uint64",
-                                             "nullable": True}],
-}
-NEWER_TABLES = {
-    "TARGET_INFO_CUDA_DEVICE": [{"name": "cudaId", "sqlite": "INTEGER", "arrow": "int32", "nullable": False},
-                                {"name": "pid", "sqlite": "INTEGER", "arrow": "int64", "nullable": True},
-                                {"name": "uuid", "sqlite": "TEXT", "arrow": "string", "nullable": True},
-                                {"name": "name", "sqlite": "TEXT", "arrow": "string", "nullable": True}],
-}
-
-
-def _schema(shape: str = "2023.4") -> dict:
-    schema = json.loads(SCHEMA_FILE.read_text())
-    schema["tables"].update(EXTRA_TABLES)
-    if shape == "newer":
-        for table, cols in NEWER_COLUMNS.items():
-            schema["tables"][table] = schema["tables"][table] + cols
-        schema["tables"].update(NEWER_TABLES)
-        schema["schema_version"] = NEWER_SCHEMA_VERSION
-    elif shape != "2023.4":
-        raise UsageError(f"--schema {shape}: use 2023.4 or newer")
-    return schema
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -422,10 +291,10 @@ def _rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: i
     })
     first_extra = 101 + KERNELS_PER_STEP * (iterations if total is None else total) + EXTRA_IDS * first
     extra = _gpu_extras(spans, iterations, gtid, gpid, pid, device, gpus_per_node, first_extra, strings)
-    memory_events = {} if memory is None else {
-        "CUDA_GPU_MEMORY_USAGE_EVENTS": _memory_events(memory, r, spans, first, total or iterations, gpid, device)}
+    memory_tables = {} if memory is None else {
+        "CUDA_GPU_MEMORY_USAGE_EVENTS": memory_events(memory, r, spans, first, total or iterations, gpid, device)}
     return {
-        **memory_events,
+        **memory_tables,
         "NVTX_EVENTS": _by_start(nvtx, extra["nvtx"]),
         "CUPTI_ACTIVITY_KIND_KERNEL": _by_start(kernels, extra["kernels"]),
         "CUPTI_ACTIVITY_KIND_RUNTIME": _by_start(runtime, extra["runtime"]),
@@ -433,32 +302,6 @@ def _rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: i
         "CUPTI_ACTIVITY_KIND_MEMSET": _by_start(extra["memset"]),
         "CUPTI_ACTIVITY_KIND_SYNCHRONIZATION": _by_start(extra["sync"]),
     }
-
-
-def _memory_events(plan: MemoryPlan, r: int, spans: dict, first: int, total: int, gpid: int,
-                   device: int) -> pd.DataFrame:
-    """The rank's memory events of iterations first.. (MemoryPlan), in time order."""
-    n = len(spans["step"][0])
-    it = first + np.arange(n)
-    base = 0x7F00_0000_0000
-    rows = [(spans["forward"][0] + 5 * US, base + (it << 32), np.full(n, plan.activation_of(r)), 0),
-            (spans["optimizer"][0] + 5 * US, base + (it << 32), np.full(n, plan.activation_of(r)), 1)]
-    leaking = plan.leaks(r, total)[first:first + n]
-    rows.append((spans["backward"][0][leaking] + 5 * US, base + (1 << 44) + (it[leaking] << 32),
-                 np.full(int(leaking.sum()), plan.leak), 0))
-    if first == 0:  # before the first step: memory held from before the capture is freed, the weights allocated
-        s0 = int(spans["step"][0][0])
-        rows.append((np.array([s0 - 2 * MS, s0 - MS]), np.array([base + (2 << 44), base + (3 << 44)]),
-                     np.array([plan.held, plan.weights]), np.array([1, 0])))
-    start = np.concatenate([np.asarray(t, np.int64) for t, *_ in rows])
-    frame = pd.DataFrame({
-        "start": start, "globalPid": np.uint64(gpid), "deviceId": device, "contextId": np.uint64(1),
-        "address": np.concatenate([np.asarray(a, np.int64) for _, a, _, _ in rows]).astype(np.uint64),
-        "pc": np.uint64(0), "bytes": np.concatenate([np.asarray(b, np.int64) for _, _, b, _ in rows]).astype(np.uint64),
-        "memKind": 2,
-        "memoryOperationType": np.concatenate([np.broadcast_to(o, len(t)) for t, _, _, o in rows]).astype(np.int64),
-        "correlationId": 0, "localMemoryPoolAddress": np.uint64(0), "localMemoryPoolSize": np.uint64(0)})
-    return frame.sort_values("start", kind="stable").reset_index(drop=True)
 
 
 def _block(tl: dict, first: int, stop: int) -> dict:
@@ -642,113 +485,11 @@ def _gpus(node: int, gpus_per_node: int) -> pd.DataFrame:
 # ---------------------------------------------------------------------------------------------------------
 # writing
 
-def _typed(table: str, df: pd.DataFrame, schema: dict) -> pa.Table:
-    """The frame as an Arrow table with the export's exact column order, types and nullability."""
-    cols = schema["tables"][table]
-    unknown = set(df.columns) - {c["name"] for c in cols}
-    if unknown:
-        raise ValueError(f"{table}: columns {sorted(unknown)} are not in the export schema")
-    arrays, fields = [], []
-    for c in cols:
-        typ = pa.type_for_alias(c["arrow"])
-        values = df[c["name"]] if c["name"] in df else pd.Series([None] * len(df), dtype=object, index=df.index)
-        if pa.types.is_integer(typ) or pa.types.is_floating(typ):
-            values = pd.to_numeric(values, errors="coerce")
-            mask = values.isna().to_numpy()
-            arr = pa.array(values.fillna(0).to_numpy().astype(typ.to_pandas_dtype()), type=typ,
-                           mask=mask if mask.any() else None)
-        else:
-            arr = pa.array(values.astype(object).where(values.notna(), None).tolist(), type=typ)
-        if arr.null_count and not c["nullable"]:
-            raise ValueError(f"{table}.{c['name']}: nulls in a NOT NULL column")
-        arrays.append(arr)
-        fields.append(pa.field(c["name"], typ, nullable=c["nullable"]))
-    return pa.Table.from_arrays(arrays, schema=pa.schema(fields))
-
-
-def _ddl(table: str, schema: dict) -> str:
-    pk = PRIMARY_KEYS.get(table)
-    cols = []
-    for c in schema["tables"][table]:
-        decl = f'"{c["name"]}" {c["sqlite"]}'
-        if not c["nullable"]:
-            decl += " NOT NULL"
-        if c["name"] == pk:
-            decl += " PRIMARY KEY"
-        cols.append(decl)
-    return f'CREATE TABLE "{table}" ({", ".join(cols)})'
-
-
-@contextlib.contextmanager
-def _export_writer(path: Path, fmt: str, schema: dict):
-    """A function writing tables into one rank's export: a table met again is appended to (ADBC's bulk insert
-    for SQLite, a row group after another for Parquet)."""
-    made: dict = {}  # table -> its Parquet writer (None for SQLite)
-    if fmt == "sqlite":
-        import adbc_driver_sqlite.dbapi
-
-        con = adbc_driver_sqlite.dbapi.connect(str(path))
-        cursor = con.cursor()
-
-        def write(tables: dict[str, pa.Table]) -> None:
-            for table, data in tables.items():
-                if table not in made:
-                    cursor.execute(_ddl(table, schema))
-                    made[table] = None
-                cursor.adbc_ingest(table, data, mode="append")
-        try:
-            yield write
-            con.commit()
-        finally:
-            cursor.close()
-            con.close()
-        return
-    path.mkdir()
-
-    def write(tables: dict[str, pa.Table]) -> None:
-        for table, data in tables.items():
-            if table not in made:
-                made[table] = pq.ParquetWriter(path / f"{table}.parquet", data.schema, version="1.0",
-                                               compression="none")
-            made[table].write_table(data, row_group_size=PARQUET_ROW_GROUP)
-    try:
-        yield write
-    finally:
-        for writer in made.values():
-            writer.close()
-
-
 def _strings() -> dict:
     names = ["step", *CHILDREN, *FWD_KERNELS, *BWD_KERNELS, NCCL_SHORT, NCCL_FULL, LAUNCH_API, MAIN_THREAD_NAME,
              *GRAPH_KERNELS, OVERLAP_KERNEL, *EXTRA_APIS, NCCL_MANGLED, WORKER_THREAD_NAME, MPI_KERNEL,
              MPI_SYNC_API, MPI_CALL]
     return {n: i for i, n in enumerate(dict.fromkeys(names))}
-
-
-def _shared_tables(strings: dict, schema: dict) -> dict[str, pa.Table]:
-    """The tables every rank's export holds unchanged."""
-    version = schema["schema_version"]
-    major, minor, micro = (version.split(".") + ["0", "0"])[:3]
-    meta = pd.DataFrame([
-        ("EXPORT_PRODUCT_NAME", "NVIDIA Nsight Systems"), ("EXPORT_PRODUCT_VERSION", schema["nsys_version"]),
-        ("EXPORT_PRODUCT_DATE", ".".join(schema["nsys_version"].split(".")[:2])),
-        ("EXPORT_SCHEMA_VERSION", version), ("EXPORT_SCHEMA_VERSION_MAJOR", major),
-        ("EXPORT_SCHEMA_VERSION_MINOR", minor), ("EXPORT_SCHEMA_VERSION_MICRO", micro),
-        ("EXPORT_PLATFORM", "linux-desktop"), ("EXPORT_ARCH", "x64"),
-        ("SYNTHETIC", SYNTHETIC_LABEL),
-    ], columns=["name", "value"])
-    out = {"StringIds": pd.DataFrame({"id": list(strings.values()), "value": list(strings.keys())}),
-           "META_DATA_EXPORT": meta}
-    for table, (prefix, rows) in ENUMS.items():
-        out[table] = pd.DataFrame({"id": range(len(rows)), "name": [prefix + n for n, _ in rows],
-                                   "label": [label for _, label in rows]})
-    return {t: _typed(t, df, schema) for t, df in out.items()}
-
-
-def _check_output(out: Path, overwrite: bool) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
-        raise UsageError(f"{out}: already exists and is not empty; choose another --output or pass "
-                         "--force-overwrite")
 
 
 def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str = "parquetdir",
@@ -770,10 +511,10 @@ def write_synthetic(output_dir, ranks: int = 4, iterations: int = 50, fmt: str =
     if ranks < 1 or iterations < 1 or gpus_per_node < 1:
         raise UsageError("--ranks, --iterations and --gpus-per-node must be at least 1")
     shape = schema
-    schema = _schema(shape)
+    schema = schema_of(shape)
     stragglers = _check_stragglers(stragglers, ranks, iterations)
     out = Path(output_dir)
-    _check_output(out, overwrite)
+    check_output(out, overwrite)
     with staged_output(out, replace=True) as tmp:
         truth = _write_all(tmp, ranks, iterations, fmt, stragglers, seed, gpus_per_node, shape, schema, job, memory)
         (tmp / "truth.json").write_text(json.dumps(truth, indent=1))
@@ -790,9 +531,9 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
     offsets = np.round(rng.uniform(0, 5 * MS, size=ranks)).astype(np.int64) + np.arange(ranks) * 1_700 * US
     first_step = int(offsets.max()) + FIRST_STEP_NS  # on the common clock: every rank's local times are >= 1 s
     strings = _strings()
-    shared = _shared_tables(strings, schema)
+    shared = shared_tables(strings, schema)
     if memory is not None:
-        shared["ENUM_CUDA_DEV_MEM_EVENT_OPER"] = _typed("ENUM_CUDA_DEV_MEM_EVENT_OPER", pd.DataFrame({
+        shared["ENUM_CUDA_DEV_MEM_EVENT_OPER"] = typed("ENUM_CUDA_DEV_MEM_EVENT_OPER", pd.DataFrame({
             "id": [0, 1], "name": ["CUDA_DEV_MEM_EVENT_OPR_ALLOCATION", "CUDA_DEV_MEM_EVENT_OPR_DEALLOCATION"],
             "label": ["Allocation", "Deallocation"]}), schema)
     rank_tables = _rank_tables if job == "nccl" else _mpi_rank_tables
@@ -807,12 +548,12 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
                 "cudaId": [r % gpus_per_node], "pid": [PID_BASE + r], "uuid": [f"GPU-synthetic-{r}"],
                 "name": ["SYNTHETIC GPU"]})
         path = tmp / (f"rank{r}.sqlite" if fmt == "sqlite" else f"rank{r}_pqtdir")
-        with _export_writer(path, fmt, schema) as write:
-            write({**shared, **{t: _typed(t, df, schema) for t, df in frames.items()}})
+        with export_writer(path, fmt, schema) as write:
+            write({**shared, **{t: typed(t, df, schema) for t, df in frames.items()}})
             for first, stop in blocks:
                 events = rank_tables(r, _block(tl, first, stop), stop - first, shift, gpus_per_node, strings, first,
                                      iterations, **more)
-                write({t: _typed(t, df, schema) for t, df in events.items()})
+                write({t: typed(t, df, schema) for t, df in events.items()})
                 done.advance(stop - first)
     done.close()
 
@@ -835,7 +576,7 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
             "sync_points": [MPI_SYNC_API, MPI_CALL]}),
         "jitter": JITTER,
         "stragglers": [asdict(s) for s in stragglers],
-        **({"memory": _memory_truth(memory, ranks, iterations)} if memory is not None else {}),
+        **({"memory": memory_truth(memory, ranks, iterations)} if memory is not None else {}),
         "cells": cells,
         "session_start_utc_ns": [BASE_UTC_NS + int(o) for o in offsets],
         "session_offsets_ns": offsets.tolist(),
@@ -844,22 +585,6 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
         ("nccl_end_aligned_ns" if job == "nccl" else "release_aligned_ns"):
             (tl["release"] + first_step - earliest).tolist(),
     }
-
-
-def _memory_truth(plan: MemoryPlan, ranks: int, iterations: int) -> dict:
-    """What the memory plan makes each rank hold (device memory, bytes): its peak and the iteration that first
-    reaches it, what is held at the end, what leaks, and per iteration what is allocated."""
-    per_rank = []
-    for r in range(ranks):
-        leaks = plan.leaks(r, iterations)
-        leaked = np.cumsum(leaks) * plan.leak
-        # in each iteration the activation, then any leak, are held on top of the weights and earlier leaks
-        peaks = plan.weights + leaked + plan.activation_of(r)
-        per_rank.append({"rank": r, "peak_bytes": int(peaks.max()), "peak_iteration": int(np.argmax(peaks)),
-                         "held_before_bytes": plan.held, "held_at_end_bytes": int(plan.weights + leaked[-1]),
-                         "leaked_bytes": int(leaked[-1]), "leaked_iterations": [int(i) for i in np.flatnonzero(leaks)],
-                         "alloc_bytes_per_iteration": (plan.activation_of(r) + leaks * plan.leak).tolist()})
-    return {"plan": asdict(plan), "ranks": per_rank, "kind": "Device"}
 
 
 def _readme(truth: dict) -> str:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import synth
+from . import synth, synth_export
 from .errors import UsageError
 from .lazy import pd
 from .parallel import Layout
@@ -72,11 +72,11 @@ SCHEMAS = {
     16777222: (24, [("NCCL communicator ID", 18, 0), ("Message size [bytes]", 22, 8), ("Root", 5, 16)]),
 }
 PAYLOAD_TABLES = {
-    "NVTX_PAYLOAD_SCHEMAS": synth._spec("domainId:int64 schemaId:int64 name:string type:int64 flags:int64 "
-                                        "numEntries:int64 payloadSize:int64 alignTo:int64"),
-    "NVTX_PAYLOAD_SCHEMA_ENTRIES": synth._spec("domainId:int64! schemaId:int64! idx:int64! flags:int64 type:int64 "
-                                               "name:string description:string arrayOrUnionDetail:int64 "
-                                               "offset:int64"),
+    "NVTX_PAYLOAD_SCHEMAS": synth_export.spec("domainId:int64 schemaId:int64 name:string type:int64 flags:int64 "
+                                              "numEntries:int64 payloadSize:int64 alignTo:int64"),
+    "NVTX_PAYLOAD_SCHEMA_ENTRIES": synth_export.spec("domainId:int64! schemaId:int64! idx:int64! flags:int64 "
+                                                     "type:int64 name:string description:string "
+                                                     "arrayOrUnionDetail:int64 offset:int64"),
 }
 
 
@@ -380,9 +380,9 @@ def write_megatron(output_dir, layout: Layout, steps: int = 20, microbatches: in
         raise UsageError("--job megatron: a straggler's compute is slower (cause=compute or cause=gpu)")
     stragglers = synth._check_stragglers(stragglers, world, steps)
     out = Path(output_dir)
-    synth._check_output(out, overwrite)
+    synth_export.check_output(out, overwrite)
     sim = simulate(layout, steps, microbatches, stragglers, heavy_last_stage, seed, p2p_sync)
-    schema = synth._schema("newer")
+    schema = synth_export.schema_of("newer")
     schema["tables"].update(PAYLOAD_TABLES)
     names = list(dict.fromkeys([*COMPUTE["F"], *COMPUTE["B"], OPTIMIZER_KERNEL, TP_KERNEL, DP_KERNEL, P2P_KERNEL,
                                 synth.LAUNCH_API, SYNC_API, synth.MAIN_THREAD_NAME, synth.WORKER_THREAD_NAME]))
@@ -390,16 +390,16 @@ def write_megatron(output_dir, layout: Layout, steps: int = 20, microbatches: in
     rng = np.random.default_rng(seed + 1)
     offsets = np.round(rng.uniform(0, 5 * MS, size=world)).astype(np.int64)
     first_step = int(offsets.max()) + synth.FIRST_STEP_NS
-    shared = {**synth._shared_tables(strings, schema),
-              **{t: synth._typed(t, df, schema) for t, df in _schema_tables().items()}}
+    shared = {**synth_export.shared_tables(strings, schema),
+              **{t: synth_export.typed(t, df, schema) for t, df in _schema_tables().items()}}
     with staged_output(out, replace=True) as tmp:
         for r in range(world):
             shift = first_step - int(offsets[r])
             frames = synth._rank_info_tables(r, synth.BASE_UTC_NS + int(offsets[r]), world, gpus_per_node, strings)
             events = _rank_events(r, sim, shift, r % gpus_per_node, strings, payloads, -800 * MS)
             path = tmp / (f"rank{r}.sqlite" if fmt == "sqlite" else f"rank{r}_pqtdir")
-            with synth._export_writer(path, fmt, schema) as write:
-                write({**shared, **{t: synth._typed(t, df, schema) for t, df in {**frames, **events}.items()}})
+            with synth_export.export_writer(path, fmt, schema) as write:
+                write({**shared, **{t: synth_export.typed(t, df, schema) for t, df in {**frames, **events}.items()}})
         truth = _truth(layout, sim, steps, microbatches, stragglers, heavy_last_stage, payloads, seed, fmt,
                        gpus_per_node, offsets, first_step, p2p_sync)
         (tmp / "truth.json").write_text(json.dumps(truth, indent=1))
