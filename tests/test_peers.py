@@ -42,13 +42,13 @@ def _stage(rank: int) -> int:
 def test_a_heavier_last_stage_is_stage_imbalance_not_stragglers(heavy):
     _, res = heavy
     findings = res.tables["findings"]
-    assert findings["finding"].tolist() == ["stage_imbalance"]
+    assert findings["kind"].tolist() == ["stage_imbalance"]
     row = findings.iloc[0]
     assert row["stage"] == P - 1
     assert list(row["ranks"]) == [r for r in range(T * P * D) if _stage(r) == P - 1]
     # by hand: a stage's busy time per step is its micro-batches' forward (6 ms) and backward (12 ms) compute; the
     # last stage's is 1.5 times as long: 0.5 x 18 ms x 4 micro-batches more
-    assert row["excess_ns"] == pytest.approx(0.5 * 18 * MS * MICROBATCHES, rel=0.05)
+    assert row["cost_ns"] == pytest.approx(0.5 * 18 * MS * MICROBATCHES, rel=0.05)
     assert row["busier_iterations"] == row["iterations"]
     flagged = res.tables["stragglers"]
     assert not any(_stage(r) == P - 1 for r in flagged["rank"])
@@ -128,7 +128,7 @@ def test_the_real_pipeline_job_shows_its_long_last_stage_and_no_straggler(tmp_pa
     assert findings["stage"].tolist() == [last]
     assert list(findings.iloc[0]["ranks"]) == sorted(int(r) for r, w in truth["ranks"].items() if w["pp"] == last)
     saved_ns = (truth["paper"]["step_s_measured"] - truth["paper"]["step_s_without_stage_imbalance"]) * 1e9
-    assert findings.iloc[0]["excess_ns"] == pytest.approx(saved_ns, rel=0.25)
+    assert findings.iloc[0]["cost_ns"] == pytest.approx(saved_ns, rel=0.25)
 
 
 def test_a_job_of_peers_keeps_its_outputs(tmp_path):
@@ -200,3 +200,8 @@ def test_a_gpu_bound_pipeline_straggler_behind_device_syncs_is_gpu_compute(tmp_p
     assert set(zip(flagged["rank"], flagged["iteration"], strict=True)) == {(STRAGGLER, i) for i in range(3, 7)}
     assert set(flagged["cause"]) <= {"forward", "backward"} and set(flagged["cause_side"]) == {"gpu"}
     assert flagged["excess_ns"].median() == pytest.approx(1.5 * 18 * MS * MICROBATCHES, rel=0.1)
+    # one rank slow throughout its steps is a straggler, not uneven micro-batches
+    assert "microbatch_imbalance" not in set(res.tables["findings"]["kind"])
+    spread = res.tables["microbatches"].set_index("stage")
+    assert spread.at[_stage(STRAGGLER), "max_ratio"] == pytest.approx(2.5, rel=0.1)  # its micro-batches, seen ...
+    assert spread["long_passes"].sum() == 0  # ... as the rank's own slowness

@@ -126,7 +126,8 @@ class Matched:
     """The ranks' parallel groups (groups.parquet's rows), how they were found, the communicators, every collective
     matched across its members (empty where no rank ran NCCL kernels), each host's clock offset, what the inputs
     showed that a reader should know (`notes`), and the group kind of each rank's (stream, op, comm_id) channel of
-    NCCL kernels (`channels`: comm_id -1 where NCCL's payloads named none)."""
+    NCCL kernels (`channels`: comm_id -1 where NCCL's payloads named none); `kernels`: every NCCL kernel (rank,
+    iteration, aligned start and end, group kind) and the row of `collectives` it is a member of (-1: none)."""
     groups: pd.DataFrame
     source: str
     communicators: pd.DataFrame
@@ -134,6 +135,10 @@ class Matched:
     clock: pd.DataFrame
     notes: list
     channels: pd.DataFrame
+    kernels: pd.DataFrame
+
+
+MEMBER_COLUMNS = ["rank", "iteration", "start_aligned_ns", "end_aligned_ns", "group", "instance"]
 
 
 def match(per_rank: list[dict], options: dict, only_parallel: bool = False) -> Matched:
@@ -178,18 +183,37 @@ def match(per_rank: list[dict], options: dict, only_parallel: bool = False) -> M
     channels = _channels(kernels, comms)
     if not len(kernels) or not len(comms) or (only_parallel and not parallel.is_parallel(groups)):
         return Matched(groups, source, comms, pd.DataFrame(columns=COLLECTIVE_COLUMNS),
-                       pd.DataFrame(columns=["host", "offset_ns", "collectives"]), notes, channels)
+                       pd.DataFrame(columns=["host", "offset_ns", "collectives"]), notes, channels,
+                       pd.DataFrame(columns=MEMBER_COLUMNS))
     clock = _clock_offsets(kernels, hosts, notes)
-    collectives = _matched(kernels, comms, notes)
+    collectives, seq = _matched(kernels, comms, notes)
     collectives = collectives.sort_values(["first_arrival_aligned_ns", "communicator"], kind="stable")
     collectives = collectives[COLLECTIVE_COLUMNS].reset_index(drop=True)
+    members = _members(kernels, comms, collectives, seq)
     for c in ("iteration", "seq", "first_arrival_aligned_ns", "last_arrival_aligned_ns", "end_aligned_ns", "last_rank",
               "wait_ns", "transfer_ns"):
         collectives[c] = collectives[c].astype("int64")
     collectives["bytes"] = collectives["bytes"].astype("Int64")
     collectives["members"] = collectives["members"].map(lambda m: [int(x) for x in m])
     comms = comms.assign(members=comms["members"].map(lambda m: [int(x) for x in m]))
-    return Matched(groups, source, comms, collectives, clock, notes, channels)
+    return Matched(groups, source, comms, collectives, clock, notes, channels, members)
+
+
+def _members(kernels: pd.DataFrame, comms: pd.DataFrame, collectives: pd.DataFrame, seq: pd.Series) -> pd.DataFrame:
+    """MEMBER_COLUMNS of every NCCL kernel: its instance from its communicator, operation and seq (`seq`, by the
+    kernels' index: those matched)."""
+    instance = pd.Series(np.arange(len(collectives), dtype=np.int64),
+                         index=pd.MultiIndex.from_frame(collectives[["communicator", "op", "seq"]].astype(
+                             {"seq": "int64"})))
+    matched = kernels.loc[seq.index]
+    at = pd.MultiIndex.from_arrays([matched["communicator"], matched["op"].map(lambda o: KINDS[int(o)]),
+                                    seq.astype("int64")])
+    out = kernels[["rank", "iteration", "start_aligned_ns", "end_aligned_ns"]].astype("int64")
+    group = kernels["communicator"].map(dict(zip(comms["communicator"], comms["group"], strict=True)))
+    out["group"] = group.astype(object).where(group.notna(), "other")
+    out["instance"] = -1
+    out.loc[seq.index, "instance"] = instance.reindex(at).fillna(-1).to_numpy(np.int64)
+    return out[MEMBER_COLUMNS].reset_index(drop=True)
 
 
 CHANNEL_KEY = ["rank", "stream", "op", "comm_id"]
@@ -327,8 +351,9 @@ def _inferred(kernels: pd.DataFrame, p2p: pd.Series) -> tuple[list[str], list[li
     return keys, members
 
 
-def _matched(kernels: pd.DataFrame, comms: pd.DataFrame, notes: list[str]) -> pd.DataFrame:
-    """One row per collective instance (per communicator, operation and seq), and per SendRecv pair."""
+def _matched(kernels: pd.DataFrame, comms: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, pd.Series]:
+    """One row per collective instance (per communicator, operation and seq), and per SendRecv pair; the seq of each
+    matched kernel (by the kernels' index)."""
     group_of = dict(zip(comms["communicator"], comms["group"], strict=True))
     members_of = dict(zip(comms["communicator"], comms["members"], strict=True))
     k = kernels[kernels["communicator"].isin(group_of)].copy()
@@ -344,6 +369,7 @@ def _matched(kernels: pd.DataFrame, comms: pd.DataFrame, notes: list[str]) -> pd
                          + (f"; no kernel on rank(s) {', '.join(map(str, absent))}" if absent else "")
                          + "): instances are matched by their order, the last ones on fewer ranks")
     rows = [_instances(coll, ["communicator", "op", "seq"])]
+    seqs = [coll["seq"]]
     sends = k[k["op"] == SEND_RECV].sort_values(["communicator", "end_aligned_ns"], kind="stable")
     if len(sends):
         # two ranks exchanging as often as each other: their exchanges in order; otherwise by their ends
@@ -351,11 +377,13 @@ def _matched(kernels: pd.DataFrame, comms: pd.DataFrame, notes: list[str]) -> pd
         in_order = sends["communicator"].isin(per.index[(per["size"] == 2) & (per["nunique"] == 1)])
         ordered = sends[in_order].sort_values(["communicator", "rank", "start_aligned_ns"], kind="stable")
         ordered = ordered.assign(seq=ordered.groupby(["communicator", "rank"]).cumcount())
-        rows.append(_instances(pd.concat([ordered, _paired(sends[~in_order])]), ["communicator", "op", "seq"]))
+        paired = pd.concat([ordered, _paired(sends[~in_order])])
+        rows.append(_instances(paired, ["communicator", "op", "seq"]))
+        seqs.append(paired["seq"])
     out = pd.concat([r for r in rows if len(r)], ignore_index=True) if any(len(r) for r in rows) else \
         pd.DataFrame(columns=COLLECTIVE_COLUMNS)
     out["group"] = out["communicator"].map(group_of)
-    return out
+    return out, pd.concat(seqs)
 
 
 def _paired(sends: pd.DataFrame) -> pd.DataFrame:

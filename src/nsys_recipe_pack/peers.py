@@ -20,8 +20,12 @@ from .recipes import ms
 STAGE_SHARE = 0.8  # of the compared iterations in which a stage must be the busier to be stage imbalance
 WAITED = {"tp": "its TP peers", "pp": "its pipeline neighbours", "dp": "its DP replicas"}
 WAITED_COLUMNS = [f"waited_{kind}_ns" for kind in WAITED]
-FINDING_COLUMNS = ["finding", "stage", "ranks", "iterations", "busier_iterations", "excess_ns", "excess_pct",
-                   "excess_total_ns", "text"]
+# findings.parquet: what was found and its evidence, its cost per iteration (ns, % of the iteration) and in all, and
+# what to do
+FINDING_COLUMNS = ["kind", "stage", "ranks", "evidence", "cost_ns", "advice", "cost_pct", "cost_total_ns",
+                   "iterations", "busier_iterations"]
+FINDING_DTYPES = {"stage": "Int64", "cost_ns": "int64", "cost_pct": "float64", "cost_total_ns": "int64",
+                  "iterations": "int64", "busier_iterations": "int64"}
 
 
 def stages(groups: pd.DataFrame, ranks: np.ndarray) -> np.ndarray:
@@ -52,7 +56,7 @@ def stage_imbalance(iters: pd.DataFrame, compared: np.ndarray, groups: pd.DataFr
     cells = iters.loc[compared]
     busy = cells.groupby(["iteration", "stage"])["busy_ns"].median().unstack("stage").dropna()  # every stage's
     if busy.shape[1] < 2 or not len(busy):
-        return pd.DataFrame(columns=FINDING_COLUMNS)
+        return findings_table([])
     duration = float(cells.groupby("iteration")["duration_ns"].median().median())
     values = busy.to_numpy(float)
     rows = []
@@ -67,13 +71,24 @@ def stage_imbalance(iters: pd.DataFrame, compared: np.ndarray, groups: pd.DataFr
             continue
         ranks = sorted(int(r) for r in groups.loc[groups["pp"] == stage, "rank"])
         pct = 100.0 * size / max(duration, 1.0)
-        text = (f"pipeline stage {stage} (ranks {_listed(ranks)}) is busier than the other stages throughout: "
-                f"+{ms(size)} per iteration ({pct:.0f} % of the iteration) in {busier} of {len(excess)} iterations; "
-                "stage imbalance (the layers are unevenly split across stages), not a straggler")
-        rows.append(("stage_imbalance", int(stage), ranks, len(excess), busier, int(round(size)), pct,
-                     int(round(float(excess[excess > 0].sum()))), text))
-    out = pd.DataFrame(rows, columns=FINDING_COLUMNS)
-    return out.sort_values("excess_ns", ascending=False, kind="stable").reset_index(drop=True)
+        evidence = (f"pipeline stage {stage} (ranks {_listed(ranks)}) is busier than the other stages throughout: "
+                    f"+{ms(size)} per iteration ({pct:.0f} % of the iteration) in {busier} of {len(excess)} "
+                    "iterations; stage imbalance, not a straggler")
+        rows.append(("stage_imbalance", int(stage), ranks, evidence, int(round(size)),
+                     "the layers are unevenly split across the stages: move layers off this stage", pct,
+                     int(round(float(excess[excess > 0].sum()))), len(excess), busier))
+    out = findings_table(rows)
+    return out.sort_values("cost_ns", ascending=False, kind="stable").reset_index(drop=True)
+
+
+def findings_table(rows: list) -> pd.DataFrame:
+    """findings.parquet's rows (tuples or dicts of FINDING_COLUMNS) with its types."""
+    return pd.DataFrame(rows, columns=FINDING_COLUMNS).astype(FINDING_DTYPES)
+
+
+def sentence(finding) -> str:
+    """A finding's evidence and advice as one sentence (a findings.parquet row)."""
+    return f"{finding.evidence}: {finding.advice}"
 
 
 def waited_for(collectives: pd.DataFrame, rank: np.ndarray, iteration: np.ndarray) -> pd.DataFrame:

@@ -636,7 +636,9 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     if getattr(args, "job", "nccl") == "megatron":
-        return _main_megatron(args)
+        from .synth_megatron import main as megatron_main
+
+        return megatron_main(args)
     try:
         stragglers = [parse_straggler(s) for s in args.straggler]
         memory = parse_memory(args.memory) if getattr(args, "memory", None) is not None else None
@@ -648,24 +650,4 @@ def main(args) -> int:
                           memory=memory)
     print(f"wrote SYNTHETIC exports ({args.ranks} ranks x {args.iterations} iterations, {args.format}) to {out} "
           f"(injected cells in {out / 'truth.json'})")
-    return 0
-
-
-def _main_megatron(args) -> int:
-    from .parallel import parse_parallel
-    from .synth_megatron import write_megatron
-
-    if not args.parallel:
-        raise UsageError("--job megatron needs --parallel tp=T,pp=P,dp=D")
-    layout = parse_parallel(args.parallel)
-    try:
-        stragglers = [parse_straggler(s if "cause=" in s else s + ",cause=compute") for s in args.straggler]
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    out = write_megatron(args.output, layout, args.iterations, args.microbatches, args.format, stragglers,
-                         args.heavy_last_stage, not args.no_nvtx_payload, args.seed, args.gpus_per_node,
-                         overwrite=args.force_overwrite, p2p_sync=args.p2p_sync)
-    print(f"wrote SYNTHETIC exports of a Megatron-style job ({layout.world} ranks: tp={layout.tp}, pp={layout.pp}, "
-          f"dp={layout.dp}; {args.iterations} steps of {args.microbatches} micro-batches, {args.format}) to {out} "
-          f"(truth in {out / 'truth.json'})")
     return 0

@@ -20,6 +20,9 @@ out by the payload schemas a real NCCL registers; each communicator's creation i
 With `p2p_sync` (Megatron's `batch_p2p_sync`) the GPU's timeline is the same but the host runs ahead: it launches a
 pass's kernels 20 us apart as soon as it may, and blocks in `cudaDeviceSynchronize` after posting each receive until
 the exchange is done, and at the step's end until its optimizer is; its phase ranges are the host's own.
+With `uneven` (P, X), each micro-batch of each data-parallel replica in each step is, with chance P, X times as long
+to compute on every rank of its replica (a long sequence), drawn apart from every other random draw: the same job
+without them, simulated again, gives the truth of what they cost.
 """
 
 from __future__ import annotations
@@ -156,10 +159,11 @@ class _Events:
 
 
 def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_last_stage: float, seed: int,
-             p2p_sync: bool = False) -> dict:
+             p2p_sync: bool = False, uneven: tuple[float, float] = (0.0, 1.0)) -> dict:
     """Every rank's kernels and NVTX ranges on the common clock (first step at 0), and the communicators. p2p_sync:
     the host launches ahead of its GPU and syncs the device after every exchange and at the step's end, as Megatron
-    does (`batch_p2p_sync`): the GPU's timeline is the same, the host's ranges are its own."""
+    does (`batch_p2p_sync`): the GPU's timeline is the same, the host's ranges are its own. uneven: (chance, factor)
+    of a replica's micro-batch computing `factor` times as long."""
     rng = np.random.default_rng(seed)
     P, D, T = layout.pp, layout.dp, layout.tp
     s_, d_, t_ = np.meshgrid(np.arange(P), np.arange(D), np.arange(T), indexing="ij")
@@ -175,6 +179,9 @@ def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_la
         last = steps - 1 if st.last == -1 else st.last
         slow[(slice(st.first, last + 1), *where[st.rank])] *= st.slowdown
     slow[:, P - 1] *= heavy_last_stage
+    chance, factor = uneven
+    long_batch = np.random.default_rng(seed + 2).random((steps, D, microbatches)) < chance  # (step, replica, batch)
+    batch_slow = np.where(long_batch, factor, 1.0)
     ev = _Events()
     order = _in_dependency_order(P, microbatches)
     start = np.zeros((P, D, T), np.int64)
@@ -210,7 +217,8 @@ def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_la
             now = ready
             pass_at = host[s].copy()
             for half in range(2):
-                work = np.round(nominal * slow[k, s] * rng.uniform(1 - JITTER, 1 + JITTER, (D, T))).astype(np.int64)
+                jitter = rng.uniform(1 - JITTER, 1 + JITTER, (D, T))
+                work = np.round(nominal * slow[k, s] * batch_slow[k, :, m, None] * jitter).astype(np.int64)
                 ev.kernel(rank[s], now + LAG, now + LAG + work, COMPUTE[kind][half], COMPUTE_STREAM,
                           launch=_launched(host, s, p2p_sync, now + LAG))
                 now = now + LAG + work
@@ -265,7 +273,9 @@ def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_la
                           "members": [int(rank[tuple(a)]) for a in at]})
     calls = _Events.joined(ev.calls) if ev.calls else {c: np.zeros(0, np.int64) for c in ("rank", "start", "end")}
     return {"rank": rank, "kernels": _Events.joined(ev.kernels), "ranges": _Events.joined(ev.ranges),
-            "calls": calls, "comms": comms, "comm_ids": comm_ids, "steps": step_bounds}
+            "calls": calls, "comms": comms, "comm_ids": comm_ids, "steps": step_bounds,
+            "long_microbatches": [{"iteration": int(k), "replica": int(d), "microbatch": int(m)}
+                                  for k, d, m in np.argwhere(long_batch)]}
 
 
 def _launched(host: np.ndarray, s, p2p_sync: bool, gpu_start: np.ndarray) -> np.ndarray | None:
@@ -365,7 +375,8 @@ def _schema_tables() -> dict[str, pd.DataFrame]:
 
 def write_megatron(output_dir, layout: Layout, steps: int = 20, microbatches: int = 8, fmt: str = "parquetdir",
                    stragglers=(), heavy_last_stage: float = 1.0, payloads: bool = True, seed: int = 0,
-                   gpus_per_node: int = 8, overwrite: bool = False, p2p_sync: bool = False) -> Path:
+                   gpus_per_node: int = 8, overwrite: bool = False, p2p_sync: bool = False,
+                   uneven: tuple[float, float] = (0.0, 1.0)) -> Path:
     """Write one SYNTHETIC export per rank of a Megatron-style job, truth.json and README.md into output_dir."""
     if layout.cp != 1 or layout.ep != 1:
         raise UsageError("--job megatron models tp, pp and dp: leave cp and ep at 1")
@@ -375,13 +386,18 @@ def write_megatron(output_dir, layout: Layout, steps: int = 20, microbatches: in
         raise UsageError("--iterations, --microbatches and --gpus-per-node must be at least 1")
     if not heavy_last_stage >= 1.0:
         raise UsageError("--heavy-last-stage X: X is the last stage's compute against the others', at least 1")
+    if not (0.0 <= uneven[0] <= 1.0 and uneven[1] >= 1.0):
+        raise UsageError("--uneven-microbatches P:X: P a chance from 0 to 1, X a factor of at least 1")
     world = layout.world
     if any(s.cause not in ("compute", "gpu") for s in stragglers):
         raise UsageError("--job megatron: a straggler's compute is slower (cause=compute or cause=gpu)")
     stragglers = synth._check_stragglers(stragglers, world, steps)
     out = Path(output_dir)
     synth_export.check_output(out, overwrite)
-    sim = simulate(layout, steps, microbatches, stragglers, heavy_last_stage, seed, p2p_sync)
+    sim = simulate(layout, steps, microbatches, stragglers, heavy_last_stage, seed, p2p_sync, uneven)
+    if uneven[0] > 0:  # the same job with every micro-batch even: what the long ones cost
+        even = simulate(layout, steps, microbatches, stragglers, heavy_last_stage, seed, p2p_sync)
+        sim["uneven_cost_ns"] = [int(a[1].max() - b[1].max()) for a, b in zip(sim["steps"], even["steps"], strict=True)]
     schema = synth_export.schema_of("newer")
     schema["tables"].update(PAYLOAD_TABLES)
     names = list(dict.fromkeys([*COMPUTE["F"], *COMPUTE["B"], OPTIMIZER_KERNEL, TP_KERNEL, DP_KERNEL, P2P_KERNEL,
@@ -401,14 +417,14 @@ def write_megatron(output_dir, layout: Layout, steps: int = 20, microbatches: in
             with synth_export.export_writer(path, fmt, schema) as write:
                 write({**shared, **{t: synth_export.typed(t, df, schema) for t, df in {**frames, **events}.items()}})
         truth = _truth(layout, sim, steps, microbatches, stragglers, heavy_last_stage, payloads, seed, fmt,
-                       gpus_per_node, offsets, first_step, p2p_sync)
+                       gpus_per_node, offsets, first_step, p2p_sync, uneven)
         (tmp / "truth.json").write_text(json.dumps(truth, indent=1))
         (tmp / "README.md").write_text(_readme(truth))
     return out
 
 
 def _truth(layout, sim, steps, microbatches, stragglers, heavy, payloads, seed, fmt, gpus_per_node, offsets,
-           first_step, p2p_sync: bool = False) -> dict:
+           first_step, p2p_sync: bool = False, uneven: tuple[float, float] = (0.0, 1.0)) -> dict:
     earliest = int(offsets.min())
     P = layout.pp
     return {
@@ -428,6 +444,10 @@ def _truth(layout, sim, steps, microbatches, stragglers, heavy, payloads, seed, 
         "stragglers": [asdict(s) for s in stragglers],
         "cells": [{"rank": s.rank, "iteration": i} for s in stragglers
                   for i in range(s.first, (steps - 1 if s.last == -1 else s.last) + 1)],
+        # the long micro-batches, and how much later each step ended than the same job's with every one even (its
+        # last rank's end): the steps before it count too, as the whole job ran later
+        "uneven_microbatches": {"chance": uneven[0], "factor": uneven[1], "long": sim["long_microbatches"],
+                                "cost_until_step_end_ns": sim.get("uneven_cost_ns", [0] * steps)},
         "session_start_utc_ns": [synth.BASE_UTC_NS + int(o) for o in offsets],
         "session_offsets_ns": offsets.tolist(),
         # each rank's step on the common clock of the pack's outputs (ns since the earliest session start)
@@ -462,5 +482,41 @@ def add_arguments(parser) -> None:
     parser.add_argument("--p2p-sync", action="store_true",
                         help="--job megatron: the host launches ahead of its GPU and syncs the device after every "
                              "pipeline exchange and at the step's end (Megatron's batch_p2p_sync)")
+    parser.add_argument("--uneven-microbatches", default=None, metavar="P:X",
+                        help="--job megatron: each micro-batch of each data-parallel replica computes X times as long "
+                             "with chance P (uneven sequence lengths)")
     parser.add_argument("--no-nvtx-payload", action="store_true",
                         help="--job megatron: NCCL's NVTX ranges without payloads (as most exports have them)")
+
+
+def main(args) -> int:
+    """`nsys-recipe synth --job megatron`."""
+    from .parallel import parse_parallel
+
+    if not args.parallel:
+        raise UsageError("--job megatron needs --parallel tp=T,pp=P,dp=D")
+    layout = parse_parallel(args.parallel)
+    try:
+        stragglers = [synth.parse_straggler(s if "cause=" in s else s + ",cause=compute") for s in args.straggler]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    out = write_megatron(args.output, layout, args.iterations, args.microbatches, args.format, stragglers,
+                         args.heavy_last_stage, not args.no_nvtx_payload, args.seed, args.gpus_per_node,
+                         overwrite=args.force_overwrite, p2p_sync=args.p2p_sync,
+                         uneven=_uneven(args.uneven_microbatches))
+    print(f"wrote SYNTHETIC exports of a Megatron-style job ({layout.world} ranks: tp={layout.tp}, pp={layout.pp}, "
+          f"dp={layout.dp}; {args.iterations} steps of {args.microbatches} micro-batches, {args.format}) to {out} "
+          f"(truth in {out / 'truth.json'})")
+    return 0
+
+
+def _uneven(text: str | None) -> tuple[float, float]:
+    """--uneven-microbatches P:X as (chance, factor); none: every micro-batch even."""
+    if not text:
+        return 0.0, 1.0
+    try:
+        chance, factor = (float(v) for v in text.split(":"))
+    except ValueError:
+        raise UsageError(f"--uneven-microbatches {text}: give P:X, e.g. 0.1:2 (a micro-batch in ten twice as long)") \
+            from None
+    return chance, factor

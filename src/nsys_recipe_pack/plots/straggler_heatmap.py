@@ -154,9 +154,36 @@ def stage_busy(it: pd.DataFrame) -> go.Figure:
     return fig
 
 
+def microbatch_cost(steps: pd.DataFrame) -> go.Figure:
+    """What long micro-batches cost each iteration (it re-timed with each at its stage's median), and how many of the
+    ranks' micro-batch passes were long."""
+    fig = go.Figure([go.Bar(x=steps["iteration"], y=_ms(steps["cost_ns"]), customdata=steps["long_passes"],
+                            hovertemplate="iteration %{x}<br>+%{y:.1f} ms<br>%{customdata} long passes"
+                                          "<extra></extra>")])
+    fig.update_layout(title="What uneven micro-batches cost each iteration", xaxis=_iteration_axis(steps["iteration"]),
+                      yaxis_title="cost (ms)", margin=MARGIN)
+    return fig
+
+
+def findings_table(found: pd.DataFrame):
+    """findings.parquet as shown: what was found, its cost and what to do (outputs of earlier versions: their
+    columns)."""
+    if "kind" not in found:
+        return table(found)
+    return table(found.assign(cost_ms=(found["cost_ns"] / 1e6).round(1), cost_pct=found["cost_pct"].round(1),
+                              ranks=found["ranks"].map(lambda m: ", ".join(map(str, m))))[
+        ["kind", "stage", "ranks", "cost_ms", "cost_pct", "busier_iterations", "iterations", "evidence", "advice"]])
+
+
+def microbatch_spread(spread: pd.DataFrame):
+    """microbatches.parquet as shown: each stage's micro-batch passes in ms, and against their place's median."""
+    return table(spread.assign(**{f"{c}_ms": (spread[f"{c}_ns"] / 1e6).round(2) for c in ("median", "p95", "max")})[
+        ["stage", "passes", "long_passes", "median_ms", "p95_ms", "max_ms", "p95_ratio", "max_ratio"]])
+
+
 def overview(out) -> list:
     """This recipe's figures on the run overview page (`nsys-recipe report`): the heatmap, and for a pipeline job the
-    stages' busy time and the stage imbalance found."""
+    stages' busy time, the findings (stage imbalance, uneven micro-batches) and what uneven micro-batches cost."""
     it = pd.read_parquet(out / "iterations.parquet")
     figures = [heatmap(it)]
     if "stage" in it and it["stage"].nunique() > 1:
@@ -165,7 +192,7 @@ def overview(out) -> list:
     if findings.exists():
         found = pd.read_parquet(findings)
         if len(found):
-            figures.append(table(found.assign(excess_ms=found["excess_ns"] / 1e6, ranks=found["ranks"].map(
-                lambda m: ", ".join(map(str, m))))[["finding", "stage", "ranks", "excess_ms", "excess_pct",
-                                                     "busier_iterations", "iterations"]]))
+            figures.append(findings_table(found))
+        if "kind" in found and (found["kind"] == "microbatch_imbalance").any():
+            figures.append(microbatch_cost(pd.read_parquet(out / "microbatch_steps.parquet")))
     return figures

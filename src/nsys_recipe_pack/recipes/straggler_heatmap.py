@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pyarrow as pa
 
-from .. import collective_match, parallel, peers
+from .. import collective_match, microbatches, parallel, peers
 from ..gpu import call_key, collective_ops, gpu_frames, gpu_intervals, launched_ops
 from ..groups import SortedGroups
 from ..inputs import Frame, arrow_of, dictionary_column, sorted_place
@@ -374,6 +374,11 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     iters["is_straggler"] = (iters["excess_ns"] > threshold * med_duration) & (
         (z_busy > sigma) | (noise_ok & (z_busy > COMPONENT_BUSY_SIGMA * sigma)))
     iters.loc[(n_ranks < 2) | ~compared, "is_straggler"] = False
+    # a cell whose excess is its long micro-batches' (uneven micro-batches on ranks not slow throughout) is no straggler
+    micro = _uneven_microbatches(matched, iters, compared.to_numpy(), threshold) if parallel_job else None
+    if micro is not None and len(micro.finding):
+        explained = (iters["excess_ns"] - micro.cell_excess_ns).to_numpy() <= threshold * med_duration.to_numpy()
+        iters.loc[explained & (micro.cell_excess_ns > 0), "is_straggler"] = False
 
     cols = ["rank", "iteration", "start_ns", "start_aligned_ns", "duration_ns", "wait_ns", "busy_ns",
             "gpu_busy_ns", "arrival_skew_ns", "score", "is_straggler", "cause", "cause_side", "excess_ns", "noise_z",
@@ -422,13 +427,27 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
                                                 .unique())}}
     tables = {"iterations": iterations, "ranks": ranks, "stragglers": stragglers, "settings": settings}
     if parallel_job:
-        tables.update(_parallel_tables(tables, matched, iters, compared.to_numpy(), threshold))
+        tables.update(_parallel_tables(tables, matched, iters, compared.to_numpy(), threshold, micro))
     return tables
 
 
-def _parallel_tables(tables: dict, matched, iters: pd.DataFrame, compared: np.ndarray, threshold: float) -> dict:
+def _uneven_microbatches(matched, iters: pd.DataFrame, compared: np.ndarray, threshold: float):
+    """microbatches.py's finding over the cells of `iters` (their times on the clocks collective_match aligned the
+    NCCL kernels to)."""
+    offset = matched.groups.set_index("rank")["host"].map(
+        matched.clock.set_index("host")["offset_ns"] if len(matched.clock) else {}).fillna(0).astype("int64")
+    start = iters["start_aligned_ns"] - iters["rank"].map(offset).fillna(0).astype("int64")
+    cells = pd.DataFrame({"rank": iters["rank"], "iteration": iters["iteration"], "stage": iters["stage"],
+                          "start_aligned_ns": start, "end_aligned_ns": start + iters["duration_ns"],
+                          "duration_ns": iters["duration_ns"]})
+    return microbatches.microbatch_imbalance(matched.kernels, cells, compared, threshold)
+
+
+def _parallel_tables(tables: dict, matched, iters: pd.DataFrame, compared: np.ndarray, threshold: float,
+                     micro) -> dict:
     """What a job with tensor or pipeline parallel groups adds: each straggler's cost by who waited for it, each
-    rank's stage, a stage slower throughout as a finding of its own, and the groups."""
+    rank's stage, a stage slower throughout and uneven micro-batches as findings of their own, the micro-batches'
+    spread per stage, and the groups."""
     stragglers, ranks = tables["stragglers"], tables["ranks"]
     stragglers = pd.concat([stragglers, peers.waited_for(matched.collectives, stragglers["rank"].to_numpy(),
                                                          stragglers["iteration"].to_numpy())], axis=1)
@@ -437,11 +456,17 @@ def _parallel_tables(tables: dict, matched, iters: pd.DataFrame, compared: np.nd
     ranks[peers.WAITED_COLUMNS] = ranks[peers.WAITED_COLUMNS].fillna(0).astype("int64")
     ranks.insert(1, "stage", peers.stages(matched.groups, ranks["rank"].to_numpy()))
     findings = peers.stage_imbalance(iters, compared, matched.groups, threshold)
+    if len(micro.finding):
+        findings = pd.concat([findings, micro.finding], ignore_index=True).astype(peers.FINDING_DTYPES)
     settings = {**tables["settings"], "groups_source": matched.source,
                 "notes": matched.notes + peers.peerless_note(matched.groups),
-                "stage_imbalance": findings["text"].tolist()}
-    return {"stragglers": stragglers, "ranks": ranks, "findings": findings, "groups": matched.groups,
-            "settings": settings}
+                "findings": [peers.sentence(f) for f in findings.itertuples()]}
+    out = {"stragglers": stragglers, "ranks": ranks, "findings": findings, "groups": matched.groups,
+           "settings": settings}
+    if len(micro.spread):  # a pipeline whose micro-batches could be compared
+        out["microbatches"] = micro.spread
+        out["microbatch_steps"] = micro.steps
+    return out
 
 
 def _of_the_others(group: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -494,7 +519,7 @@ def summary(out, top: int = 5) -> list[str]:
     lines = [f"iterations delimited by {d.get('kind')} {d.get('name')!r} ({d.get('source')}); "
              f"{analysis.get('ranks')} ranks" + (", each compared with its pipeline stage's ranks"
                                                  if "stage" in ranks else "")]
-    lines.extend(analysis.get("stage_imbalance", []))
+    lines.extend(analysis.get("findings", []))
     holds_back = ~ranks["incidental"] if "incidental" in ranks else True  # outputs of earlier versions lack it
     flagged = ranks[(ranks["straggler_iterations"] > 0) & holds_back].head(top)
     if flagged.empty:
@@ -519,7 +544,7 @@ def summary(out, top: int = 5) -> list[str]:
 def headline(out) -> str:
     ranks = pd.read_parquet(out / "ranks.parquet")
     said = verdicts(ranks, pd.read_parquet(out / "stragglers.parquet"), top=1)
-    said += json.loads((out / "analysis.json").read_text()).get("stage_imbalance", [])
+    said += json.loads((out / "analysis.json").read_text()).get("findings", [])
     return said[0] if said else f"no straggler in {len(ranks)} ranks"
 
 
