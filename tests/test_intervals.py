@@ -232,3 +232,35 @@ def test_outermost_of_groups_taking_turns_in_order_of_start(rows, carried):
     start = np.array([low] * carried + [s for _, s, _ in rows], np.int64)
     end = np.array([s + d for _, s, d in rows[:carried]] + [s + d for _, s, d in rows], np.int64)
     assert outermost(group, start, end).tolist() == _outermost_by_walk(group, start, end)
+
+
+def test_overlay_by_hand():
+    """Group 0: a = [0, 3) + [2, 4) + [5, 10), b = [1, 6): inside both [1, 4) and [5, 6), a alone [0, 1) and
+    [6, 10); group 1: a = [0, 4), b = [3, 9): both [3, 4), a alone [0, 3); group 2 has no b."""
+    a = intervals.union_segments_by_group(np.array([0, 0, 1, 0, 2]), np.array([0, 5, 0, 2, 7]),
+                                          np.array([3, 10, 4, 4, 8]))
+    assert [x.tolist() for x in a] == [[0, 0, 1, 2], [0, 5, 0, 7], [4, 10, 4, 8]]
+    b = intervals.union_segments_by_group(np.array([0, 1]), np.array([1, 3]), np.array([6, 9]))
+    assert [x.tolist() for x in intervals.overlay(a, b, both=True)] == [[0, 0, 1], [1, 5, 3], [4, 6, 4]]
+    assert [x.tolist() for x in intervals.overlay(a, b, both=False)] == [[0, 0, 1, 2], [0, 6, 0, 7], [1, 10, 3, 8]]
+    assert intervals.overlay_lengths(a, b, 3, both=True).tolist() == [4, 1, 0]
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.integers(0, 40), st.integers(0, 12), st.booleans()), max_size=30))
+def test_overlay_equals_a_timeline_of_instants(rows):
+    """Each group's time in a and b, or in a outside b, against a count of the integer instants covered."""
+    group = np.array([r[0] for r in rows], np.int64)
+    start = np.array([r[1] for r in rows], np.int64)
+    end = start + np.array([r[2] for r in rows], np.int64)
+    side_a = np.array([r[3] for r in rows], bool)
+    a = intervals.union_segments_by_group(group[side_a], start[side_a], end[side_a])
+    b = intervals.union_segments_by_group(group[~side_a], start[~side_a], end[~side_a])
+    for both in (True, False):
+        want = []
+        for g in range(3):
+            t = np.arange(60)
+            in_a = ((start[side_a & (group == g)][:, None] <= t) & (t < end[side_a & (group == g)][:, None])).any(0)
+            in_b = ((start[~side_a & (group == g)][:, None] <= t) & (t < end[~side_a & (group == g)][:, None])).any(0)
+            want.append(int((in_a & (in_b if both else ~in_b)).sum()))
+        assert intervals.overlay_lengths(a, b, 3, both).tolist() == want

@@ -110,3 +110,21 @@ def test_host_communication_time_equals_sql(tmp_path):
     analysis = json.loads((res.output_dir / "analysis.json").read_text())
     assert analysis["sync_time_ns"]["collective NVTX range"] == want
     assert f"collective NVTX ranges {want / 8 / 1e9:,.2f} s" in host_communication(tmp_path)
+
+
+def test_host_waiting_at_the_last_collective_by_hand(tmp_path):
+    """Three ranks, two iterations: arrivals 0, 5, 20 ms after the first, then 0, 30, 10 ms (rank 0 without an arrival
+    in the second). Waits for the last: 20 + 15 + 0, then 0 + 20 (rank 1 last): 55 ms in all, 18.3 ms per rank; rank 2
+    was waited for 35 of them (64 %)."""
+    import json
+
+    from nsys_recipe_pack.plots.comm_overlap import host_communication
+
+    out = tmp_path / "straggler_heatmap"
+    out.mkdir()
+    (out / "analysis.json").write_text(json.dumps({"sync_time_ns": {"collective NVTX range": 90_000_000}}))
+    pd.DataFrame({"rank": [0, 1, 2, 0, 1, 2], "iteration": [0, 0, 0, 1, 1, 1], "duration_ns": 100_000_000,
+                  "arrival_skew_ns": pd.array([0, 5, 20, None, 30, 10], "Int64") * 1_000_000}) \
+        .to_parquet(out / "iterations.parquet")
+    assert "; 0.02 s of it waiting for the last rank at each iteration's last collective, 64 % of that for rank 2" in \
+        host_communication(tmp_path)

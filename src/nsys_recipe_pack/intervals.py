@@ -210,6 +210,48 @@ def union_segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np
     return s[firsts], reach[np.r_[firsts[1:] - 1, len(s) - 1]]  # a segment ends at its running maximum
 
 
+def union_segments_by_group(group: np.ndarray, starts: np.ndarray, ends: np.ndarray
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`union_segments` of each group at once: (group, start, end) of the disjoint segments, by group then start."""
+    if not len(starts):
+        return (np.zeros(0, np.int64),) * 3
+    g, s, e = (np.asarray(a, np.int64) for a in (group, starts, ends))
+    order = np.lexsort((s, g))
+    g, s, e = g[order], s[order], e[order]
+    reach = running_max_by_group(g, e)
+    new = np.r_[True, (g[1:] != g[:-1]) | (s[1:] > reach[:-1])]
+    firsts = np.flatnonzero(new)
+    return g[firsts], s[firsts], reach[np.r_[firsts[1:] - 1, len(s) - 1]]
+
+
+def overlay(a: tuple, b: tuple, both: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(group, start, end) of the pieces of time inside a's segments and (both) inside b's, or (not both) outside
+    b's. a, b: (group, start, end) of disjoint segments per group (`union_segments_by_group`). The instants where
+    either side begins or ends, in order, cut the time into pieces each wholly in or out of each side."""
+    if not len(a[0]):
+        return (np.zeros(0, np.int64),) * 3
+    group = np.concatenate([a[0], a[0], b[0], b[0]])
+    when = np.concatenate([a[1], a[2], b[1], b[2]])
+    na, nb = len(a[0]), len(b[0])
+    step_a = np.r_[np.ones(na, np.int64), -np.ones(na, np.int64), np.zeros(2 * nb, np.int64)]
+    step_b = np.r_[np.zeros(2 * na, np.int64), np.ones(nb, np.int64), -np.ones(nb, np.int64)]
+    order = np.lexsort((when, group))
+    group, when, in_a, in_b = group[order], when[order], np.cumsum(step_a[order]), np.cumsum(step_b[order])
+    # the piece from each instant to the next in the same group (a group's sides are closed by its last instant)
+    keep = np.r_[(group[1:] == group[:-1]) & (when[1:] > when[:-1]), False] & (in_a > 0) & \
+        ((in_b > 0) if both else (in_b == 0))
+    at = np.flatnonzero(keep)
+    return group[at], when[at], when[at + 1]
+
+
+def overlay_lengths(a: tuple, b: tuple, n: int, both: bool) -> np.ndarray:
+    """Per group 0..n-1, the length of `overlay`'s pieces."""
+    group, start, end = overlay(a, b, both)
+    out = np.zeros(n, np.int64)
+    np.add.at(out, group, end - start)
+    return out
+
+
 def touching(seg_start: np.ndarray, seg_end: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Whether each [start, end] meets one of the disjoint sorted segments [seg_start, seg_end] (from
     `union_segments`), a shared instant included."""

@@ -13,7 +13,7 @@ import json
 from ..escape import markdown_code as md_code
 from ..escape import markdown_text as md_text
 
-__all__ = ["md_code", "md_text", "note", "rank_bins", "scatter_class", "show", "table"]
+__all__ = ["md_code", "md_text", "note", "rank_bins", "scatter_class", "show", "table", "waiting_table"]
 
 _state = {"plotlyjs_sent": False}
 CONFIG = {"displaylogo": False, "responsive": True}
@@ -92,3 +92,12 @@ def rank_bins(ranks, max_bins: int = MAX_BARS) -> tuple[dict, bool]:
     if len(ranks) <= max_bins:
         return {r: str(r) for r in ranks}, False
     return {r: f"{b[0]}–{b[-1]}" for b in np.array_split(ranks, max_bins) for r in b}, True
+
+
+def waiting_table(ranks):
+    """Each rank's NCCL kernel time split into waiting for the last member and transfer, and what the others waited
+    for it (waiting.py's columns, in ms), the ranks waited for most first."""
+    columns = ["comm_kernel_ns", "waiting_ns", "transfer_ns", "waited_for_ns"]
+    shown = ranks.sort_values("waited_for_ns", ascending=False)[["rank", *columns]]
+    return table(shown.assign(**{c: (shown[c] / 1e6).round(2) for c in columns}).rename(
+        columns={c: c.replace("_ns", "_ms") for c in columns}))

@@ -67,9 +67,27 @@ def host_communication(run: Path) -> str | None:
     said = {HOST_SOURCES[k]: v for k, v in times.items() if k in HOST_SOURCES and v > 0}
     if not said:
         return None
-    it = pd.read_parquet(analysis.parent / "iterations.parquet", columns=["rank", "duration_ns"])
+    it = pd.read_parquet(analysis.parent / "iterations.parquet",
+                         columns=["rank", "iteration", "duration_ns", "arrival_skew_ns"])
     ranks, steps = max(it["rank"].nunique(), 1), int(it["duration_ns"].sum())
     parts = ", ".join(f"{what} {ns / ranks / 1e9:,.2f} s ({100 * ns / max(steps, 1):.0f} %)"
                       for what, ns in said.items())
     return (f"communication on the host, not the GPU: {parts} of each rank's {steps / ranks / 1e9:,.2f} s of "
-            "iterations, on average (straggler_heatmap's sync points)")
+            f"iterations, on average{_waiting_at_last(it, ranks)} (straggler_heatmap's sync points)")
+
+
+def _waiting_at_last(it: pd.DataFrame, ranks: int) -> str:
+    """'; 0.40 s of it waiting for the last rank at each iteration's last collective, 80 % of that for rank 3': each
+    rank's wait there is the latest arrival less its own ('' where no rank waited)."""
+    arrived = it.dropna(subset=["arrival_skew_ns"])
+    if not len(arrived):
+        return ""
+    skew = arrived["arrival_skew_ns"].astype("int64")
+    wait = skew.groupby(arrived["iteration"]).transform("max") - skew
+    if not wait.sum():
+        return ""
+    last = arrived.loc[skew.groupby(arrived["iteration"]).idxmax()].set_index("iteration")["rank"]
+    charged = wait.groupby(arrived["iteration"]).sum().groupby(last).sum()
+    top = charged.idxmax()
+    return (f"; {wait.sum() / ranks / 1e9:,.2f} s of it waiting for the last rank at each iteration's last "
+            f"collective, {100 * charged[top] / wait.sum():.0f} % of that for rank {int(top)}")

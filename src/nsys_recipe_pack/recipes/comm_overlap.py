@@ -11,7 +11,9 @@ backward, optimizer...) with the communication kernels each launched (by its thr
 process with no range of its own open, as PyTorch's autograd thread), beside any compute. Copies and memsets count
 as neither; times are clipped to the iteration. In a job with tensor or pipeline parallel groups (collective_match.py),
 the same per group kind (tp, pp, dp, other): a rank's NCCL kernels of one stream, collective and communicator are
-one channel, measured in the map, and the reduce gives each channel its communicator's kind.
+one channel, measured in the map, and the reduce gives each channel its communicator's kind. Where the NCCL kernels
+match up across ranks, each rank's communication and its exposed part are split into waiting for the last member
+and transfer (waiting.py): a rank's exposed communication is shipped as time by the map of a rank read whole.
 
 Where a GPU's compute kernels never overlap one another, a communication kernel's overlapped time is what
 Nsight Systems' `nccl_gpu_overlap_trace` adds up as its compute overlap (the sum over the compute kernels it
@@ -24,18 +26,19 @@ iterations is one window over its whole capture, read whole.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pyarrow as pa
 
-from .. import collective_match, parallel
+from .. import collective_match, parallel, waiting
 from ..collective_match import KIND_OF_OP, KINDS, collective_kind
 from ..errors import BadInputError, NotApplicableError
 from ..gpu import call_key, key_places, launched_ops
 from ..groups import Vocabulary, factorize
 from ..inputs.chunks import END_OF_TIME
 from ..inputs.frames import column_codes
-from ..intervals import split_into_windows, union_lengths
+from ..intervals import overlay, split_into_windows, union_lengths, union_segments_by_group
 from ..iteration_scan import find_iterations
 from ..iteration_slices import sliced_stream
 from ..iterations import Delimiter, Iterations, range_arrays
@@ -226,7 +229,14 @@ def window_rows(rank_data, ranges, it: Iterations, options: dict, before: int = 
     by_channel = _rows(per_channel, devices, "channel", np.arange(len(channels)), first)
     at = by_channel.pop("channel")
     by_channel.update({c: channels[at, i] for i, c in enumerate(("stream", "op", "comm_id"))})
-    return {"windows": windows, "by_kind": by_kind, "by_phase": by_phase, "by_channel": by_channel}, carry
+    out = {"windows": windows, "by_kind": by_kind, "by_phase": by_phase, "by_channel": by_channel}
+    if before == END_OF_TIME:  # a rank read whole: its exposed communication as time, for waiting.py's split
+        comm = kind[event] >= 0
+        _, start, end = overlay(union_segments_by_group(group[comm], clipped_start[comm], clipped_end[comm]),
+                                union_segments_by_group(group[~comm], clipped_start[~comm], clipped_end[~comm]),
+                                both=False)
+        out["exposed"] = {"start_ns": start, "end_ns": end}
+    return out, carry
 
 
 def _channels(rank_data, kernels, kind: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -242,11 +252,13 @@ def _channels(rank_data, kernels, kind: np.ndarray) -> tuple[np.ndarray, np.ndar
     return channel, channels
 
 
-def map_result(it: Iterations, pieces: list[dict], names) -> dict:
+def map_result(it: Iterations, pieces: list[dict], names, exposed: bool = True) -> dict:
     """The map's result from the pieces of all a rank's iterations, in order; the phases of each window and device in
-    the order of the rank's NVTX names (`names`, as its whole table gives them), as a whole map has them."""
-    out = {table: {c: np.concatenate([p[table][c] for p in pieces]) for c in pieces[0][table]}
-           for table in ("windows", "by_kind", "by_phase", "by_channel")}
+    the order of the rank's NVTX names (`names`, as its whole table gives them), as a whole map has them. exposed:
+    the exposed communication's time too (a rank read whole)."""
+    tables = ("windows", "by_kind", "by_phase", "by_channel", *(["exposed"] if exposed and "exposed" in pieces[0]
+                                                                 else []))
+    out = {table: {c: np.concatenate([p[table][c] for p in pieces]) for c in pieces[0][table]} for table in tables}
     by_phase = out["by_phase"]
     place = {w: i for i, w in enumerate(names)}
     labels, label_at = np.unique(by_phase["phase"].astype(str), return_inverse=True)
@@ -256,7 +268,8 @@ def map_result(it: Iterations, pieces: list[dict], names) -> dict:
     return {**out, "delimiter": it.delimiter.as_dict(), "start_ns": it.start_ns}
 
 
-STREAM = dataclasses.replace(sliced_stream(window_rows, map_result, NEEDS, whole_capture=True), requires=("kernel",))
+STREAM = dataclasses.replace(sliced_stream(window_rows, functools.partial(map_result, exposed=False), NEEDS,
+                                           whole_capture=True), requires=("kernel",))
 
 
 def _rows(per_key: dict, devices: np.ndarray, key: str, labels: np.ndarray, first: int) -> dict:
@@ -300,10 +313,30 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
                                  "exposed_comm_ns", "exposed_compute_ns", "exposed_comm_pct",
                                  "overlapped_of_comm_pct"]]
     tables = {"windows": windows, "collectives": by_kind, "phases": by_phase, "ranks": ranks}
-    matched = collective_match.match(per_rank, options, only_parallel=True)
+    matched = collective_match.match(per_rank, options)
     if parallel.is_parallel(matched.groups):
         tables.update(_by_group(per_rank, matched, ranks))
+    split = waiting.split(matched)
+    if split is not None and all("exposed" in r for r in per_rank):
+        tables["ranks"] = _with_waiting(per_rank, split, tables["ranks"])
     return tables
+
+
+def _with_waiting(per_rank: list[dict], split, ranks: pd.DataFrame) -> pd.DataFrame:
+    """ranks.parquet with each rank's NCCL kernels' time split into waiting for the last member and transfer, what
+    its peers waited for it, and its exposed communication split the same way: exposure that is waiting belongs to
+    the rank waited for, not to the network."""
+    rank = np.concatenate([np.full(len(r["exposed"]["start_ns"]), r["rank"], np.int64) for r in per_rank])
+    offset = np.concatenate([np.full(len(r["exposed"]["start_ns"]), r["offset_ns"], np.int64) for r in per_rank])
+    start, end = (np.concatenate([r["exposed"][c] for r in per_rank]).astype(np.int64) + offset
+                  for c in ("start_ns", "end_ns"))
+    exposed_waiting = waiting.exposed_waiting(split, rank, start, end)
+    out = ranks.merge(split.ranks, on="rank", how="left")
+    for c in waiting.COLUMNS[1:]:
+        out[c] = out[c].fillna(0).astype("int64")
+    out["exposed_waiting_ns"] = out["rank"].map(exposed_waiting).fillna(0).astype("int64")
+    out["exposed_transfer_ns"] = (out["exposed_comm_ns"] - out["exposed_waiting_ns"]).clip(lower=0)
+    return out
 
 
 def _by_group(per_rank: list[dict], matched, ranks: pd.DataFrame) -> dict:
@@ -333,7 +366,9 @@ def summary(out) -> list[str]:
                           "overlapped ms": t["overlapped_ns"].map(ms_cell), "exposed ms": t["exposed_ns"].map(ms_cell)})
     ranks = pd.read_parquet(out / "ranks.parquet").sort_values("exposed_comm_ns", ascending=False).head(5)
     # a run without communication kernels writes no output (reduce: not applicable)
-    return indented("communication by collective, all ranks:", table.to_string()) + _group_lines(out) + indented(
+    waited = waiting.summary_lines(pd.read_parquet(out / "ranks.parquet")) if "waiting_ns" in ranks else []
+    head = indented("communication by collective, all ranks:", table.to_string()) + _group_lines(out) + waited
+    return head + indented(
         "most exposed communication:", pd.DataFrame({
             "rank": ranks["rank"], "exposed ms": ranks["exposed_comm_ns"].map(ms_cell),
             "% of iterations": ranks["exposed_comm_pct"].map(lambda v: "" if pd.isna(v) else f"{v:.1f}"),
@@ -355,10 +390,17 @@ def _group_lines(out) -> list[str]:
 def headline(out) -> str:
     ranks = pd.read_parquet(out / "ranks.parquet")
     comm, exposed, wall = (int(ranks[c].sum()) for c in ("comm_ns", "exposed_comm_ns", "wall_ns"))
-    worst = ranks.loc[ranks["exposed_comm_ns"].idxmax()]
-    return (f"communication {ms(comm)}, {100 * (comm - exposed) / comm:.0f} % of it overlapped; exposed "
-            f"{100 * exposed / max(wall, 1):.1f} % of the iterations' time; most on rank {int(worst['rank'])} "
-            f"({ms(worst['exposed_comm_ns'])})")
+    said = f"communication {ms(comm)}, {100 * (comm - exposed) / comm:.0f} % of it overlapped"
+    waited = waiting.phrase(ranks) if "waiting_ns" in ranks else ""
+    if not waited:  # no collective matched across ranks (one rank, a long capture): all of it as exposed
+        worst = ranks.loc[ranks["exposed_comm_ns"].idxmax()]
+        return (f"{said}; exposed {100 * exposed / max(wall, 1):.1f} % of the iterations' time; most on rank "
+                f"{int(worst['rank'])} ({ms(worst['exposed_comm_ns'])})")
+    transfer = int(ranks["exposed_transfer_ns"].sum())
+    worst = ranks.loc[ranks["exposed_transfer_ns"].idxmax()]
+    return (f"{said}, {waited}; exposed transfer {100 * transfer / max(wall, 1):.1f} % of the iterations' time "
+            f"(exposed waiting {100 * (exposed - transfer) / max(wall, 1):.1f} %), most on rank {int(worst['rank'])} "
+            f"({ms(worst['exposed_transfer_ns'])})")
 
 
 def diff_metrics(ranks) -> pd.DataFrame | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
+from .. import collective_match, waiting
 from ..driver import fold_rank
 from ..errors import BadInputError, MissingTraceError
 from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY
@@ -152,7 +153,8 @@ def map_rank(rank_data, options: dict) -> dict:
     """The rank's tables as one span of time through the fold below, which a long capture goes through span by
     span (`STREAM`)."""
     rank_data.require("gpu", "compute_memory_share")
-    return fold_rank(STREAM, rank_data) or {"share": None, "by_range": None}
+    out = fold_rank(STREAM, rank_data) or {"share": None, "by_range": None}
+    return {**out, **collective_match.nccl_kernels(rank_data)}  # its communication's waiting (waiting.py)
 
 
 def _by_name(names: np.ndarray, words: np.ndarray, cols: dict) -> pa.Table:
@@ -188,6 +190,9 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
         by_range = _percentages(_ranked_frame(ranges, "by_range", BY_RANGE_DTYPES), ["rank", "range_name"])
         tables["by_range"] = by_range[["rank", "range_name", "category", "instances", "ops", "sum_ns", "union_ns",
                                        "pct_sum", "pct_union", "bytes", "bandwidth_gbps", "pageable_ops"]]
+    split = waiting.split(collective_match.match(per_rank, options), in_iterations=False)
+    if split is not None:  # NCCL kernels matched across ranks: how much of them was waiting, and for whom
+        tables["communication"] = split.ranks
     return tables
 
 
@@ -204,15 +209,19 @@ def summary(out) -> list[str]:
     total = t["union_ns"].sum()
     t = t.assign(**{"sum ms": t["sum_ns"].map(ms_cell), "wall ms": t["union_ns"].map(ms_cell),
                     "wall %": (100 * t["union_ns"] / total).map(lambda v: f"{v:.1f}")})
-    return indented("GPU time by category, all ranks:", t[["sum ms", "wall ms", "wall %"]].to_string())
+    waited = waiting.summary_lines(pd.read_parquet(out / "communication.parquet")) \
+        if (out / "communication.parquet").exists() else []
+    return indented("GPU time by category, all ranks:", t[["sum ms", "wall ms", "wall %"]].to_string()) + waited
 
 
 def headline(out) -> str:
     s = pd.read_parquet(out / "share.parquet").groupby("category")["union_ns"].sum()
     pct = 100 * s / s.sum()
     copies = pct[pct.index.str.startswith("memcpy")].sum()
-    return (f"compute {pct.get('compute', 0):.1f} %, communication {pct.get('communication', 0):.1f} %, "
-            f"copies {copies:.1f} %, idle {pct.get('idle', 0):.1f} %")
+    waited = waiting.phrase(pd.read_parquet(out / "communication.parquet")) \
+        if (out / "communication.parquet").exists() else ""
+    return (f"compute {pct.get('compute', 0):.1f} %, communication {pct.get('communication', 0):.1f} %"
+            + (f" ({waited})" if waited else "") + f", copies {copies:.1f} %, idle {pct.get('idle', 0):.1f} %")
 
 
 def diff_metrics(ranks) -> pd.DataFrame | None:
