@@ -21,7 +21,8 @@ from .spill import remove_spilled
 # what the reduce needs to know of each rank besides its result: key -> RankData attribute
 IDENTITY = {"file": "file", "read_from": "read_from", "pid": "pid", "candidates": "rank_candidates", "host": "host",
             "local_rank": "local_rank", "gpu": "gpu", "session_start_ns": "session_start_ns",
-            "synthetic": "synthetic", "unclosed_ranges": "unclosed_ranges", "read_note": "read_note"}
+            "synthetic": "synthetic", "unclosed_ranges": "unclosed_ranges", "read_note": "read_note",
+            "program": "program"}
 
 
 def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None,

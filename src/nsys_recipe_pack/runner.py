@@ -36,7 +36,7 @@ from .inputs import (
     write_arrow_streams,
 )
 from .lazy import pd
-from .ranks import assign_ranks
+from .ranks import assign_ranks, programs
 from .spill import RankedRows, parquet_options, remove_spilled
 from .staging import staged_output
 
@@ -80,6 +80,7 @@ def reduce_all(recipe: str, mapped: list[list[dict]], options: dict) -> tuple[di
     ids["pid"] = ids["pid"].astype("Int64")
     ids = assign_ranks(ids)
     notes = list(ids.attrs.get("notes", []))
+    notes.extend(programs(ids))
     notes.extend(read_notes(ids))
     unclosed = ids[ids["unclosed_ranges"] > 0]
     if len(unclosed):

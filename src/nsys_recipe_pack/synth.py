@@ -80,8 +80,7 @@ EXTRA_OPS = [
 ]
 OVERLAP_BEFORE_ARRIVAL = (3 * MS, 2 * MS)  # bucket_reduce on stream 9, inside the last backward kernel
 JOBS = ("nccl", "mpi")
-# The `mpi` job: no NVTX; per iteration each rank launches one kernel, waits for it in
-# cudaDeviceSynchronize, then meets the others in MPI_Allreduce (released together, after the last arrives).
+# The `mpi` job's names and times (synth_mpi.py)
 MPI_KERNEL, MPI_KERNEL_MS = "jacobi_kernel", 5.0
 MPI_SYNC_API, MPI_CALL = "cudaDeviceSynchronize_v3020", "MPI_Allreduce"
 MPI_TRANSFER_NS = 500 * US
@@ -309,55 +308,6 @@ def _block(tl: dict, first: int, stop: int) -> dict:
     return {k: _block(v, first, stop) if isinstance(v, dict) else v[..., first:stop] for k, v in tl.items()}
 
 
-def _mpi_timeline(ranks: int, iterations: int, stragglers: list[Straggler], rng) -> dict:
-    """Kernel durations per (rank, iteration) and each rank's kernel start on the common clock. A rank arrives
-    at MPI_Allreduce once its kernel is done; all leave at the last arrival plus the transfer, and launch
-    the next kernel a fixed host time later."""
-    kernel = np.round(MPI_KERNEL_MS * MS * rng.uniform(1 - JITTER, 1 + JITTER, size=(ranks, iterations))
-                      ).astype(np.int64)
-    extra = np.zeros((ranks, iterations), np.int64)
-    for s in stragglers:
-        it = slice(s.first, s.last + 1)
-        extra[s.rank, it] = np.round((s.slowdown - 1.0) * kernel[s.rank, it]).astype(np.int64)
-    kernel += extra
-    # launch at t, the kernel runs [t + 20 us, + kernel], the sync returns 5 us later, MPI starts 2 us after
-    arrive = 20 * US + kernel + 7 * US
-    step = arrive.max(axis=0) + MPI_TRANSFER_NS + STEP_GAP_NS
-    launch = np.zeros(iterations, np.int64)
-    launch[1:] = np.cumsum(step)[:-1]
-    return {"kernel": kernel, "launch": launch, "release": launch + arrive.max(axis=0) + MPI_TRANSFER_NS,
-            "extra": extra}
-
-
-def _mpi_rank_tables(r: int, tl: dict, iterations: int, shift: int, gpus_per_node: int, strings: dict, first: int = 0,
-                     total: int | None = None) -> dict:
-    pid = PID_BASE + r
-    gpid = _global_pid(pid)
-    gtid = gpid | pid
-    launch = tl["launch"] + shift
-    k_start = launch + 20 * US
-    k_end = k_start + tl["kernel"][r]
-    release = tl["release"] + shift
-    corr = (first + np.arange(iterations, dtype=np.int64)) * 2 + 101
-    kernels = pd.DataFrame({
-        "start": k_start, "end": k_end, "deviceId": r % gpus_per_node, "contextId": np.uint64(1),
-        "streamId": np.uint64(COMPUTE_STREAM), "correlationId": corr, "globalPid": np.uint64(gpid),
-        "demangledName": np.uint64(strings[MPI_KERNEL]), "shortName": np.uint64(strings[MPI_KERNEL]),
-        "mangledName": np.uint64(strings[MPI_KERNEL]), "launchType": 1, "cacheConfig": 0, "registersPerThread": 32,
-        "gridX": 512, "gridY": 1, "gridZ": 1, "blockX": 256, "blockY": 1, "blockZ": 1, "staticSharedMemory": 0,
-        "dynamicSharedMemory": 0, "localMemoryPerThread": 0, "localMemoryTotal": 0, "gridId": corr,
-        "sharedMemoryExecuted": 0, "sharedMemoryLimitConfig": 0})
-    runtime = pd.DataFrame({
-        "start": np.concatenate([launch, launch + 10 * US]), "end": np.concatenate([launch + 8 * US, k_end + 5 * US]),
-        "eventClass": 0, "globalTid": np.uint64(gtid), "correlationId": np.concatenate([corr, corr + 1]),
-        "nameId": np.repeat(np.array([strings[LAUNCH_API], strings[MPI_SYNC_API]], np.uint64), iterations),
-        "returnValue": 0})
-    mpi = pd.DataFrame({"start": k_end + 7 * US, "end": release, "globalTid": np.uint64(gtid),
-                        "textId": strings[MPI_CALL]})
-    return {"CUPTI_ACTIVITY_KIND_KERNEL": kernels, "CUPTI_ACTIVITY_KIND_RUNTIME": _by_start(runtime),
-            "MPI_OTHER_EVENTS": mpi}
-
-
 def _by_start(*frames: pd.DataFrame) -> pd.DataFrame:
     """Rows in start order, as Nsight Systems writes its event tables."""
     df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
@@ -526,7 +476,9 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
                gpus_per_node: int, shape: str, schema: dict, job: str = "nccl",
                memory: MemoryPlan | None = None) -> dict:
     rng = np.random.default_rng(seed)
-    tl = (_timeline if job == "nccl" else _mpi_timeline)(ranks, iterations, stragglers, rng)
+    from . import synth_mpi  # the mpi job's own events
+
+    tl = (_timeline if job == "nccl" else synth_mpi.timeline)(ranks, iterations, stragglers, rng)
     # Session starts a few ms apart; a rank whose session started later has smaller local timestamps.
     offsets = np.round(rng.uniform(0, 5 * MS, size=ranks)).astype(np.int64) + np.arange(ranks) * 1_700 * US
     first_step = int(offsets.max()) + FIRST_STEP_NS  # on the common clock: every rank's local times are >= 1 s
@@ -536,7 +488,7 @@ def _write_all(tmp: Path, ranks: int, iterations: int, fmt: str, stragglers: lis
         shared["ENUM_CUDA_DEV_MEM_EVENT_OPER"] = typed("ENUM_CUDA_DEV_MEM_EVENT_OPER", pd.DataFrame({
             "id": [0, 1], "name": ["CUDA_DEV_MEM_EVENT_OPR_ALLOCATION", "CUDA_DEV_MEM_EVENT_OPR_DEALLOCATION"],
             "label": ["Allocation", "Deallocation"]}), schema)
-    rank_tables = _rank_tables if job == "nccl" else _mpi_rank_tables
+    rank_tables = _rank_tables if job == "nccl" else synth_mpi.rank_tables
     more = {"memory": memory} if memory is not None else {}
     blocks = [(first, min(first + BLOCK_ITERATIONS, iterations)) for first in range(0, iterations, BLOCK_ITERATIONS)]
     done = progress.Counter(ranks * iterations if len(blocks) > 1 else 0, "synthetic iterations written")

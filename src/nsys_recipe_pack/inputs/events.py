@@ -25,6 +25,14 @@ def recorded_env(src: ExportSource) -> tuple[dict, str | None]:
     return out, hostname or None
 
 
+def program_names(src: ExportSource) -> dict[str, str]:
+    """Each process's name as the report recorded it (PROCESSES, by OS pid as text), where the export holds it: what
+    tells reports of different programs apart."""
+    rows = small_table(src, "PROCESSES", ["pid", "name"]) if src.has("PROCESSES") else {}
+    return {str(p): str(n) for p, n in zip(rows.get("pid", []), rows.get("name", []), strict=False)
+            if p is not None and n}
+
+
 def session_start(src: ExportSource) -> int:
     starts = small_table(src, "TARGET_INFO_SESSION_START_TIME", ["utcEpochNs"]).get("utcEpochNs", [])
     return next((int(v) for v in starts if v is not None), 0)

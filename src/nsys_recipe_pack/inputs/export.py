@@ -136,8 +136,12 @@ def _locked(lock_path: Path):
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+IF_PRESENT = ["PROCESSES"]  # read where an export has them; an export without them is as usable
+
+
 def table_names(needs: set[str]) -> list[str]:
-    names = [*ALWAYS, *TABLES["nvtx"]]  # NVTX always: its "rank N" ranges are one of the sources of the rank
+    # NVTX always: its "rank N" ranges are one of the sources of the rank
+    names = [*ALWAYS, *IF_PRESENT, *TABLES["nvtx"]]
     for need in sorted(needs):
         names.extend(TABLES.get(need, {}))
     if "mpi" in needs:
@@ -238,7 +242,7 @@ def _beside_problem(export: Path, report: Path, needs: set[str], older_too: bool
         return "is not an Nsight Systems export"
     if "META_DATA_EXPORT" in tables and not filtered:
         return None
-    missing = [t for t in table_names(needs) if not t.endswith("*") and t not in tables]
+    missing = [t for t in table_names(needs) if not t.endswith("*") and t not in tables and t not in IF_PRESENT]
     return f"lacks {', '.join(missing)}" if missing else None
 
 

@@ -27,7 +27,17 @@ from ..lazy import pd
 from .batches import NEED_FRAMES, RANGE_EVENTS, Extents
 from .chunks import STREAM_MIN_ROWS, Ahead, Stream, first_read_label, time_chunks
 from .discovery import report_stem
-from .events import read_gpu, read_gpus, read_memory, read_mpi, read_nvtx, read_runtime, recorded_env, session_start
+from .events import (
+    program_names,
+    read_gpu,
+    read_gpus,
+    read_memory,
+    read_mpi,
+    read_nvtx,
+    read_runtime,
+    recorded_env,
+    session_start,
+)
 from .export import open_source
 from .frames import FRAME_NAMES, Frame, arrow_of, as_frame, numpy_of, read_arrow_streams, write_arrow_streams
 from .payloads import read_payloads
@@ -58,11 +68,13 @@ class RankData:
     def __init__(self, file: str, pid: int | None, session_start_ns: int, env: dict | None = None,
                  rank_candidates: dict | None = None, host: str | None = None, local_rank: int | None = None,
                  has_cuda: bool = False, synthetic: bool = False, unclosed_ranges: int = 0,
-                 read_from: str | None = None, extents: dict | None = None, read_note: str | None = None, **tables):
+                 read_from: str | None = None, extents: dict | None = None, read_note: str | None = None,
+                 program: str | None = None, **tables):
         self.file = file  # the input as the user named it
         self.read_from = read_from or file  # what was read: the report, or the export beside it
         self.read_note = read_note  # why, where that is not what a user would expect (an export skipped)
         self.pid = pid
+        self.program = program  # the process's name (PROCESSES), None where the export lacks it
         self.session_start_ns = session_start_ns  # TARGET_INFO_SESSION_START_TIME.utcEpochNs, 0 when absent
         self.env = env or {}
         self.rank_candidates = rank_candidates or {}  # source -> rank
@@ -367,7 +379,9 @@ class Reading:
         else:
             range_pids = nvtx.values("pid")[one_of(nvtx.values("event_type"), RANGE_EVENTS)]
         pids = sorted(gpu_pids) if gpu_pids else sorted(int(p) for p in np.unique(range_pids))
+        programs = program_names(src)
         meta = {"env": env, "hostname": hostname, "session_start_ns": session_start(src),
+                "programs": {str(p): programs[str(p)] for p in pids if str(p) in programs},
                 "synthetic": bool(synthetic), "has_cuda": bool(has_cuda), "pids": pids or [None],
                 "nvtx_rank": _nvtx_ranks(nvtx, pids or [None]), "extents": extents.tables}
         return frames, meta
@@ -562,7 +576,7 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
                       rank_candidates=cands, host=host, local_rank=local[0] if local and len(pids) == 1 else None,
                       has_cuda=meta["has_cuda"], synthetic=meta["synthetic"],
                       read_from=str(read_from) if read_from is not None else None, extents=extents,
-                      read_note=read_note)
+                      read_note=read_note, program=meta.get("programs", {}).get(str(pid)))
         for attr, frame in frames.items():
             if pid is not None and len(pids) > 1 and "pid" in frame:
                 frame = frame.filter(frame.values("pid") == pid)
@@ -580,7 +594,7 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
 # of an export, not by the read that made it: a report looked at once (a cold run) does not pay for them
 # (docs/internals.md, "Reading exports")
 
-LOADED_FORMAT = 7  # bump when Reading.frames or the layout below changes
+LOADED_FORMAT = 8  # bump when Reading.frames or the layout below changes
 LOADED_FILE = "frames.arrows"
 
 

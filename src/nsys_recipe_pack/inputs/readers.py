@@ -56,7 +56,8 @@ MPI_PREFIX = "MPI_"
 # and META_DATA tables); every other column it reads holds integers
 TEXT_COLUMNS = {"NVTX_EVENTS": {"text"}, "StringIds": {"value"}, "TARGET_INFO_SYSTEM_ENV": {"name", "value"},
                 "META_DATA_EXPORT": {"name", "value"}, "TARGET_INFO_GPU": {"name"}, "ENUM_CUDA_MEM_KIND": {"label"},
-                "NVTX_PAYLOAD_SCHEMAS": {"name"}, "NVTX_PAYLOAD_SCHEMA_ENTRIES": {"name", "description"}}
+                "NVTX_PAYLOAD_SCHEMAS": {"name"}, "NVTX_PAYLOAD_SCHEMA_ENTRIES": {"name", "description"},
+                "PROCESSES": {"name"}}
 # text a batched read (ExportSource.read_batches) gives from Parquet as the file's dictionary: NVTX range names repeat,
 # and making a string of every row, then hashing them all again, would take most of the text's time
 DICTIONARY_TEXT = {"NVTX_EVENTS": {"text"}}
