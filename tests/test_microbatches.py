@@ -89,3 +89,18 @@ def test_uneven_microbatches_are_found_with_their_cost_and_no_straggler(uneven):
     spread = res.tables["microbatches"]
     assert spread["max_ratio"].to_numpy() == pytest.approx(2.0, rel=0.1)
     assert (spread["long_passes"] > 0).all()
+
+
+def test_a_heavier_last_stage_behind_device_syncs_is_stage_imbalance_alone(tmp_path):
+    """The host syncing the device after every exchange, the last of four stages computing 1.5 times as long, no rank
+    otherwise slow: stage imbalance of that stage, about 0.5 x 18 ms x 8 micro-batches by hand, no straggler and no
+    uneven micro-batches."""
+    out = tmp_path / "job"
+    write_megatron(out, parallel.Layout(tp=2, pp=4, dp=2), steps=10, microbatches=8, fmt="parquetdir",
+                   p2p_sync=True, heavy_last_stage=1.5, seed=2)
+    res = run_recipe("straggler_heatmap", [str(out)], str(tmp_path / "sh"), mode="none")
+    findings = res.tables["findings"]
+    assert findings["kind"].tolist() == ["stage_imbalance"] and findings.at[0, "stage"] == 3
+    assert findings.at[0, "cost_ns"] == pytest.approx(0.5 * 18 * MS * 8, rel=0.1)
+    assert res.tables["stragglers"].empty
+    assert (res.tables["microbatches"]["long_passes"] == 0).all()
