@@ -46,7 +46,8 @@ def _retitled(src, dst, program: str, later_ns: int):
 
 def test_reports_of_different_programs_started_apart_are_refused(tmp_path):
     """Two reports of different programs an hour apart in one folder are two runs, not two ranks: refused with both
-    programs named (exit 3 on the command line, a bad input); started together they are one job of two executables, a note."""
+    programs named (exit 3 on the command line, a bad input); started together they are one job of two executables,
+    a note."""
     import subprocess
     import sys
     from pathlib import Path
