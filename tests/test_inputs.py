@@ -374,13 +374,16 @@ def test_no_recipe_map_imports_pandas_cold_warm_or_from_an_export(nsys, tmp_path
     report = sorted(MPI_SET.glob("*.qdrep"))[0]
     user_export = Path(__file__).resolve().parent / "data" / "nccl_2gpu_h100" / "mfu_2gpu_before.sqlite"
     assert set(recipes.all_recipes()) == {"straggler_heatmap", "kernel_pace", "compute_memory_share", "sync_summary",
-                                          "nvtx_gpu_proj", "comm_overlap", "gpu_memory", "collectives"}
+                                          "nvtx_gpu_proj", "comm_overlap", "gpu_memory", "collectives",
+                                          "pipeline_bubbles"}
     reads = [(str(report), "cold"), (str(report), "warm"), (str(user_export), "export")]
     with_memory = tmp_path / "memory.sqlite"  # no shipped report records memory events: a real export given some
     shutil.copyfile(SAMPLES / "h100_gloo_8rank" / "rank0.sqlite", with_memory)
     plant_memory(with_memory)
-    runs = [(name, {}, reads) for name in recipes.all_recipes() if name not in ("gpu_memory", "collectives")] + [
+    runs = [(name, {}, reads) for name in recipes.all_recipes()
+            if name not in ("gpu_memory", "collectives", "pipeline_bubbles")] + [
         ("collectives", {}, reads[2:]),  # the export with NCCL kernels
+        ("pipeline_bubbles", {}, reads[2:]),
         ("kernel_pace", {"kernel": "jacobi_kernel"}, reads[:2]),  # the report's kernel, then the export's
         ("kernel_pace", {"kernel": "reduce_kernel"}, reads[2:]),
         ("gpu_memory", {}, [(str(with_memory), "export")])]

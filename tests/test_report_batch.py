@@ -37,8 +37,10 @@ def test_index_runs_recipes_and_reasons(report_dir):
     assert cpu.loc["compute_memory_share", "status"] == "not applicable"
     assert "-t cuda" in cpu.loc["compute_memory_share", "headline"]
     gpu = index[index["run"] == "jacobi_report"].set_index("recipe")
-    assert (gpu.drop(index=["comm_overlap", "gpu_memory", "collectives"])["status"] == "done").all()
+    assert (gpu.drop(index=["comm_overlap", "gpu_memory", "collectives", "pipeline_bubbles"])["status"] == "done").all()
     assert gpu.loc["collectives", "status"] == "not applicable" and "NCCL" in gpu.loc["collectives", "headline"]
+    assert gpu.loc["pipeline_bubbles", "status"] == "not applicable" and "no pipeline" in \
+        gpu.loc["pipeline_bubbles", "headline"]
     assert gpu.loc["gpu_memory", "status"] == "not applicable"
     assert "--cuda-memory-usage=true" in gpu.loc["gpu_memory", "headline"]
     # a single-GPU job has no NCCL kernels: comm_overlap says so instead of drawing an empty chart

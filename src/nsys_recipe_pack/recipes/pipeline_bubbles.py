@@ -1,0 +1,286 @@
+"""pipeline_bubbles: how long each pipeline stage's GPU idles in each step while the pipeline fills, drains and waits
+on neighbours, against what the schedule itself leaves idle.
+
+A micro-batch pass is an NVTX range whose name says forward or backward (`forward`, `forward-compute`, `fwd`, ...;
+not one that sends, receives or reduces); its GPU work is the kernels launched while it was open on the iteration's
+thread. A pipeline (the ranks of one pp group, from NCCL's payloads, the NCCL kernels or `--parallel`) runs its
+passes in each iteration between the first pass's start and the last pass's end on any of its stages: that is the
+pipeline phase. A stage's bubble is the part of the phase its GPU spends on no pass: before its first pass (the
+pipeline filling, `warmup_ns`), after its last (draining, `cooldown_ns`) and between them, waiting on a neighbour.
+The SendRecv kernels of its pp group inside the phase are split into waiting for the peer and transfer (the peer's
+kernel start to the end). The schedule is read from the order of the passes (1F1B: a stage runs p - stage forward
+passes before its first backward, then alternates; GPipe: every forward first), the micro-batches from the number
+of forward passes, and the schedule's own bubble, (p - 1) / (m + p - 1), is shown beside the measured one.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pyarrow as pa
+
+from .. import collective_match, parallel
+from ..errors import NotApplicableError
+from ..gpu import launched_ops
+from ..inputs.frames import arrow_of
+from ..intervals import overlay_lengths, union_segments_by_group
+from ..iteration_scan import find_iterations
+from ..iterations import range_arrays, warmup
+from ..lazy import pd
+from ..nvtx import innermost_of
+from . import Metric, Recipe, indented, iteration_options, ms_cell, parallel_option
+
+NEEDS = {"nvtx", "kernel", "runtime", "payload"}
+FORWARD_RE = re.compile(r"forward|fwd", re.IGNORECASE)
+BACKWARD_RE = re.compile(r"backward|bwd", re.IGNORECASE)
+NOT_A_PASS_RE = re.compile(r"send|recv|reduce|gather|scatter|sync|comm|p2p|broadcast|all-?to-?all", re.IGNORECASE)
+PASS_COLUMNS = ["iteration", "kind", "start_ns", "end_ns"]  # kind: 0 forward, 1 backward
+BUBBLE_COLUMNS = ["rank", "pp_stage", "iteration", "microbatches", "schedule", "window_ns", "busy_ns", "bubble_ns",
+                  "bubble_pct", "ideal_pct", "warmup_ns", "cooldown_ns", "p2p_wait_ns", "p2p_transfer_ns",
+                  "is_warmup"]
+
+
+def pass_kind(names) -> np.ndarray:
+    """Per NVTX range name: 0 a forward pass, 1 a backward pass, -1 neither."""
+    out = np.full(len(names), -1, np.int64)
+    for i, name in enumerate(names):  # a rank's few distinct names
+        if name is None or NOT_A_PASS_RE.search(str(name)):
+            continue
+        forward, backward = FORWARD_RE.search(str(name)), BACKWARD_RE.search(str(name))
+        if forward and not backward:
+            out[i] = 0
+        elif backward and not forward:
+            out[i] = 1
+    return out
+
+
+def map_rank(rank_data, options: dict) -> dict:
+    """The rank's micro-batch passes (their GPU spans) and the union of their GPU work per iteration, with its NCCL
+    kernels for the groups and the exchanges."""
+    rank_data.require("kernel", "pipeline_bubbles")
+    ranges = range_arrays(rank_data.frame("nvtx"))
+    it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"))
+    kind = pass_kind(ranges.names[:-1]) if len(ranges) else np.zeros(0, np.int64)
+    passes = np.flatnonzero((ranges.name >= 0) & (kind[np.maximum(ranges.name, 0)] >= 0)) if len(ranges) else \
+        np.zeros(0, np.int64)
+    if it.tid is not None:
+        passes = passes[ranges.tid[passes] == it.tid]
+    ops = launched_ops(rank_data)
+    # the pass open on the iteration's thread when each op was launched (PyTorch's autograd thread has none of its own)
+    inside = innermost_of(ranges.tid[passes], ranges.start_ns[passes], ranges.end_ns[passes],
+                          np.full(len(ops.op), it.tid if it.tid is not None else -1, np.int64), ops.call_start_ns,
+                          ops.call_end_ns) if len(passes) and len(ops.op) else np.zeros(len(ops.op), np.int64) - 1
+    hit = inside >= 0
+    start = np.full(len(passes), np.iinfo(np.int64).max)
+    end = np.full(len(passes), np.iinfo(np.int64).min)
+    np.minimum.at(start, inside[hit], ops.start_ns[hit])
+    np.maximum.at(end, inside[hit], ops.end_ns[hit])
+    used = np.flatnonzero(end >= start)  # the passes that launched GPU work
+    at = passes[used]
+    iteration = np.searchsorted(it.start_ns, ranges.start_ns[at], side="right") - 1
+    ok = (iteration >= 0) & (ranges.start_ns[at] < it.end_ns[np.maximum(iteration, 0)])
+    table = {"iteration": iteration[ok], "kind": kind[ranges.name[at]][ok], "start_ns": start[used][ok],
+             "end_ns": end[used][ok]}
+    op_iteration = np.searchsorted(it.start_ns, ops.start_ns[hit], side="right") - 1
+    busy = union_segments_by_group(op_iteration, ops.start_ns[hit], ops.end_ns[hit])
+    return {"passes": pa.table({c: arrow_of(np.asarray(v, np.int64)) for c, v in table.items()}),
+            "busy": pa.table({c: arrow_of(v) for c, v in zip(("iteration", "start_ns", "end_ns"), busy, strict=True)}),
+            "delimiter": it.delimiter.as_dict(), **collective_match.nccl_kernels(rank_data, it)}
+
+
+def _aligned(per_rank: list[dict], table: str, matched) -> pd.DataFrame:
+    """A map table of every rank with its rank, its times on the clocks collective_match aligned the kernels to."""
+    host_offset = matched.groups.set_index("rank")["host"].map(
+        matched.clock.set_index("host")["offset_ns"] if len(matched.clock) else {}).fillna(0).astype("int64")
+    out = pa.concat_tables([r[table] for r in per_rank]).to_pandas()
+    out["rank"] = np.repeat([r["rank"] for r in per_rank], [r[table].num_rows for r in per_rank]).astype(np.int64)
+    shift = np.repeat([r["offset_ns"] for r in per_rank], [r[table].num_rows for r in per_rank]) - \
+        out["rank"].map(host_offset).fillna(0).to_numpy(np.int64)
+    for c in ("start_ns", "end_ns"):
+        out[c] = out[c].astype(np.int64) + shift
+    return out
+
+
+def reduce(per_rank: list[dict], options: dict) -> dict:
+    matched = collective_match.match(per_rank, options)
+    groups = matched.groups
+    stages = int(groups["pp"].max()) + 1 if len(groups) and groups["pp"].notna().any() else 1
+    if not parallel.is_parallel(groups) or stages < 2:
+        raise NotApplicableError(
+            f"pipeline_bubbles does not apply: the {len(per_rank)} rank(s) form no pipeline (no pipeline-parallel "
+            "group in NCCL's payloads or kernels; pass --parallel tp=T,pp=P,dp=D where the trace does not show it)")
+    passes = _aligned(per_rank, "passes", matched)
+    if passes.empty:
+        raise NotApplicableError("pipeline_bubbles does not apply: no NVTX range names a forward or backward pass "
+                                 "(`forward`, `backward-compute`, ...) with GPU work launched inside it")
+    stage_of = groups.set_index("rank")["pp"].astype("int64")
+    pipeline_of = groups.set_index("rank")["pp_group"].map(lambda m: min(m) if len(m) else -1)
+    passes["pipeline"] = passes["rank"].map(pipeline_of)
+    phase = passes.groupby(["pipeline", "iteration"]).agg(phase_start=("start_ns", "min"), phase_end=("end_ns", "max"))
+    cells = passes.groupby(["rank", "iteration"]).agg(first=("start_ns", "min"), last=("end_ns", "max"),
+                                                      microbatches=("kind", lambda k: int((k == 0).sum())))
+    cells = cells.reset_index()
+    cells["pipeline"] = cells["rank"].map(pipeline_of)
+    cells = cells.join(phase, on=["pipeline", "iteration"])
+    cells["pp_stage"] = cells["rank"].map(stage_of)
+    cells["window_ns"] = cells["phase_end"] - cells["phase_start"]
+    cells["busy_ns"] = _busy(_aligned(per_rank, "busy", matched), cells)
+    cells["bubble_ns"] = (cells["window_ns"] - cells["busy_ns"]).clip(lower=0)
+    cells["bubble_pct"] = 100.0 * cells["bubble_ns"] / cells["window_ns"].where(cells["window_ns"] > 0)
+    cells["warmup_ns"] = cells["first"] - cells["phase_start"]
+    cells["cooldown_ns"] = cells["phase_end"] - cells["last"]
+    cells["schedule"] = _schedules(passes, cells, stages)
+    m = cells["microbatches"].astype(float)
+    cells["ideal_pct"] = np.where(cells["schedule"].isin(["1F1B", "GPipe"]), 100.0 * (stages - 1) / (m + stages - 1),
+                                  np.nan)
+    wait, transfer = _p2p(matched, cells)
+    cells["p2p_wait_ns"], cells["p2p_transfer_ns"] = wait, transfer
+    cells["is_warmup"] = warmup(cells["rank"].to_numpy(), cells["iteration"].to_numpy(),
+                                cells["window_ns"].to_numpy())
+    bubbles = cells[BUBBLE_COLUMNS].sort_values(["rank", "iteration"], kind="stable").reset_index(drop=True)
+    bubbles["microbatches"] = bubbles["microbatches"].astype("int64")
+    steady = bubbles[~bubbles["is_warmup"]] if (~bubbles["is_warmup"]).any() else bubbles
+    per_stage = steady.groupby("pp_stage").agg(ranks=("rank", lambda r: sorted({int(x) for x in r})),
+                                               busy_ns=("busy_ns", "median"), bubble_pct=("bubble_pct", "median"))
+    per_stage["busy_ns"] = per_stage["busy_ns"].round().astype("int64")
+    typical = float(per_stage["busy_ns"].median())
+    per_stage["busy_vs_median_pct"] = 100.0 * (per_stage["busy_ns"] - typical) / max(typical, 1.0)
+    schedule = steady["schedule"].mode().iat[0]
+    microbatches = int(steady["microbatches"].mode().iat[0])
+    passes_out = passes.assign(pp_stage=passes["rank"].map(stage_of),
+                               kind=np.where(passes["kind"] == 0, "forward", "backward"))
+    passes_out = passes_out.rename(columns={"start_ns": "start_aligned_ns", "end_ns": "end_aligned_ns"})[
+        ["rank", "pp_stage", "iteration", "kind", "start_aligned_ns", "end_aligned_ns"]]
+    return {"bubbles": bubbles, "stages": per_stage.reset_index(), "passes": passes_out, "groups": groups,
+            "settings": {"groups_source": matched.source, "notes": matched.notes, "stages": stages,
+                         "schedule": schedule, "microbatches": microbatches,
+                         "ideal_pct": 100.0 * (stages - 1) / (microbatches + stages - 1)
+                         if schedule in ("1F1B", "GPipe") else None}}
+
+
+def _busy(busy: pd.DataFrame, cells: pd.DataFrame) -> np.ndarray:
+    """Per cell, the time inside its pipeline phase its GPU ran pass work (the union of it, from the map)."""
+    key = pd.MultiIndex.from_frame(cells[["rank", "iteration"]])
+    at = pd.Series(np.arange(len(cells)), index=key)
+    cell = at.reindex(pd.MultiIndex.from_frame(busy[["rank", "iteration"]].astype("int64"))).to_numpy()
+    kept = ~np.isnan(cell)
+    cell = cell[kept].astype(np.int64)
+    mine = (cell, busy["start_ns"].to_numpy(np.int64)[kept], busy["end_ns"].to_numpy(np.int64)[kept])
+    windows = union_segments_by_group(np.arange(len(cells)), cells["phase_start"].to_numpy(np.int64),
+                                      cells["phase_end"].to_numpy(np.int64))
+    return overlay_lengths(union_segments_by_group(*mine), windows, len(cells), both=True)
+
+
+def _schedules(passes: pd.DataFrame, cells: pd.DataFrame, stages: int) -> np.ndarray:
+    """Per cell, the schedule its passes' order shows: 1F1B (p - stage forward passes before the first backward, or
+    all of them where there are no more, then forward and backward in turn), GPipe (every forward first), else
+    other."""
+    p = passes.sort_values(["rank", "iteration", "start_ns"], kind="stable")
+    g = p.groupby(["rank", "iteration"])["kind"]
+    before_first_backward = g.agg(lambda k: int(np.argmax(k.to_numpy() == 1)) if (k == 1).any() else len(k))
+    alternates = g.agg(lambda k: _alternates(k.to_numpy()))
+    key = pd.MultiIndex.from_frame(cells[["rank", "iteration"]])
+    lead, turns = before_first_backward.reindex(key).to_numpy(), alternates.reindex(key).to_numpy()
+    m = cells["microbatches"].to_numpy()
+    one_f_one_b = lead == np.minimum(stages - cells["pp_stage"].to_numpy(), m)
+    out = np.where(one_f_one_b & turns, "1F1B", np.where(lead == m, "GPipe", "other"))
+    return out.astype(object)
+
+
+def _alternates(kind: np.ndarray) -> bool:
+    """After the first backward, forward and backward passes take turns until the forwards run out."""
+    rest = kind[int(np.argmax(kind == 1)):] if (kind == 1).any() else kind[:0]
+    forwards = np.flatnonzero(rest == 0)
+    return bool(len(forwards) == 0 or (np.diff(np.r_[-1, forwards]) == 2).all())
+
+
+def _p2p(matched, cells: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Per cell, the time inside its phase its pipeline exchanges (SendRecv kernels of its pp group) spent waiting for
+    the peer (a kernel's start to the pair's last start), and the rest of their time (transfer): unions, as a send
+    and a receive may wait at once."""
+    k = matched.kernels
+    if k is None or not len(k):
+        return np.zeros(len(cells), np.int64), np.zeros(len(cells), np.int64)
+    k = k[(k["group"] == "pp") & (k["iteration"] >= 0)]
+    key = pd.MultiIndex.from_frame(cells[["rank", "iteration"]])
+    cell = pd.Series(np.arange(len(cells)), index=key).reindex(
+        pd.MultiIndex.from_frame(k[["rank", "iteration"]].astype("int64"))).to_numpy()
+    kept = ~np.isnan(cell)
+    k, cell = k[kept], cell[kept].astype(np.int64)
+    last = k.groupby("instance")["start_aligned_ns"].transform("max").where(k["instance"] >= 0, k["start_aligned_ns"])
+    lo, hi = cells["phase_start"].to_numpy()[cell], cells["phase_end"].to_numpy()[cell]
+    start = np.clip(k["start_aligned_ns"].to_numpy(np.int64), lo, hi)
+    until = np.clip(last.to_numpy(np.int64), start, hi)
+    end = np.clip(k["end_aligned_ns"].to_numpy(np.int64), start, hi)
+    waiting = union_segments_by_group(cell, start, until)
+    exchanging = union_segments_by_group(cell, start, end)
+    wait = np.zeros(len(cells), np.int64)
+    np.add.at(wait, waiting[0], waiting[2] - waiting[1])
+    return wait, overlay_lengths(exchanging, waiting, len(cells), both=False)
+
+
+def summary(out) -> list[str]:
+    import json
+
+    settings = json.loads((out / "analysis.json").read_text())
+    stages = pd.read_parquet(out / "stages.parquet")
+    table = pd.DataFrame({"stage": stages["pp_stage"], "ranks": stages["ranks"].map(lambda r: ", ".join(map(str, r))),
+                          "busy ms": stages["busy_ns"].map(ms_cell),
+                          "vs median stage %": stages["busy_vs_median_pct"].map(lambda v: f"{v:+.1f}"),
+                          "bubble %": stages["bubble_pct"].map(lambda v: f"{v:.1f}")})
+    return [headline(out), f"schedule {settings.get('schedule')}, {settings.get('microbatches')} micro-batches, "
+            f"{settings.get('stages')} stages"] + indented("per stage (median of the steady iterations):",
+                                                         table.to_string(index=False))
+
+
+def headline(out) -> str:
+    import json
+
+    settings = json.loads((out / "analysis.json").read_text())
+    b = pd.read_parquet(out / "bubbles.parquet")
+    steady = b[~b["is_warmup"]] if (~b["is_warmup"]).any() else b
+    worst = steady.groupby("pp_stage")["bubble_pct"].median()
+    ideal = settings.get("ideal_pct")
+    return (f"pipeline bubble {steady['bubble_pct'].median():.1f} % of the pipeline phase ({settings.get('schedule')}, "
+            f"{settings.get('stages')} stages, {settings.get('microbatches')} micro-batches"
+            + (f": the schedule's own {ideal:.1f} %" if ideal is not None else "")
+            + f"); most at stage {int(worst.idxmax())} ({worst.max():.1f} %)")
+
+
+def diff_metrics(ranks) -> pd.DataFrame | None:
+    """The median bubble over a run's steady iterations (a run with no pipeline has none)."""
+    from ..errors import PackError
+    from ..runner import analyse
+
+    try:
+        tables, _ = analyse("pipeline_bubbles", ranks)
+    except PackError:
+        return None
+    b = tables["bubbles"]
+    steady = b[~b["is_warmup"]] if (~b["is_warmup"]).any() else b
+    return pd.DataFrame({"metric": "bubble_pct", "key": "median", "value": [float(steady["bubble_pct"].median())]})
+
+
+def add_options(add, framework: bool = False) -> None:
+    iteration_options(add)
+    parallel_option(add)
+
+
+RECIPE = Recipe(
+    name="pipeline_bubbles",
+    display_name="Pipeline bubbles",
+    description="How long each pipeline stage idles per step (filling, draining, waiting on neighbours) against the "
+                "schedule's own bubble, with the exchanges split into waiting and transfer.",
+    needs=frozenset(NEEDS),
+    map_rank=map_rank,
+    reduce=reduce,
+    add_options=add_options,
+    per_iteration=True,
+    summary=summary,
+    headline=headline,
+    figures="nsys_recipe_pack.plots.pipeline_bubbles",
+    diff_metrics=diff_metrics,
+    diff_needs=frozenset(NEEDS),
+    metrics=(Metric("bubble_pct", "pipeline bubble", share=True),),
+)
