@@ -375,7 +375,7 @@ def test_no_recipe_map_imports_pandas_cold_warm_or_from_an_export(nsys, tmp_path
     user_export = Path(__file__).resolve().parent / "data" / "nccl_2gpu_h100" / "mfu_2gpu_before.sqlite"
     assert set(recipes.all_recipes()) == {"straggler_heatmap", "kernel_pace", "compute_memory_share", "sync_summary",
                                           "nvtx_gpu_proj", "comm_overlap", "gpu_memory", "collectives",
-                                          "pipeline_bubbles"}
+                                          "pipeline_bubbles", "critical_path"}
     reads = [(str(report), "cold"), (str(report), "warm"), (str(user_export), "export")]
     with_memory = tmp_path / "memory.sqlite"  # no shipped report records memory events: a real export given some
     shutil.copyfile(SAMPLES / "h100_gloo_8rank" / "rank0.sqlite", with_memory)

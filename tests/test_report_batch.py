@@ -37,7 +37,11 @@ def test_index_runs_recipes_and_reasons(report_dir):
     assert cpu.loc["compute_memory_share", "status"] == "not applicable"
     assert "-t cuda" in cpu.loc["compute_memory_share", "headline"]
     gpu = index[index["run"] == "jacobi_report"].set_index("recipe")
-    assert (gpu.drop(index=["comm_overlap", "gpu_memory", "collectives", "pipeline_bubbles"])["status"] == "done").all()
+    assert (gpu.drop(index=["comm_overlap", "gpu_memory", "collectives", "pipeline_bubbles", "critical_path"])[
+        "status"] == "done").all()
+    assert gpu.loc["critical_path", "status"] == "not applicable" and "never meet" in \
+        gpu.loc["critical_path", "headline"]
+    assert cpu.loc["critical_path", "status"] == "done"
     assert gpu.loc["collectives", "status"] == "not applicable" and "NCCL" in gpu.loc["collectives", "headline"]
     assert gpu.loc["pipeline_bubbles", "status"] == "not applicable" and "no pipeline" in \
         gpu.loc["pipeline_bubbles", "headline"]

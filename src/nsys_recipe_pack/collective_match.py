@@ -137,6 +137,17 @@ class Matched:
     channels: pd.DataFrame
     kernels: pd.DataFrame
 
+    def host_offsets(self) -> pd.Series:
+        """Per rank, its host's clock offset taken out of the kernels' aligned times (0 where none): what a table of
+        the run's aligned times loses to meet them."""
+        by_host = self.clock.set_index("host")["offset_ns"] if len(self.clock) else {}
+        return self.groups.set_index("rank")["host"].map(by_host).fillna(0).astype("int64")
+
+    def shifts(self, per_rank: list[dict]) -> dict:
+        """Per rank (the reduce's items), what its own clock's times gain on the kernels' aligned clock."""
+        offsets = self.host_offsets()
+        return {r["rank"]: r["offset_ns"] - int(offsets.get(r["rank"], 0)) for r in per_rank}
+
 
 MEMBER_COLUMNS = ["rank", "iteration", "start_aligned_ns", "end_aligned_ns", "group", "instance"]
 

@@ -36,9 +36,11 @@ NONE = np.iinfo(np.int64).min // 4  # no member to wait for
 
 @dataclass
 class Chains:
-    """Every cell's (rank and iteration) NCCL kernels in start order, as the re-timing needs them."""
+    """Every cell's (rank and iteration) NCCL kernels (or other meeting points) in start order, as the re-timing
+    needs them; `order` gives their rows of the members table."""
     cell: np.ndarray  # per kernel: its cell
     start: np.ndarray  # per kernel: aligned start
+    end: np.ndarray
     pred: np.ndarray  # per kernel: the kernel of its cell that ended last before it started (-1: none)
     gap: np.ndarray  # per kernel: its start after pred's end (or after its cell's start)
     transfer: np.ndarray  # per kernel: its end after its instance's last member started (unmatched: its duration)
@@ -48,13 +50,15 @@ class Chains:
     cell_end: np.ndarray
     final_gap: np.ndarray  # per cell: its end after its last kernel's end (or its start)
     exchanges: np.ndarray  # per cell: its pipeline exchanges
+    order: np.ndarray = None  # per kernel: its row in the members table
 
 
 def chains(members: pd.DataFrame, cells: pd.DataFrame) -> Chains:
     """members: collective_match's Matched.kernels; cells: rank, iteration, start_aligned_ns, end_aligned_ns."""
     key = pd.MultiIndex.from_frame(cells[["rank", "iteration"]].astype("int64"))
     at = pd.Series(np.arange(len(cells)), index=key)
-    k = members[members["iteration"] >= 0]
+    k = members.reset_index(drop=True)
+    k = k[k["iteration"] >= 0]
     cell = at.reindex(pd.MultiIndex.from_frame(k[["rank", "iteration"]].astype("int64"))).to_numpy()
     k = k[~np.isnan(cell)].assign(cell=cell[~np.isnan(cell)].astype(np.int64))
     k = k.sort_values(["cell", "start_aligned_ns"], kind="stable")
@@ -76,7 +80,8 @@ def chains(members: pd.DataFrame, cells: pd.DataFrame) -> Chains:
     np.maximum.at(last_end, c, end)
     final_gap = cell_end - np.maximum(last_end, cell_start)
     exchanges = np.bincount(c[is_pp], minlength=len(cells))
-    return Chains(c, start, pred, gap, transfer, instance, position, cell_start, cell_end, final_gap, exchanges)
+    return Chains(c, start, end, pred, gap, transfer, instance, position, cell_start, cell_end, final_gap, exchanges,
+                  k.index.to_numpy(np.int64))
 
 
 def _ended_before(cell: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:

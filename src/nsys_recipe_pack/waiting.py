@@ -55,9 +55,7 @@ def split(matched, in_iterations: bool = True) -> Waiting | None:
     charged = pd.Series(until - start).groupby(np.where(matched_at, last_rank[np.maximum(inst, 0)], -1)).sum()
     out = pd.DataFrame({"rank": ranks, "comm_kernel_ns": comm, "waiting_ns": waiting, "transfer_ns": comm - waiting})
     out["waited_for_ns"] = out["rank"].map(charged).fillna(0).astype("int64")
-    offset = matched.groups.set_index("rank")["host"].map(
-        matched.clock.set_index("host")["offset_ns"] if len(matched.clock) else {}).fillna(0).astype("int64")
-    return Waiting(out[COLUMNS], (ranks[segments[0]], segments[1], segments[2]), offset)
+    return Waiting(out[COLUMNS], (ranks[segments[0]], segments[1], segments[2]), matched.host_offsets())
 
 
 def exposed_waiting(waiting: Waiting, rank: np.ndarray, start_aligned: np.ndarray, end_aligned: np.ndarray

@@ -154,6 +154,27 @@ def parallel_option(add) -> None:
              "trace shows none or only guesses them from the NCCL kernels' timing; checked against NCCL's payloads")
 
 
+def iteration_and_parallel_options(add, framework: bool = False) -> None:
+    """--iteration, --iteration-kernel and --parallel: the options of a recipe over a parallel job's iterations."""
+    iteration_options(add)
+    parallel_option(add)
+
+
+def ranked_times(per_rank: list[dict], table: str, shift: dict):
+    """A map table (Arrow, with start_ns and end_ns) of every rank as one frame with a rank column, its times moved
+    by `shift` (rank -> ns: onto the run's aligned clock, collective_match's Matched.shifts)."""
+    import numpy as np
+    import pyarrow as pa
+
+    out = pa.concat_tables([r[table] for r in per_rank]).to_pandas()
+    counts = [r[table].num_rows for r in per_rank]
+    out["rank"] = np.repeat([r["rank"] for r in per_rank], counts).astype(np.int64)
+    add = np.repeat([shift.get(r["rank"], 0) for r in per_rank], counts).astype(np.int64)
+    for c in ("start_ns", "end_ns"):
+        out[c] = out[c].astype(np.int64) + add
+    return out
+
+
 def ms_cell(ns) -> str:
     """Nanoseconds as milliseconds for a table cell ("" when missing)."""
     from ..lazy import pd

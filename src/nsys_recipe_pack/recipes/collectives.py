@@ -10,7 +10,7 @@ from .. import collective_match
 from ..errors import BadInputError, NotApplicableError
 from ..iteration_scan import find_iterations
 from ..lazy import pd
-from . import Recipe, indented, iteration_options, ms, ms_cell, parallel_option
+from . import Recipe, indented, iteration_and_parallel_options, ms, ms_cell
 
 NEEDS = {"nvtx", *collective_match.NEEDS}
 
@@ -97,11 +97,6 @@ def headline(out) -> str:
            f"waited{tail}"
 
 
-def add_options(add, framework: bool = False) -> None:
-    iteration_options(add)
-    parallel_option(add)
-
-
 RECIPE = Recipe(
     name="collectives",
     display_name="Collectives and parallel groups",
@@ -110,7 +105,7 @@ RECIPE = Recipe(
     needs=frozenset(NEEDS),
     map_rank=map_rank,
     reduce=reduce,
-    add_options=add_options,
+    add_options=iteration_and_parallel_options,
     summary=summary,
     headline=headline,
 )

@@ -45,7 +45,7 @@ from ..iterations import Delimiter, Iterations, range_arrays
 from ..lazy import pd
 from ..nvtx import innermost_of
 from ..phases import child_ranges, launching_child
-from . import Metric, Recipe, indented, iteration_options, ms, ms_cell, parallel_option
+from . import Metric, Recipe, indented, iteration_and_parallel_options, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "runtime"}
 GROUP_NEEDS = {"payload"}  # NCCL's payloads: the groups (collective_match.py); a long capture reads none
@@ -418,11 +418,6 @@ def diff_metrics(ranks) -> pd.DataFrame | None:
         else None
 
 
-def add_options(add, framework: bool = False) -> None:
-    iteration_options(add)
-    parallel_option(add)
-
-
 RECIPE = Recipe(
     name="comm_overlap",
     display_name="Communication overlap",
@@ -431,7 +426,7 @@ RECIPE = Recipe(
     needs=frozenset(NEEDS | GROUP_NEEDS),
     map_rank=map_rank,
     reduce=reduce,
-    add_options=add_options,
+    add_options=iteration_and_parallel_options,
     per_iteration=True,
     stream=STREAM,
     summary=summary,

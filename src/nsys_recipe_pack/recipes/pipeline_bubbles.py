@@ -29,7 +29,7 @@ from ..iteration_scan import find_iterations
 from ..iterations import range_arrays, warmup
 from ..lazy import pd
 from ..nvtx import innermost_of
-from . import Metric, Recipe, indented, iteration_options, ms_cell, parallel_option
+from . import Metric, Recipe, indented, iteration_and_parallel_options, ms_cell, ranked_times
 
 NEEDS = {"nvtx", "kernel", "runtime", "payload"}
 FORWARD_RE = re.compile(r"forward|fwd", re.IGNORECASE)
@@ -89,19 +89,6 @@ def map_rank(rank_data, options: dict) -> dict:
             "delimiter": it.delimiter.as_dict(), **collective_match.nccl_kernels(rank_data, it)}
 
 
-def _aligned(per_rank: list[dict], table: str, matched) -> pd.DataFrame:
-    """A map table of every rank with its rank, its times on the clocks collective_match aligned the kernels to."""
-    host_offset = matched.groups.set_index("rank")["host"].map(
-        matched.clock.set_index("host")["offset_ns"] if len(matched.clock) else {}).fillna(0).astype("int64")
-    out = pa.concat_tables([r[table] for r in per_rank]).to_pandas()
-    out["rank"] = np.repeat([r["rank"] for r in per_rank], [r[table].num_rows for r in per_rank]).astype(np.int64)
-    shift = np.repeat([r["offset_ns"] for r in per_rank], [r[table].num_rows for r in per_rank]) - \
-        out["rank"].map(host_offset).fillna(0).to_numpy(np.int64)
-    for c in ("start_ns", "end_ns"):
-        out[c] = out[c].astype(np.int64) + shift
-    return out
-
-
 def reduce(per_rank: list[dict], options: dict) -> dict:
     matched = collective_match.match(per_rank, options)
     groups = matched.groups
@@ -110,7 +97,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
         raise NotApplicableError(
             f"pipeline_bubbles does not apply: the {len(per_rank)} rank(s) form no pipeline (no pipeline-parallel "
             "group in NCCL's payloads or kernels; pass --parallel tp=T,pp=P,dp=D where the trace does not show it)")
-    passes = _aligned(per_rank, "passes", matched)
+    passes = ranked_times(per_rank, "passes", matched.shifts(per_rank))
     if passes.empty:
         raise NotApplicableError("pipeline_bubbles does not apply: no NVTX range names a forward or backward pass "
                                  "(`forward`, `backward-compute`, ...) with GPU work launched inside it")
@@ -125,7 +112,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     cells = cells.join(phase, on=["pipeline", "iteration"])
     cells["pp_stage"] = cells["rank"].map(stage_of)
     cells["window_ns"] = cells["phase_end"] - cells["phase_start"]
-    cells["busy_ns"] = _busy(_aligned(per_rank, "busy", matched), cells)
+    cells["busy_ns"] = _busy(ranked_times(per_rank, "busy", matched.shifts(per_rank)), cells)
     cells["bubble_ns"] = (cells["window_ns"] - cells["busy_ns"]).clip(lower=0)
     cells["bubble_pct"] = 100.0 * cells["bubble_ns"] / cells["window_ns"].where(cells["window_ns"] > 0)
     cells["warmup_ns"] = cells["first"] - cells["phase_start"]
@@ -262,11 +249,6 @@ def diff_metrics(ranks) -> pd.DataFrame | None:
     return pd.DataFrame({"metric": "bubble_pct", "key": "median", "value": [float(steady["bubble_pct"].median())]})
 
 
-def add_options(add, framework: bool = False) -> None:
-    iteration_options(add)
-    parallel_option(add)
-
-
 RECIPE = Recipe(
     name="pipeline_bubbles",
     display_name="Pipeline bubbles",
@@ -275,7 +257,7 @@ RECIPE = Recipe(
     needs=frozenset(NEEDS),
     map_rank=map_rank,
     reduce=reduce,
-    add_options=add_options,
+    add_options=iteration_and_parallel_options,
     per_iteration=True,
     summary=summary,
     headline=headline,

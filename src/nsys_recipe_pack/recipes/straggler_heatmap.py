@@ -434,9 +434,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
 def _uneven_microbatches(matched, iters: pd.DataFrame, compared: np.ndarray, threshold: float):
     """microbatches.py's finding over the cells of `iters` (their times on the clocks collective_match aligned the
     NCCL kernels to)."""
-    offset = matched.groups.set_index("rank")["host"].map(
-        matched.clock.set_index("host")["offset_ns"] if len(matched.clock) else {}).fillna(0).astype("int64")
-    start = iters["start_aligned_ns"] - iters["rank"].map(offset).fillna(0).astype("int64")
+    start = iters["start_aligned_ns"] - iters["rank"].map(matched.host_offsets()).fillna(0).astype("int64")
     cells = pd.DataFrame({"rank": iters["rank"], "iteration": iters["iteration"], "stage": iters["stage"],
                           "start_aligned_ns": start, "end_aligned_ns": start + iters["duration_ns"],
                           "duration_ns": iters["duration_ns"]})

@@ -1,0 +1,119 @@
+"""The chain of work across ranks that set each iteration's length, and what the iteration would take had its root
+rank worked as its peers did: the critical_path recipe's analysis (pure functions over the reduce's tables).
+
+Each rank's iteration is a chain of meeting points (NCCL kernels, or host collectives and MPI calls where a job has
+no NCCL kernel) with its own work between them (microbatches.chains: each meeting point follows the one that ended
+last before it). A meeting point ends its transfer after its last member arrived. Walking back from the rank that
+ended the iteration last: its work after its last meeting point; the meeting point's transfer, charged to the member
+that arrived last; that member's work before its arrival; the meeting point that work followed; and so on, until a
+rank's work reaches back to its iteration's start. The root is the rank with the most work on the path; the
+what-if re-times the iteration (microbatches.retimed_ends) with the root's work between meeting points at the
+median of its peers' (its stage's ranks, the same meeting point's place in the chain).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .lazy import pd
+from .microbatches import Chains, retimed_ends
+
+PATH_COLUMNS = ["iteration", "order", "rank", "kind", "name", "start_aligned_ns", "end_aligned_ns", "duration_ns"]
+
+
+@dataclass
+class Path:
+    segments: pd.DataFrame  # PATH_COLUMNS, each iteration's from its end back to its start (order 0: the last)
+    duration_ns: pd.Series  # per iteration: last end less first start over its ranks
+
+
+def walk(ch: Chains, cells: pd.DataFrame, instance_name: pd.Series, max_steps: int = 1_000_000) -> Path:
+    """The critical path of each iteration. cells: rank, iteration per cell (ch's); instance_name: per instance, what
+    to call its transfer (a collective kind, a call's name); each step of the walk is taken for every iteration at
+    once."""
+    rank, iteration = cells["rank"].to_numpy(np.int64), cells["iteration"].to_numpy(np.int64)
+    n = len(ch.cell)
+    # the member of each instance that arrived last
+    matched = np.flatnonzero(ch.instance >= 0)
+    last_of = pd.Series(ch.start[matched], index=matched).groupby(ch.instance[matched]).idxmax()
+    last_member = np.full(n, -1, np.int64)
+    last_member[matched] = last_of.reindex(ch.instance[matched]).to_numpy(np.int64)
+    # where each iteration ends: the cell ending last, after the kernel that ended last in it
+    ends = pd.Series(ch.cell_end).groupby(iteration)
+    closing = ends.idxmax().to_numpy(np.int64)
+    it_of = ends.max().index.to_numpy(np.int64)
+    last_kernel = np.full(len(ch.cell_start), -1, np.int64)
+    if n:
+        by_end = np.lexsort((ch.end, ch.cell))
+        tail = by_end[np.r_[ch.cell[by_end][1:] != ch.cell[by_end][:-1], True]]  # each cell's latest end
+        last_kernel[ch.cell[tail]] = tail
+    parts = []
+
+    def add(at, seg_rank, kind, name, start, end):
+        parts.append(pd.DataFrame({"iteration": it_of[at], "rank": seg_rank, "kind": kind, "name": name,
+                                   "start_aligned_ns": start, "end_aligned_ns": end, "step": len(parts)}))
+
+    node = last_kernel[closing]
+    every = np.arange(len(it_of))
+    tail_start = np.where(node >= 0, ch.end[np.maximum(node, 0)], ch.cell_start[closing])
+    add(every, rank[closing], "work", None, tail_start, ch.cell_end[closing])
+    active = every[node >= 0]
+    node = node[node >= 0]
+    for _ in range(max_steps):
+        if not len(active):
+            break
+        who = np.where(last_member[node] >= 0, last_member[node], node)  # the member that arrived last
+        name = instance_name.reindex(ch.instance[node]).to_numpy(object)
+        add(active, rank[ch.cell[who]], "communication", name, ch.start[who], ch.end[node])
+        before = ch.pred[who]
+        start = np.where(before >= 0, ch.end[np.maximum(before, 0)], ch.cell_start[ch.cell[who]])
+        add(active, rank[ch.cell[who]], "work", None, start, ch.start[who])
+        keep = before >= 0
+        active, node = active[keep], before[keep]
+    segments = pd.concat(parts, ignore_index=True)
+    segments = segments[segments["end_aligned_ns"] > segments["start_aligned_ns"]]
+    segments = segments.sort_values(["iteration", "step"], kind="stable").drop(columns="step")
+    segments["order"] = segments.groupby("iteration").cumcount()
+    segments["duration_ns"] = segments["end_aligned_ns"] - segments["start_aligned_ns"]
+    span = pd.DataFrame({"iteration": iteration, "start": ch.cell_start, "end": ch.cell_end}).groupby("iteration")
+    return Path(segments[PATH_COLUMNS].reset_index(drop=True), span["end"].max() - span["start"].min())
+
+
+def roots(path: Path) -> pd.DataFrame:
+    """Per iteration, the rank with the most work on its critical path, and that work's share of the iteration."""
+    work = path.segments[path.segments["kind"] != "communication"]
+    per = work.groupby(["iteration", "rank"])["duration_ns"].sum().reset_index()
+    top = per.loc[per.groupby("iteration")["duration_ns"].idxmax()].set_index("iteration")
+    out = pd.DataFrame({"duration_ns": path.duration_ns})
+    out["root_rank"] = top["rank"].reindex(out.index).astype("Int64")
+    out["root_work_ns"] = top["duration_ns"].reindex(out.index).fillna(0).astype("int64")
+    return out
+
+
+def what_if(ch: Chains, cells: pd.DataFrame, root_rank: pd.Series) -> pd.Series:
+    """Per iteration, how much shorter it would have been had its root rank's work between meeting points taken no
+    longer than the median of its peers' (the other ranks of its stage) at the same place in the chain (cells: rank,
+    iteration, stage)."""
+    rank, iteration = cells["rank"].to_numpy(np.int64), cells["iteration"].to_numpy(np.int64)
+    stage = cells["stage"].to_numpy(np.int64)
+    n_cells = len(cells)
+    place = np.arange(len(ch.cell)) - np.searchsorted(ch.cell, ch.cell)  # a kernel's place in its cell's chain
+    count = np.bincount(ch.cell, minlength=n_cells)
+    is_root = rank == root_rank.reindex(iteration).fillna(-1).to_numpy(np.int64)
+    # the peers' median leaves the root out (it is what is re-timed); with no peer, the root keeps its own
+    frame = pd.DataFrame({"it": iteration[ch.cell], "stage": stage[ch.cell], "count": count[ch.cell],
+                          "place": place, "gap": np.where(is_root[ch.cell], np.nan, ch.gap)})
+    peer_gap = frame.groupby(["it", "stage", "count", "place"])["gap"].transform("median").to_numpy()
+    cell_frame = pd.DataFrame({"it": iteration, "stage": stage, "count": count,
+                               "final": np.where(is_root, np.nan, ch.final_gap)})
+    peer_final = cell_frame.groupby(["it", "stage", "count"])["final"].transform("median").to_numpy()
+    gap = np.where(is_root[ch.cell] & np.isfinite(peer_gap), np.minimum(ch.gap, np.round(np.nan_to_num(peer_gap))),
+                   ch.gap).astype(np.int64)
+    final = np.where(is_root & np.isfinite(peer_final), np.minimum(ch.final_gap, np.round(np.nan_to_num(peer_final))),
+                     ch.final_gap).astype(np.int64)
+    as_ran = retimed_ends(ch, ch.gap, ch.final_gap)
+    evened = retimed_ends(ch, gap, final)
+    g = pd.DataFrame({"it": iteration, "ran": as_ran, "even": evened}).groupby("it")
+    return (g["ran"].max() - g["even"].max()).clip(lower=0).astype("int64")
