@@ -96,3 +96,21 @@ def test_the_root_is_the_straggler_on_the_real_h100_job(tmp_path):
     assert len(flagged) >= 5
     assert (roots.reindex(flagged["iteration"]).to_numpy() == flagged["rank"].to_numpy()).all()
     assert np.isin(runs["critical_path"].tables["critical_path"]["kind"], ["compute", "host", "communication"]).all()
+
+
+def test_findings_by_hand():
+    """One 100 ms iteration whose critical path holds 10 ms of data-parallel all-reduce, 6 ms of tensor-parallel
+    all-reduce, 3 ms of pipeline exchange (under the 5 % that makes evidence), 25 ms of host work with the GPU idle
+    (over 20 %) and 56 ms of compute, and no time to win back from its root: three findings, largest first."""
+    segments = pd.DataFrame({
+        "iteration": 0, "kind": ["communication", "communication", "p2p", "host", "compute"],
+        "name": ["all_reduce (dp)", "all_reduce (tp)", "send_recv (pp)", None, "backward"],
+        "duration_ns": np.array([10, 6, 3, 25, 56]) * MS})
+    iterations = pd.DataFrame({"iteration": [0], "duration_ns": [100 * MS], "root_rank": [0], "what_if_ns": [0],
+                               "is_warmup": [False]})
+    found = critical_path.findings(segments, iterations)
+    assert found["kind"].tolist() == ["host_bound", "exposed_gradient_reduce", "exposed_tp"]
+    assert found["share_pct"].tolist() == [25.0, 10.0, 6.0]
+    assert "--overlap-grad-reduce" in found.at[1, "advice"] and "--tp-comm-overlap" in found.at[2, "advice"]
+    iterations["what_if_ns"] = 12 * MS  # its root would give back 12 ms: a straggler worth finding
+    assert "straggler" in critical_path.findings(segments, iterations)["kind"].tolist()

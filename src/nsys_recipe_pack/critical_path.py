@@ -117,3 +117,58 @@ def what_if(ch: Chains, cells: pd.DataFrame, root_rank: pd.Series) -> pd.Series:
     evened = retimed_ends(ch, gap, final)
     g = pd.DataFrame({"it": iteration, "ran": as_ran, "even": evened}).groupby("it")
     return (g["ran"].max() - g["even"].max()).clip(lower=0).astype("int64")
+
+
+FINDING_SHARE = 0.05  # of the steady iterations' time on their critical paths: less is thin evidence, no advice
+HOST_SHARE = 0.20  # host work on the path above this share: the GPU waited for the host
+FINDING_COLUMNS = ["kind", "evidence", "advice", "share_pct", "per_iteration_ns"]
+# (kind, which path segments, what they are, what to try: Megatron-LM flags and NeMo's names for them)
+ADVICE = [
+    ("exposed_gradient_reduce", lambda s: s["name"].str.match(r"(all_reduce|reduce_scatter) \(dp\)"),
+     "data-parallel gradient reduction",
+     "overlap the gradient reduce with the backward pass: --overlap-grad-reduce (NeMo overlap_grad_reduce), with "
+     "the distributed optimizer"),
+    ("exposed_param_gather", lambda s: s["name"].str.match(r"all_gather \(dp\)"),
+     "data-parallel parameter all-gather",
+     "overlap the parameter all-gather with the forward pass: --overlap-param-gather (NeMo overlap_param_gather)"),
+    ("exposed_p2p", lambda s: s["kind"] == "p2p", "pipeline sends and receives",
+     "overlap the pipeline's sends and receives with compute (NeMo overlap_p2p_comm), which interleaved virtual "
+     "pipeline stages allow (--num-layers-per-virtual-pipeline-stage; NeMo virtual_pipeline_model_parallel_size)"),
+    ("exposed_tp", lambda s: s["name"].str.contains(r"\(tp\)", regex=True), "tensor-parallel communication",
+     "overlap tensor-parallel communication with the GEMMs: --tp-comm-overlap (NeMo tp_comm_overlap), and keep each "
+     "tensor-parallel group inside one node"),
+]
+
+
+def findings(segments: pd.DataFrame, iterations: pd.DataFrame) -> pd.DataFrame:
+    """findings.parquet: what the steady iterations' critical paths spend enough time on (FINDING_SHARE) to be worth
+    a change, each with its evidence and the option to try; the rank at the root where matching its peers would give
+    back as much."""
+    steady = iterations[~iterations["is_warmup"]] if (~iterations["is_warmup"]).any() else iterations
+    seg = segments[segments["iteration"].isin(steady["iteration"])]
+    seg = seg.assign(name=seg["name"].astype(object).where(seg["name"].notna(), "").astype(str))
+    total = float(steady["duration_ns"].sum())
+    rows = []
+
+    def add(kind, ns, what, advice):
+        share = ns / max(total, 1.0)
+        rows.append({"kind": kind, "share_pct": 100 * share, "per_iteration_ns": int(round(ns / max(len(steady), 1))),
+                     "evidence": f"{what} on the critical path: {100 * share:.1f} % of the steady iterations' time "
+                                 f"({ns / max(len(steady), 1) / 1e6:,.1f} ms per iteration)", "advice": advice})
+
+    for kind, which, what, advice in ADVICE:
+        ns = float(seg.loc[which(seg), "duration_ns"].sum())
+        if ns >= FINDING_SHARE * total:
+            add(kind, ns, what, advice)
+    host = float(seg.loc[seg["kind"] == "host", "duration_ns"].sum())
+    if host >= HOST_SHARE * total:
+        add("host_bound", host, "host work with the GPU idle",
+            "the GPU waits for the host: a step of many short kernels gains from CUDA graphs (NeMo "
+            "capture_cudagraph_iters, enable_cuda_graph), data loading from more loader workers")
+    saved = float(steady["what_if_ns"].sum())
+    if saved >= FINDING_SHARE * total:
+        top = int(steady.groupby("root_rank")["what_if_ns"].sum().idxmax())
+        add("straggler", saved, f"work of a rank slower than its peers (most: rank {top}) matched to theirs",
+            f"find what slows rank {top} (straggler_heatmap gives its cause)")
+    out = pd.DataFrame(rows, columns=FINDING_COLUMNS)
+    return out.sort_values("share_pct", ascending=False, kind="stable").reset_index(drop=True)

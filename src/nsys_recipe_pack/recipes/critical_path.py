@@ -115,6 +115,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     for c in ("root_op", "root_range"):
         out[c] = out[c].astype(object).where(out[c].notna(), None)
     return {"iterations": out[ITERATION_COLUMNS], "critical_path": segments, "groups": groups,
+            "findings": critical_path.findings(segments, out),
             "settings": {"groups_source": matched.source, "notes": matched.notes,
                          "meeting_points": "NCCL kernels" if names.name == "nccl" else "host collectives"}}
 
@@ -191,8 +192,10 @@ def summary(out) -> list[str]:
                           "its work on the path, ms": roots["work_ns"].map(lambda v: f"{v / 1e6:,.1f}"),
                           "what-if saves, ms": roots["what_if_ns"].map(lambda v: f"{v / 1e6:,.1f}")})
     settings = json.loads((out / "analysis.json").read_text())
+    found = pd.read_parquet(out / "findings.parquet") if (out / "findings.parquet").exists() else pd.DataFrame()
     return [headline(out), f"meeting points: {settings.get('meeting_points')}"] + indented(
-        "roots of the steady iterations:", table.to_string(index=False))
+        "roots of the steady iterations:", table.to_string(index=False)) + [
+        f"{f.evidence}: {f.advice}" for f in found.itertuples()]
 
 
 def headline(out) -> str:
