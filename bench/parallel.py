@@ -1,4 +1,5 @@
-"""Parallel jobs at scale: `collectives`, `straggler_heatmap` and `comm_overlap` over SYNTHETIC Megatron-style jobs
+"""Parallel jobs at scale: `collectives`, `straggler_heatmap`, `comm_overlap`, `pipeline_bubbles` and `critical_path`
+over SYNTHETIC Megatron-style jobs
 (tp=8, pp=4, the data-parallel size growing with the ranks; 4 steps of 4 micro-batches, delimited by their `step`
 range), with NCCL's NVTX payloads
 and without them (groups inferred from the kernels). Wall time and peak memory of each whole command, the time per
@@ -7,6 +8,7 @@ section of bench/RESULTS.md.
 
     .venv/bin/python bench/parallel.py                       # 128 to 1,024 ranks
     .venv/bin/python bench/parallel.py --sizes 128,256       # a quick look
+    .venv/bin/python bench/parallel.py --recipes critical_path   # these again, the other rows kept from the last run
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from bench import BIN, PACK, ROOT, measure, replace_section  # noqa: E402
 
 BEGIN, END = "<!-- parallel:begin -->", "<!-- parallel:end -->"
 TP, PP = 8, 4
-RECIPES = ("collectives", "straggler_heatmap", "comm_overlap")
+RECIPES = ("collectives", "straggler_heatmap", "comm_overlap", "pipeline_bubbles", "critical_path")
 
 
 def job(work: Path, ranks: int, payloads: bool, env: dict, log: Path) -> Path:
@@ -67,6 +69,7 @@ def main() -> None:
     p.add_argument("--work", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "nsys-recipe-bench-parallel"))
     p.add_argument("--results", default=str(ROOT / "bench" / "RESULTS.md"))
     p.add_argument("--raw", default=str(ROOT / "bench" / "results" / "parallel.json"))
+    p.add_argument("--recipes", default=",".join(RECIPES))
     args = p.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -77,7 +80,7 @@ def main() -> None:
     for ranks in (int(s) for s in args.sizes.split(",") if s):
         for payloads in (True, False):
             inputs = job(work, ranks, payloads, env, log)
-            for recipe in RECIPES:
+            for recipe in (r for r in args.recipes.split(",") if r):
                 out = work / "out" / f"{recipe}-{inputs.name}"
                 r = measure([PACK, "run", "--name", recipe, str(inputs), "--output", str(out), "--force-overwrite",
                              "--mode", "none", "--iteration", "step"], env, log)
@@ -86,6 +89,12 @@ def main() -> None:
                              **r, "groups_right": right})
                 print(f"{ranks:>5} {rows[-1]['groups']:<8} {recipe:<18} {r['wall_s']:7.2f} s {r['peak_mb']:6} MB "
                       f"groups right: {right}", flush=True)
+    # the rows measured now replace those of the same size, groups and recipe from the last run; the others stay
+    key = ("ranks", "groups", "recipe")
+    kept = json.loads(Path(args.raw).read_text()) if Path(args.raw).exists() else []
+    merged = {tuple(r[k] for k in key): r for r in [*kept, *rows]}
+    order = {name: i for i, name in enumerate(RECIPES)}
+    rows = sorted(merged.values(), key=lambda r: (r["ranks"], r["groups"] != "payload", order.get(r["recipe"], 99)))
     Path(args.raw).parent.mkdir(parents=True, exist_ok=True)
     Path(args.raw).write_text(json.dumps(rows, indent=1))
     replace_section(Path(args.results), BEGIN, END, render(rows))

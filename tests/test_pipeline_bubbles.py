@@ -54,6 +54,8 @@ def test_a_balanced_pipeline_has_the_bubble_of_its_schedule(tmp_path):
     assert set(b["schedule"]) == {"1F1B"} and res.analysis["ideal_pct"] == pytest.approx(100 * 3 / 11)
     assert b["bubble_pct"].to_numpy() == pytest.approx(100 * 3 / 11, abs=3.0)
     assert res.tables["stages"]["busy_vs_median_pct"].abs().max() < 2.0
+    # 3 / 11 is a bubble worth shrinking by itself; nothing else is uneven
+    assert res.tables["findings"]["kind"].tolist() == ["high_schedule_bubble"]
 
 
 def _passes(orders: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -82,6 +84,9 @@ def test_the_real_pipeline_job(tmp_path):
     stages = res.tables["stages"].set_index("pp_stage")
     assert stages["busy_ns"].idxmax() == 3 and stages.at[3, "busy_vs_median_pct"] > 30
     assert stages["bubble_pct"].idxmin() == 3 and (stages.loc[[0, 1, 2], "bubble_pct"] > 100 * 3 / 7).all()
+    found = res.tables["findings"]
+    assert found["kind"].tolist() == ["high_schedule_bubble", "bubble_above_schedule", "stage_imbalance"]
+    assert found.at[2, "evidence"].startswith("stage 3 computes")
 
 
 def test_a_job_without_a_pipeline_is_told_in_one_line(tmp_path):
@@ -95,7 +100,7 @@ def test_a_job_without_a_pipeline_is_told_in_one_line(tmp_path):
 
 def test_diff_tracks_the_bubble(tmp_path):
     """A last stage made 1.5 times as long leaves the other stages idle longer: the median bubble grows by more than
-    the tolerance's 5 points and fails the comparison."""
+    the tolerance's 5 points and fails the comparison; the steps' critical path grows too."""
     for name, heavy in (("base", 1.0), ("new", 1.5)):
         write_megatron(tmp_path / name, parallel.Layout(tp=1, pp=4, dp=1), steps=6, microbatches=4, fmt="parquetdir",
                        heavy_last_stage=heavy)
@@ -106,3 +111,5 @@ def test_diff_tracks_the_bubble(tmp_path):
     d = pd.read_parquet(tmp_path / "diff" / "diff.parquet").set_index("metric")
     row = d.loc["bubble_pct"]
     assert row["verdict"] == "regressed" and row["gates"] and row["new"] - row["base"] > 5
+    longer = d.loc["critical_path_ns"]  # the steps' critical path grows with the last stage's work
+    assert longer["verdict"] == "regressed" and longer["new"] > 1.1 * longer["base"]

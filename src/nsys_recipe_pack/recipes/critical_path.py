@@ -28,7 +28,7 @@ from ..iterations import SYNC_SOURCES, range_arrays, sync_points, warmup
 from ..lazy import pd
 from ..microbatches import chains
 from ..phases import child_ranges
-from . import Recipe, indented, iteration_and_parallel_options, ms, ranked_times
+from . import Metric, Recipe, indented, iteration_and_parallel_options, ms, ranked_times
 from .straggler_heatmap import ready_times
 
 NEEDS = {"nvtx", "kernel", "runtime", "mpi", "payload"}
@@ -209,6 +209,21 @@ def headline(out) -> str:
             f"its peers they would have taken {ms(mine['what_if_ns'].mean())} less each")
 
 
+def diff_metrics(ranks) -> pd.DataFrame | None:
+    """The median steady iteration's length along its critical path (a run whose ranks never meet has none)."""
+    from ..errors import PackError
+    from ..runner import analyse
+
+    try:
+        tables, _ = analyse("critical_path", ranks)
+    except PackError:
+        return None
+    it = tables["iterations"]
+    steady = it[~it["is_warmup"]] if (~it["is_warmup"]).any() else it
+    return pd.DataFrame({"metric": "critical_path_ns", "key": "median iteration",
+                         "value": [float(steady["duration_ns"].median())]})
+
+
 RECIPE = Recipe(
     name="critical_path",
     display_name="Critical path",
@@ -222,4 +237,7 @@ RECIPE = Recipe(
     summary=summary,
     headline=headline,
     figures="nsys_recipe_pack.plots.critical_path",
+    diff_metrics=diff_metrics,
+    diff_needs=frozenset(NEEDS),
+    metrics=(Metric("critical_path_ns", "critical path", always_tracked=True),),
 )

@@ -139,11 +139,40 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
                                kind=np.where(passes["kind"] == 0, "forward", "backward"))
     passes_out = passes_out.rename(columns={"start_ns": "start_aligned_ns", "end_ns": "end_aligned_ns"})[
         ["rank", "pp_stage", "iteration", "kind", "start_aligned_ns", "end_aligned_ns"]]
+    ideal = 100.0 * (stages - 1) / (microbatches + stages - 1) if schedule in ("1F1B", "GPipe") else None
+    found = findings(float(steady["bubble_pct"].median()), ideal, per_stage.reset_index(), stages, microbatches)
     return {"bubbles": bubbles, "stages": per_stage.reset_index(), "passes": passes_out, "groups": groups,
+            "findings": found,
             "settings": {"groups_source": matched.source, "notes": matched.notes, "stages": stages,
-                         "schedule": schedule, "microbatches": microbatches,
-                         "ideal_pct": 100.0 * (stages - 1) / (microbatches + stages - 1)
-                         if schedule in ("1F1B", "GPipe") else None}}
+                         "schedule": schedule, "microbatches": microbatches, "ideal_pct": ideal}}
+
+
+ABOVE_IDEAL_POINTS = 5.0  # a measured bubble this far above the schedule's own is the stages waiting on each other
+HIGH_IDEAL_PCT = 20.0  # a schedule that idles this much by itself is worth changing
+UNEVEN_STAGE_PCT = 10.0  # a stage computing this much more than the median stage is stage imbalance
+
+
+def findings(bubble_pct: float, ideal_pct: float | None, stages: pd.DataFrame, p: int, m: int) -> pd.DataFrame:
+    """findings.parquet: kind, evidence, advice (Megatron-LM flags and NeMo's names), only where the evidence holds."""
+    rows = []
+    if ideal_pct is not None and ideal_pct >= HIGH_IDEAL_PCT:
+        rows.append(("high_schedule_bubble", f"the schedule itself idles {ideal_pct:.1f} % of the pipeline phase "
+                     f"((p - 1) / (m + p - 1) with {p} stages and {m} micro-batches)",
+                     "more micro-batches per step (a larger global batch or smaller micro-batches: NeMo "
+                     "global_batch_size, micro_batch_size) or interleaved virtual pipeline stages "
+                     "(--num-layers-per-virtual-pipeline-stage; NeMo virtual_pipeline_model_parallel_size) shrink it"))
+    if ideal_pct is not None and bubble_pct - ideal_pct > ABOVE_IDEAL_POINTS:
+        rows.append(("bubble_above_schedule", f"the pipeline idles {bubble_pct:.1f} % of its phase, "
+                     f"{bubble_pct - ideal_pct:.1f} points above its schedule's {ideal_pct:.1f} %",
+                     "the stages wait on each other beyond the schedule: even out their work (stage imbalance) and "
+                     "look for slow ranks (straggler_heatmap, critical_path)"))
+    for row in stages[stages["busy_vs_median_pct"] > UNEVEN_STAGE_PCT].itertuples():
+        rows.append(("stage_imbalance", f"stage {int(row.pp_stage)} computes {row.busy_vs_median_pct:.0f} % more per "
+                     f"step than the median stage ({row.busy_ns / 1e6:,.1f} ms)",
+                     "move layers off this stage: --decoder-first-pipeline-num-layers or "
+                     "--decoder-last-pipeline-num-layers (NeMo num_layers_in_first_pipeline_stage, "
+                     "num_layers_in_last_pipeline_stage) for the first and last stages"))
+    return pd.DataFrame(rows, columns=["kind", "evidence", "advice"])
 
 
 def _busy(busy: pd.DataFrame, cells: pd.DataFrame) -> np.ndarray:
@@ -216,9 +245,11 @@ def summary(out) -> list[str]:
                           "busy ms": stages["busy_ns"].map(ms_cell),
                           "vs median stage %": stages["busy_vs_median_pct"].map(lambda v: f"{v:+.1f}"),
                           "bubble %": stages["bubble_pct"].map(lambda v: f"{v:.1f}")})
+    found = pd.read_parquet(out / "findings.parquet") if (out / "findings.parquet").exists() else pd.DataFrame()
     return [headline(out), f"schedule {settings.get('schedule')}, {settings.get('microbatches')} micro-batches, "
             f"{settings.get('stages')} stages"] + indented("per stage (median of the steady iterations):",
-                                                         table.to_string(index=False))
+                                                         table.to_string(index=False)) + [
+        f"{f.evidence}: {f.advice}" for f in found.itertuples()]
 
 
 def headline(out) -> str:
