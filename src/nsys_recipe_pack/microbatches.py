@@ -7,11 +7,11 @@ passes. The ranks of one stage do the same work at each position, so a micro-bat
 median at its position (SLOW times) is a long micro-batch (uneven sequence lengths), unless most of its rank's
 micro-batches in that iteration are long: then the rank itself is slow (a straggler, straggler_heatmap's own verdict).
 
-What the long micro-batches cost is found by re-timing each iteration: every kernel starts the same time after the
-rank's previous work as it did (its gap), and a matched NCCL kernel ends its own transfer time after its last member
-starts (collective_match.py); the iteration once as it ran (the model gives back its own ends) and once with the
-long micro-batches' gaps shortened to their stage's median, from the same starts. The cost is the difference of the
-iterations' lengths (first start to last end over the ranks).
+What the long micro-batches cost is found by re-timing each iteration: every kernel starts as long after the kernel
+it followed (its rank's last to end before it started) as it did, and a matched NCCL kernel ends its own transfer
+time after its last member starts (collective_match.py); the iteration once as it ran (the model gives back its own
+ends) and once with the long micro-batches' gaps shortened to their stage's median, from the same starts. The cost
+is the difference of the iterations' last ends over the ranks.
 """
 
 from __future__ import annotations
