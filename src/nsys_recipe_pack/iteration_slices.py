@@ -84,13 +84,14 @@ class Slices:
         self.called = np.zeros(len(self.keys), bool)
 
 
-def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture: bool = False) -> Stream:
+def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture: bool = False,
+                  requires: tuple = ()) -> Stream:
     """A Stream running `measure(rank_data, ranges, iterations, options, before, first, carried) -> (piece, carry)`
     on a few iterations of a process at a time, and `finish(iterations, pieces, names) -> result` once all are
     measured (the NVTX names as the whole table's dictionary holds them). carry: arrays by launch key ("key"),
     what the map learnt of some ops, handed back as `carried` next time for the ops still kept. The GPU ops and MPI
     calls read are those the recipe needs; whole_capture: the map measures a process without iterations (none
-    asked for) as one window over its whole capture, which only a whole read gives."""
+    asked for) as one window over its whole capture, which only a whole read gives; requires: Stream.requires."""
     gpu_needs = tuple(need for need in GPU_NEEDS if need in needs)
 
     def prepare(ahead, options: dict) -> Slices:
@@ -114,7 +115,7 @@ def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture
     # read ahead of the spans, and so in the progress's rows from the start: NVTX for the iterations (and its closed
     # ranges kept for the spans), the ops' keys
     return Stream(needs=("runtime", *gpu_needs), view=_view, fold=_fold, finish=done, prepare=prepare,
-                  ahead=("nvtx", *gpu_needs), prefold=_key_places, replayed=_ranges)
+                  ahead=("nvtx", *gpu_needs), prefold=_key_places, replayed=_ranges, requires=tuple(requires))
 
 
 def _prepare(ahead, options: dict, measure: Callable, with_mpi: bool, gpu_needs: tuple, whole_capture: bool

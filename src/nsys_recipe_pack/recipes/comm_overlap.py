@@ -25,7 +25,6 @@ iterations is one window over its whole capture, read whole.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import numpy as np
@@ -268,8 +267,8 @@ def map_result(it: Iterations, pieces: list[dict], names, exposed: bool = True) 
     return {**out, "delimiter": it.delimiter.as_dict(), "start_ns": it.start_ns}
 
 
-STREAM = dataclasses.replace(sliced_stream(window_rows, functools.partial(map_result, exposed=False), NEEDS,
-                                           whole_capture=True), requires=("kernel",))
+STREAM = sliced_stream(window_rows, functools.partial(map_result, exposed=False), NEEDS, whole_capture=True,
+                       requires=("kernel",))
 
 
 def _rows(per_key: dict, devices: np.ndarray, key: str, labels: np.ndarray, first: int) -> dict:
