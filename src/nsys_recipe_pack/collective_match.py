@@ -68,11 +68,7 @@ def nccl_kernels(rank_data, it=None) -> dict:
     calls = rank_data.frame("payloads")
     if calls is not None and len(calls) and rank_data.has_cuda and len(nccl):
         comm, nbytes = _from_payloads(rank_data, calls, nccl)
-    iteration = np.full(len(nccl), -1, np.int64)
-    if it is not None and len(it.start_ns):
-        at = np.searchsorted(it.start_ns, start, side="right") - 1
-        inside = (at >= 0) & (start < it.end_ns[np.maximum(at, 0)])
-        iteration[inside] = at[inside]
+    iteration = it.of(start) if it is not None and len(it.start_ns) else np.full(len(nccl), -1, np.int64)
     init = calls.values("nranks") > 0 if calls is not None else np.zeros(0, bool)
     inits = {c: calls.values(c)[init] if calls is not None else np.zeros(0, np.int64) for c in INIT_COLUMNS}
     columns = {"op": kind[nccl], "stream": kernels.values("stream", fill=-1)[nccl], "start_ns": start,

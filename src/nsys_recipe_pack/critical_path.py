@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .iterations import steady_rows
 from .lazy import pd
 from .microbatches import Chains, retimed_ends
 
@@ -144,7 +145,7 @@ def findings(segments: pd.DataFrame, iterations: pd.DataFrame) -> pd.DataFrame:
     """findings.parquet: what the steady iterations' critical paths spend enough time on (FINDING_SHARE) to be worth
     a change, each with its evidence and the option to try; the rank at the root where matching its peers would give
     back as much."""
-    steady = iterations[~iterations["is_warmup"]] if (~iterations["is_warmup"]).any() else iterations
+    steady = steady_rows(iterations)
     seg = segments[segments["iteration"].isin(steady["iteration"])]
     seg = seg.assign(name=seg["name"].astype(object).where(seg["name"].notna(), "").astype(str))
     total = float(steady["duration_ns"].sum())

@@ -42,6 +42,11 @@ class Iterations:
     end_ns: np.ndarray
     tid: int | None  # thread of the NVTX delimiter
 
+    def of(self, t: np.ndarray) -> np.ndarray:
+        """The iteration each instant lies in (from its start, before its end), -1 for none."""
+        at = np.searchsorted(self.start_ns, t, side="right") - 1
+        return np.where((at >= 0) & (t < self.end_ns[np.maximum(at, 0)]), at, -1)
+
 
 def closed_ranges(nvtx: pd.DataFrame | None) -> pd.DataFrame:
     if nvtx is None or nvtx.empty:
@@ -255,6 +260,12 @@ def warmup(rank: np.ndarray, iteration: np.ndarray, duration: np.ndarray) -> np.
     out = np.empty(n, bool)
     out[order] = (seen - before) == 0
     return out
+
+
+def steady_rows(frame):
+    """The rows of a table with an `is_warmup` column that are not warm-up; all of them where every one is."""
+    steady = ~frame["is_warmup"]
+    return frame[steady] if steady.any() else frame
 
 
 def warmup_option(add) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..iterations import steady_rows
 from . import table
 
 KINDS = ["compute", "host", "communication", "p2p"]
@@ -36,7 +37,7 @@ def composition(path: pd.DataFrame) -> go.Figure:
 
 
 def root_table(iterations: pd.DataFrame):
-    steady = iterations[~iterations["is_warmup"]] if (~iterations["is_warmup"]).any() else iterations
+    steady = steady_rows(iterations)
     t = steady.groupby("root_rank").agg(iterations=("iteration", "size"), work_ms=("root_work_ns", "sum"),
                                         what_if_ms=("what_if_ns", "sum"))
     return table((t.assign(work_ms=t["work_ms"] / 1e6, what_if_ms=t["what_if_ms"] / 1e6)).reset_index())

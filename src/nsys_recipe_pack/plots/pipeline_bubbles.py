@@ -7,6 +7,7 @@ from pathlib import Path
 import pandas as pd
 import plotly.graph_objects as go
 
+from ..iterations import steady_rows
 from . import table
 
 MAX_TIMELINE_RANKS = 16
@@ -15,7 +16,7 @@ COLOURS = {"forward": "#4c78a8", "backward": "#f58518"}
 
 def typical_iteration(bubbles: pd.DataFrame) -> int:
     """The steady iteration whose pipeline phase is the median one."""
-    steady = bubbles[~bubbles["is_warmup"]] if (~bubbles["is_warmup"]).any() else bubbles
+    steady = steady_rows(bubbles)
     phase = steady.groupby("iteration")["window_ns"].median()
     return int((phase - phase.median()).abs().idxmin())
 

@@ -24,7 +24,7 @@ from ..groups import factorize
 from ..inputs.frames import arrow_of, dictionary_column
 from ..intervals import covered_length, union_segments, union_segments_by_group
 from ..iteration_scan import find_iterations
-from ..iterations import SYNC_SOURCES, range_arrays, sync_points, warmup
+from ..iterations import SYNC_SOURCES, range_arrays, steady_rows, sync_points, warmup
 from ..lazy import pd
 from ..microbatches import chains
 from ..phases import child_ranges
@@ -47,12 +47,8 @@ def map_rank(rank_data, options: dict) -> dict:
     ranges = range_arrays(rank_data.frame("nvtx"))
     it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"))
 
-    def iteration_of(t):
-        at = np.searchsorted(it.start_ns, t, side="right") - 1
-        return np.where((at >= 0) & (t < it.end_ns[np.maximum(at, 0)]), at, -1)
-
     points = sync_points(rank_data, ranges, options.get("sync"))
-    host = np.zeros(0, np.int64)
+    host = host_start = np.zeros(0, np.int64)
     if not points.on_gpu.any():
         ops = launched_ops(rank_data) if rank_data.has_cuda else None
         own = np.flatnonzero(~ops.collective) if ops is not None else np.zeros(0, np.int64)
@@ -62,18 +58,18 @@ def map_rank(rank_data, options: dict) -> dict:
         reach = np.maximum.accumulate(points.end_ns[meets]) if len(meets) else meets
         host = meets[np.r_[True, points.start_ns[meets][1:] >= reach[:-1]]] if len(meets) else meets
         host_start = ready[host]
-    host_it = iteration_of(points.start_ns[host])
+    host_it = it.of(points.start_ns[host])
     seq = np.zeros(len(host), np.int64)
     if len(host):
         seq = np.arange(len(host)) - np.searchsorted(host_it, host_it)  # the n-th of its iteration
     op_start, op_end = gpu_intervals(rank_data) if rank_data.has_cuda else (np.zeros(0, np.int64),) * 2
     compute = ~collective_ops(rank_data) if len(op_start) else np.zeros(0, bool)
-    busy = union_segments_by_group(iteration_of(op_start[compute]), op_start[compute], op_end[compute])
+    busy = union_segments_by_group(it.of(op_start[compute]), op_start[compute], op_end[compute])
     c_start, c_end, c_name, c_it = child_ranges(ranges, it)
     words = ranges.names[:-1] if len(ranges) else np.zeros(0, object)
     names, at = np.unique(np.asarray(words[c_name] if len(c_name) else [], dtype=str), return_inverse=True)
     return {"bounds": _table({"start_ns": it.start_ns, "end_ns": it.end_ns}),
-            "host": _table({"iteration": host_it, "seq": seq, "start_ns": host_start if len(host) else host,
+            "host": _table({"iteration": host_it, "seq": seq, "start_ns": host_start,
                             "end_ns": points.end_ns[host], "source": points.source[host]}),
             "compute": _table({"iteration": busy[0], "start_ns": busy[1], "end_ns": busy[2]}),
             "children": pa.table({"start_ns": arrow_of(np.asarray(c_start, np.int64)),
@@ -184,7 +180,7 @@ def _range_names(work: pd.DataFrame, children: pd.DataFrame) -> np.ndarray:
 
 def summary(out) -> list[str]:
     it = pd.read_parquet(out / "iterations.parquet")
-    steady = it[~it["is_warmup"]] if (~it["is_warmup"]).any() else it
+    steady = steady_rows(it)
     roots = steady.groupby("root_rank").agg(iterations=("iteration", "size"), work_ns=("root_work_ns", "sum"),
                                             what_if_ns=("what_if_ns", "sum")).sort_values("iterations",
                                                                                          ascending=False)
@@ -200,7 +196,7 @@ def summary(out) -> list[str]:
 
 def headline(out) -> str:
     it = pd.read_parquet(out / "iterations.parquet")
-    steady = it[~it["is_warmup"]] if (~it["is_warmup"]).any() else it
+    steady = steady_rows(it)
     counts = steady["root_rank"].value_counts()
     top = int(counts.index[0])
     mine = steady[steady["root_rank"] == top]
@@ -219,7 +215,7 @@ def diff_metrics(ranks) -> pd.DataFrame | None:
     except PackError:
         return None
     it = tables["iterations"]
-    steady = it[~it["is_warmup"]] if (~it["is_warmup"]).any() else it
+    steady = steady_rows(it)
     return pd.DataFrame({"metric": "critical_path_ns", "key": "median iteration",
                          "value": [float(steady["duration_ns"].median())]})
 

@@ -26,7 +26,7 @@ from ..gpu import launched_ops
 from ..inputs.frames import arrow_of
 from ..intervals import overlay_lengths, union_segments_by_group
 from ..iteration_scan import find_iterations
-from ..iterations import range_arrays, warmup
+from ..iterations import range_arrays, steady_rows, warmup
 from ..lazy import pd
 from ..nvtx import innermost_of
 from . import Metric, Recipe, indented, iteration_and_parallel_options, ms_cell, ranked_times
@@ -78,8 +78,8 @@ def map_rank(rank_data, options: dict) -> dict:
     np.maximum.at(end, inside[hit], ops.end_ns[hit])
     used = np.flatnonzero(end >= start)  # the passes that launched GPU work
     at = passes[used]
-    iteration = np.searchsorted(it.start_ns, ranges.start_ns[at], side="right") - 1
-    ok = (iteration >= 0) & (ranges.start_ns[at] < it.end_ns[np.maximum(iteration, 0)])
+    iteration = it.of(ranges.start_ns[at])
+    ok = iteration >= 0
     table = {"iteration": iteration[ok], "kind": kind[ranges.name[at]][ok], "start_ns": start[used][ok],
              "end_ns": end[used][ok]}
     op_iteration = np.searchsorted(it.start_ns, ops.start_ns[hit], side="right") - 1
@@ -127,7 +127,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
                                 cells["window_ns"].to_numpy())
     bubbles = cells[BUBBLE_COLUMNS].sort_values(["rank", "iteration"], kind="stable").reset_index(drop=True)
     bubbles["microbatches"] = bubbles["microbatches"].astype("int64")
-    steady = bubbles[~bubbles["is_warmup"]] if (~bubbles["is_warmup"]).any() else bubbles
+    steady = steady_rows(bubbles)
     per_stage = steady.groupby("pp_stage").agg(ranks=("rank", lambda r: sorted({int(x) for x in r})),
                                                busy_ns=("busy_ns", "median"), bubble_pct=("bubble_pct", "median"))
     per_stage["busy_ns"] = per_stage["busy_ns"].round().astype("int64")
@@ -257,7 +257,7 @@ def headline(out) -> str:
 
     settings = json.loads((out / "analysis.json").read_text())
     b = pd.read_parquet(out / "bubbles.parquet")
-    steady = b[~b["is_warmup"]] if (~b["is_warmup"]).any() else b
+    steady = steady_rows(b)
     worst = steady.groupby("pp_stage")["bubble_pct"].median()
     ideal = settings.get("ideal_pct")
     return (f"pipeline bubble {steady['bubble_pct'].median():.1f} % of the pipeline phase ({settings.get('schedule')}, "
@@ -276,7 +276,7 @@ def diff_metrics(ranks) -> pd.DataFrame | None:
     except PackError:
         return None
     b = tables["bubbles"]
-    steady = b[~b["is_warmup"]] if (~b["is_warmup"]).any() else b
+    steady = steady_rows(b)
     return pd.DataFrame({"metric": "bubble_pct", "key": "median", "value": [float(steady["bubble_pct"].median())]})
 
 
