@@ -20,7 +20,7 @@ from nsys_recipe_pack import parallel, run_recipe
 from nsys_recipe_pack.errors import UsageError
 from nsys_recipe_pack.inputs.payloads import _bytes_of
 from nsys_recipe_pack.synth import parse_straggler
-from nsys_recipe_pack.synth_megatron import one_f_one_b, write_megatron
+from nsys_recipe_pack.synth_megatron import one_f_one_b, pipeline_order, write_megatron
 
 NCCL_EXPORT = Path(__file__).resolve().parent / "data" / "nccl_2gpu_h100" / "mfu_2gpu_before.sqlite"
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_reports"
@@ -63,6 +63,17 @@ def test_one_f_one_b_by_hand():
     assert one_f_one_b(4, 6)[0] == [("F", 0), ("F", 1), ("F", 2), ("F", 3), ("B", 0), ("F", 4), ("B", 1), ("F", 5),
                                     ("B", 2), ("B", 3), ("B", 4), ("B", 5)]
     assert one_f_one_b(4, 6)[3] == [x for m in range(6) for x in (("F", m), ("B", m))]
+
+
+def test_interleaved_order_by_hand():
+    # Megatron's interleaved 1F1B, 2 stages of 2 model chunks, 2 micro-batches: stage s warms up with 2 (p - s - 1) +
+    # (v - 1) p forwards; the k-th forward is of chunk (k mod 4) // 2, micro-batch (k // 4) 2 + k mod 2, the backwards
+    # take the chunks in reverse
+    first, last = pipeline_order(2, 2, virtual=2)
+    assert first == [("F", 0, 0), ("F", 0, 1), ("F", 1, 0), ("F", 1, 1), ("B", 1, 0), ("B", 1, 1), ("B", 0, 0),
+                     ("B", 0, 1)]
+    assert last == [("F", 0, 0), ("F", 0, 1), ("F", 1, 0), ("B", 1, 0), ("F", 1, 1), ("B", 1, 1), ("B", 0, 0),
+                    ("B", 0, 1)]
 
 
 def test_payload_bytes_read_from_hex_text_as_from_a_blob():

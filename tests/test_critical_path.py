@@ -56,6 +56,26 @@ def test_the_what_if_by_hand():
     assert critical_path.what_if(ch, cells, roots["root_rank"]).at[0] == 6 * MS
 
 
+def test_the_what_if_of_a_rank_without_peers_by_hand():
+    """A two-stage pipeline of one rank each, three iterations 100 ms apart: rank 0 computes 4, 4 and 10 ms, then
+    sends (1 ms of transfer) to rank 1, which had posted its receive at 1 ms and computes 2 ms after it. Rank 0 roots
+    every iteration; it has no peer, so its work is matched to its own median (4 ms): the third iteration would end
+    at 7 ms instead of 13, 6 ms back; the first two give nothing back."""
+    work = [4, 4, 10]
+    members = pd.DataFrame({"rank": [0, 1] * 3, "iteration": np.repeat([0, 1, 2], 2),
+                            "start_aligned_ns": [(100 * k + s) * MS for k, g in enumerate(work) for s in (g, 1)],
+                            "end_aligned_ns": [(100 * k + g + 1) * MS for k, g in enumerate(work) for _ in (0, 1)],
+                            "group": "pp", "instance": np.repeat([0, 1, 2], 2)})
+    cells = pd.DataFrame({"rank": [0, 1] * 3, "iteration": np.repeat([0, 1, 2], 2), "stage": [0, 1] * 3,
+                          "start_aligned_ns": np.repeat([0, 100 * MS, 200 * MS], 2),
+                          "end_aligned_ns": [(100 * k + g + d) * MS for k, g in enumerate(work) for d in (1, 3)]})
+    ch = chains(members, cells)
+    path = critical_path.walk(ch, cells, pd.Series(["send_recv (pp)"] * 3))
+    roots = critical_path.roots(path)
+    assert roots["root_rank"].tolist() == [0, 0, 0]
+    assert critical_path.what_if(ch, cells, roots["root_rank"]).tolist() == [0, 0, 6 * MS]
+
+
 def test_a_slow_pipeline_rank_roots_the_path_in_its_steps(tmp_path):
     """pp=4, dp=2, 8 micro-batches; rank 4 (stage 2) computes 1.5 times as long in steps 4-8: it roots the path in at
     least four of them, and matching its stage peer gives back most of what it added (its forward and backward
@@ -112,5 +132,26 @@ def test_findings_by_hand():
     assert found["kind"].tolist() == ["host_bound", "exposed_gradient_reduce", "exposed_tp"]
     assert found["share_pct"].tolist() == [25.0, 10.0, 6.0]
     assert "--overlap-grad-reduce" in found.at[1, "advice"] and "--tp-comm-overlap" in found.at[2, "advice"]
+    assert "CUDA graphs" not in found.at[0, "advice"]  # nothing says the host was launching
     iterations["what_if_ns"] = 12 * MS  # its root would give back 12 ms: a straggler worth finding
     assert "straggler" in critical_path.findings(segments, iterations)["kind"].tolist()
+
+
+def test_launch_bound_by_hand():
+    """The same host work on the path, on a rank launching 2,000 GPU operations an iteration: launch-bound, with CUDA
+    graphs to try, where 1,600 of them (80 %) are under 10 us; host-bound where 600 are (30 %), or where it launches
+    400 (under the 500 that make many)."""
+    segments = pd.DataFrame({"iteration": 0, "rank": 3, "kind": ["host", "compute"], "name": [None, "forward"],
+                             "duration_ns": np.array([30, 70]) * MS})
+    iterations = pd.DataFrame({"iteration": [0], "duration_ns": [100 * MS], "root_rank": [3], "what_if_ns": [0],
+                               "is_warmup": [False]})
+
+    def kind(ops, short):
+        launches = pd.DataFrame({"rank": [3, 5], "iteration": [0, 0], "gpu_ops": [ops, 9], "short_ops": [short, 9]})
+        found = critical_path.findings(segments, iterations, launches)
+        return found.at[0, "kind"], found.at[0, "evidence"], found.at[0, "advice"]
+
+    got, evidence, advice = kind(2000, 1600)
+    assert got == "launch_bound" and "2,000 GPU operations" in evidence and "80 %" in evidence
+    assert "CUDA graphs" in advice
+    assert kind(2000, 600)[0] == kind(400, 400)[0] == "host_bound"

@@ -1,6 +1,7 @@
-"""pipeline_bubbles: on SYNTHETIC Megatron-style 1F1B jobs against a hand walk through a small schedule and the
-schedule's own bubble, (p - 1) / (m + p - 1); the schedule read from hand-built pass orders; the real pipeline job
-against the micro-batches and stages published with it; a job with no pipeline told in one line."""
+"""pipeline_bubbles: on SYNTHETIC Megatron-style 1F1B and interleaved jobs against hand walks through small
+schedules and the schedule's own bubble, (p - 1) / (v m + p - 1); the schedule read from hand-built pass orders;
+the real pipeline job against the micro-batches and stages published with it; a job with no pipeline told in one
+line."""
 
 from __future__ import annotations
 
@@ -58,6 +59,56 @@ def test_a_balanced_pipeline_has_the_bubble_of_its_schedule(tmp_path):
     assert res.tables["findings"]["kind"].tolist() == ["high_schedule_bubble"]
 
 
+def test_an_interleaved_two_stage_step_by_hand(tmp_path):
+    """Two stages of two model chunks each, two micro-batches, in Megatron's interleaved order: stage 0 runs F0.0 F0.1
+    F1.0 F1.1 B1.0 B1.1 B0.0 B0.1 (chunk.micro-batch), stage 1 F0.0 F0.1 F1.0 B1.0 F1.1 B1.1 B0.0 B0.1; a chunk's
+    forward takes 3 ms, its backward 6 ms. By hand: stage 0 F0.0 0-3, F0.1 3-6, F1.0 6-9 (after stage 1's F0.0 at
+    3-6), F1.1 9-12, waits, B1.0 18-24 (after stage 1's 12-18), B1.1 27-33, B0.0 33-39, B0.1 39-45; stage 1 runs
+    without a pause from 3 to 39. Each stage computes 36 ms of the 45 ms phase: 9 ms of bubble, 20 %, the
+    schedule's own (p - 1) / (v m + p - 1) = 1 / 5 (1F1B's would be 1 / 3); stage 1 fills for 3 ms and drains for
+    6. Each exchange a pass waits for adds its transfer (0.25 ms) and launches: up to 3 ms on this phase."""
+    write_megatron(tmp_path / "job", parallel.Layout(tp=1, pp=2, dp=1), steps=8, microbatches=2, fmt="sqlite",
+                   virtual=2)
+    res = run_recipe("pipeline_bubbles", [str(tmp_path / "job")], str(tmp_path / "pb"), mode="none")
+    b = _steady(res)
+    assert len(b) >= 10 and set(b["schedule"]) == {"interleaved 1F1B"} and set(b["virtual_stages"]) == {2}
+    assert set(b["microbatches"]) == {2} and b["ideal_pct"].to_numpy() == pytest.approx(20.0)
+    assert res.analysis["virtual_stages"] == 2 and res.analysis["ideal_pct"] == pytest.approx(20.0)
+    assert ((b["window_ns"] > 45 * MS) & (b["window_ns"] < 48 * MS)).all()
+    assert b["busy_ns"].to_numpy() == pytest.approx(36 * MS, rel=0.03)
+    assert ((b["bubble_pct"] > 20.0) & (b["bubble_pct"] < 25.0)).all()
+    first, second = b[b["pp_stage"] == 0], b[b["pp_stage"] == 1]
+    assert (first["warmup_ns"] == 0).all() and (first["cooldown_ns"] == 0).all()
+    assert second["warmup_ns"].to_numpy() == pytest.approx(3 * MS, abs=0.6 * MS)
+    assert second["cooldown_ns"].to_numpy() == pytest.approx(6 * MS, abs=0.6 * MS)
+
+
+def test_an_interleaved_pipeline_against_its_truth(tmp_path):
+    """pp=4, 8 micro-batches, 2 model chunks per stage (truth.json says so): the schedule read from the passes; its
+    bubble, 3 / 19 = 15.8 % by itself, with twice 1F1B's exchanges on the path, below 1F1B's 27.3 %; a last stage
+    computing 1.5 times as long is 50 % above the median stage."""
+    write_megatron(tmp_path / "job", parallel.Layout(tp=1, pp=4, dp=1), steps=6, microbatches=8, fmt="parquetdir",
+                   virtual=2)
+    truth = json.loads((tmp_path / "job" / "truth.json").read_text())
+    res = run_recipe("pipeline_bubbles", [str(tmp_path / "job")], str(tmp_path / "pb"), mode="none")
+    b = _steady(res)
+    assert res.analysis["schedule"] == truth["schedule"] == "interleaved 1F1B"
+    assert res.analysis["virtual_stages"] == truth["virtual_stages"] == 2
+    assert res.analysis["microbatches"] == truth["microbatches"] and set(b["microbatches"]) == {8}
+    assert res.analysis["ideal_pct"] == pytest.approx(100 * 3 / 19)
+    assert ((b["bubble_pct"] > 100 * 3 / 19) & (b["bubble_pct"] < 100 * 3 / 11)).all()
+    assert res.tables["findings"].empty  # below the 20 % worth changing, and within 5 points of its own
+    write_megatron(tmp_path / "heavy", parallel.Layout(tp=1, pp=4, dp=1), steps=6, microbatches=8, fmt="parquetdir",
+                   virtual=2, heavy_last_stage=1.5)
+    truth = json.loads((tmp_path / "heavy" / "truth.json").read_text())
+    res = run_recipe("pipeline_bubbles", [str(tmp_path / "heavy")], str(tmp_path / "pb-heavy"), mode="none")
+    stages = res.tables["stages"].set_index("pp_stage")
+    assert res.analysis["schedule"] == "interleaved 1F1B"
+    assert stages["busy_vs_median_pct"].idxmax() == truth["heavy_stage"] == 3
+    assert stages.at[3, "busy_vs_median_pct"] == pytest.approx(50.0, abs=3.0)
+    assert "stage_imbalance" in res.tables["findings"]["kind"].tolist()
+
+
 def _passes(orders: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows, cells = [], []
     for (rank, stage), order in orders.items():
@@ -67,10 +118,20 @@ def _passes(orders: dict) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def test_the_schedule_is_read_from_the_order_of_the_passes():
-    """Four stages, four micro-batches: 1F1B runs p - stage forwards before its first backward (stage 1: three), then
-    takes turns; GPipe runs every forward first; anything else is neither."""
+    """Four stages, four micro-batches, each rank a pipeline of its own: 1F1B runs p - stage forwards before its first
+    backward (stage 1: three), then takes turns; GPipe runs every forward first; anything else is neither. Two
+    stages of two model chunks, two micro-batches, interleaved: the last stage runs (v - 1) p + 1 = 3 forwards
+    first, the first stage 2 (p - 1) + (v - 1) p = 4, all it has, which fits any schedule; the pipeline is
+    interleaved. The same first stage beside a last stage of 1F1B is a GPipe-like start but no schedule."""
     passes, cells = _passes({(0, 1): "FFFBFBBB", (1, 3): "FBFBFBFB", (2, 1): "FFFFBBBB", (3, 0): "FFFBBFBB"})
-    assert pipeline_bubbles._schedules(passes, cells, 4).tolist() == ["1F1B", "1F1B", "GPipe", "other"]
+    schedule, chunks = pipeline_bubbles._schedules(passes, cells, 4)
+    assert schedule.tolist() == ["1F1B", "1F1B", "GPipe", "other"] and chunks.tolist() == [1, 1, 1, pd.NA]
+    passes, cells = _passes({(0, 0): "FFFFBBBB", (1, 1): "FFFBFBBB"})
+    schedule, chunks = pipeline_bubbles._schedules(passes, cells.assign(pipeline=0), 2)
+    assert schedule.tolist() == ["interleaved 1F1B"] * 2 and chunks.tolist() == [2, 2]
+    passes, cells = _passes({(0, 0): "FFFFBBBB", (1, 1): "FBFBFBFB"})
+    schedule, _ = pipeline_bubbles._schedules(passes, cells.assign(pipeline=0), 2)
+    assert schedule.tolist() == ["other"] * 2
 
 
 def test_the_real_pipeline_job(tmp_path):

@@ -8,7 +8,8 @@ ended the iteration last: its work after its last meeting point; the meeting poi
 that arrived last; that member's work before its arrival; the meeting point that work followed; and so on, until a
 rank's work reaches back to its iteration's start. The root is the rank with the most work on the path; the
 what-if re-times the iteration (microbatches.retimed_ends) with the root's work between meeting points at the
-median of its peers' (its stage's ranks, the same meeting point's place in the chain).
+median of its peers' (its stage's ranks, the same meeting point's place in the chain), or of its own iterations
+where its stage has no other rank.
 """
 
 from __future__ import annotations
@@ -95,33 +96,42 @@ def roots(path: Path) -> pd.DataFrame:
 
 def what_if(ch: Chains, cells: pd.DataFrame, root_rank: pd.Series) -> pd.Series:
     """Per iteration, how much shorter it would have been had its root rank's work between meeting points taken no
-    longer than the median of its peers' (the other ranks of its stage) at the same place in the chain (cells: rank,
-    iteration, stage)."""
+    longer than the median of its peers' (the other ranks of its stage) at the same place in the chain, or, with no
+    peer (a stage of one rank), than its own median over the iterations (cells: rank, iteration, stage)."""
     rank, iteration = cells["rank"].to_numpy(np.int64), cells["iteration"].to_numpy(np.int64)
     stage = cells["stage"].to_numpy(np.int64)
     n_cells = len(cells)
     place = np.arange(len(ch.cell)) - np.searchsorted(ch.cell, ch.cell)  # a kernel's place in its cell's chain
     count = np.bincount(ch.cell, minlength=n_cells)
     is_root = rank == root_rank.reindex(iteration).fillna(-1).to_numpy(np.int64)
-    # the peers' median leaves the root out (it is what is re-timed); with no peer, the root keeps its own
-    frame = pd.DataFrame({"it": iteration[ch.cell], "stage": stage[ch.cell], "count": count[ch.cell],
-                          "place": place, "gap": np.where(is_root[ch.cell], np.nan, ch.gap)})
-    peer_gap = frame.groupby(["it", "stage", "count", "place"])["gap"].transform("median").to_numpy()
-    cell_frame = pd.DataFrame({"it": iteration, "stage": stage, "count": count,
-                               "final": np.where(is_root, np.nan, ch.final_gap)})
-    peer_final = cell_frame.groupby(["it", "stage", "count"])["final"].transform("median").to_numpy()
-    gap = np.where(is_root[ch.cell] & np.isfinite(peer_gap), np.minimum(ch.gap, np.round(np.nan_to_num(peer_gap))),
-                   ch.gap).astype(np.int64)
-    final = np.where(is_root & np.isfinite(peer_final), np.minimum(ch.final_gap, np.round(np.nan_to_num(peer_final))),
-                     ch.final_gap).astype(np.int64)
+    # the peers' median leaves the root out (it is what is re-timed)
+    frame = pd.DataFrame({"it": iteration[ch.cell], "stage": stage[ch.cell], "rank": rank[ch.cell],
+                          "count": count[ch.cell], "place": place, "gap": ch.gap,
+                          "peer": np.where(is_root[ch.cell], np.nan, ch.gap)})
+    cell_frame = pd.DataFrame({"it": iteration, "stage": stage, "rank": rank, "count": count, "final": ch.final_gap,
+                               "peer": np.where(is_root, np.nan, ch.final_gap)})
+    gap = _matched(ch.gap, is_root[ch.cell], frame, "gap", ["place"])
+    final = _matched(ch.final_gap, is_root, cell_frame, "final", [])
     as_ran = retimed_ends(ch, ch.gap, ch.final_gap)
     evened = retimed_ends(ch, gap, final)
     g = pd.DataFrame({"it": iteration, "ran": as_ran, "even": evened}).groupby("it")
     return (g["ran"].max() - g["even"].max()).clip(lower=0).astype("int64")
 
 
+def _matched(value: np.ndarray, is_root: np.ndarray, frame: pd.DataFrame, column: str, place: list[str]) -> np.ndarray:
+    """Each root's `value` capped at its peers' median in the same iteration, stage and place (chains of as many
+    meeting points); where it has no peer, at its own median over the iterations."""
+    peers = frame.groupby(["it", "stage", "count", *place])["peer"].transform("median").to_numpy()
+    own = frame.groupby(["rank", "count", *place])[column].transform("median").to_numpy()
+    target = np.where(np.isfinite(peers), peers, own)
+    return np.where(is_root & np.isfinite(target), np.minimum(value, np.round(np.nan_to_num(target))),
+                    value).astype(np.int64)
+
+
 FINDING_SHARE = 0.05  # of the steady iterations' time on their critical paths: less is thin evidence, no advice
 HOST_SHARE = 0.20  # host work on the path above this share: the GPU waited for the host
+# the host waits on launches where its ranks launch many GPU operations an iteration, most too short to cover a launch
+SHORT_OP_NS, MANY_OPS, SHORT_SHARE = 10_000, 500, 0.5
 FINDING_COLUMNS = ["kind", "evidence", "advice", "share_pct", "per_iteration_ns"]
 # (kind, which path segments, what they are, what to try: Megatron-LM flags and NeMo's names for them)
 ADVICE = [
@@ -141,31 +151,46 @@ ADVICE = [
 ]
 
 
-def findings(segments: pd.DataFrame, iterations: pd.DataFrame) -> pd.DataFrame:
+def findings(segments: pd.DataFrame, iterations: pd.DataFrame, launches: pd.DataFrame | None = None) -> pd.DataFrame:
     """findings.parquet: what the steady iterations' critical paths spend enough time on (FINDING_SHARE) to be worth
-    a change, each with its evidence and the option to try; the rank at the root where matching its peers would give
-    back as much."""
+    a change, each with its evidence and the option to try; host work on the path as launch-bound where the ranks
+    doing it launch many short GPU operations (launches: rank, iteration, gpu_ops, short_ops); the rank at the root
+    where matching its peers would give back as much."""
     steady = steady_rows(iterations)
     seg = segments[segments["iteration"].isin(steady["iteration"])]
     seg = seg.assign(name=seg["name"].astype(object).where(seg["name"].notna(), "").astype(str))
     total = float(steady["duration_ns"].sum())
     rows = []
 
-    def add(kind, ns, what, advice):
+    def add(kind, ns, what, advice, detail=""):
         share = ns / max(total, 1.0)
         rows.append({"kind": kind, "share_pct": 100 * share, "per_iteration_ns": int(round(ns / max(len(steady), 1))),
                      "evidence": f"{what} on the critical path: {100 * share:.1f} % of the steady iterations' time "
-                                 f"({ns / max(len(steady), 1) / 1e6:,.1f} ms per iteration)", "advice": advice})
+                                 f"({ns / max(len(steady), 1) / 1e6:,.1f} ms per iteration){detail}",
+                     "advice": advice})
 
     for kind, which, what, advice in ADVICE:
         ns = float(seg.loc[which(seg), "duration_ns"].sum())
         if ns >= FINDING_SHARE * total:
             add(kind, ns, what, advice)
-    host = float(seg.loc[seg["kind"] == "host", "duration_ns"].sum())
+    on_host = seg["kind"] == "host"
+    host = float(seg.loc[on_host, "duration_ns"].sum())
     if host >= HOST_SHARE * total:
-        add("host_bound", host, "host work with the GPU idle",
-            "the GPU waits for the host: a step of many short kernels gains from CUDA graphs (NeMo "
-            "capture_cudagraph_iters, enable_cuda_graph), data loading from more loader workers")
+        ops = pd.DataFrame()
+        if launches is not None:
+            ops = launches.merge(seg.loc[on_host, ["rank", "iteration"]].drop_duplicates(), on=["rank", "iteration"])
+        per_iteration = float(ops["gpu_ops"].median()) if len(ops) else 0.0
+        short = float(ops["short_ops"].sum()) / max(float(ops["gpu_ops"].sum()), 1.0) if len(ops) else 0.0
+        if per_iteration >= MANY_OPS and short >= SHORT_SHARE:
+            add("launch_bound", host, "host work with the GPU idle",
+                "the GPU waits for kernel launches: capture the step in CUDA graphs (--enable-cuda-graph; NeMo "
+                "enable_cuda_graph) or fuse the short kernels",
+                f"; its ranks launch {per_iteration:,.0f} GPU operations an iteration, {100 * short:.0f} % of them "
+                f"under {SHORT_OP_NS // 1000} us")
+        else:
+            add("host_bound", host, "host work with the GPU idle",
+                "the GPU waits for the host's own work in the step: data loading (more loader workers, pinned "
+                "memory) or Python and synchronisation between kernels (sync_summary shows where the host blocks)")
     saved = float(steady["what_if_ns"].sum())
     if saved >= FINDING_SHARE * total:
         top = int(steady.groupby("root_rank")["what_if_ns"].sum().idxmax())

@@ -3,8 +3,10 @@ parallel groups in Megatron Core's rank order, a 1F1B pipeline schedule, and NCC
 communicator, with known stragglers and stage weights. Labelled synthetic as `synth.py`'s jobs are.
 
 The model, per step, on the common clock:
-- each stage runs its micro-batches' forward and backward passes in 1F1B order (`one_f_one_b`): warm-up forwards,
-  then one forward and one backward in turn, then the remaining backwards;
+- each stage runs its micro-batches' forward and backward passes in 1F1B order (`pipeline_order`): warm-up
+  forwards, then one forward and one backward in turn, then the remaining backwards; with `virtual` v > 1, in
+  Megatron's interleaved order over v model chunks per stage, each pass 1 / v of the stage's work, the last stage's
+  chunk handing on to the first stage's next;
 - a pass is two compute kernels, each followed, with tp > 1, by an all-reduce of the tensor-parallel group (its
   members' kernels start as each arrives and end together, the last arrival plus a transfer: each collective's
   transfer within 10 % of its nominal time);
@@ -83,38 +85,65 @@ PAYLOAD_TABLES = {
 }
 
 
-def one_f_one_b(stages: int, microbatches: int) -> list[list[tuple[str, int]]]:
-    """Each stage's passes in 1F1B order: ("F" or "B", micro-batch)."""
+def pipeline_order(stages: int, microbatches: int, virtual: int = 1) -> list[list[tuple[str, int, int]]]:
+    """Each stage's passes in Megatron's order: ("F" or "B", model chunk, micro-batch). virtual 1 is 1F1B: stage s
+    runs p - s - 1 warm-up forwards, then one forward and one backward in turn, then the remaining backwards. With v
+    model chunks per stage (interleaved 1F1B) the warm-up is 2 (p - s - 1) + (v - 1) p forwards, and the k-th forward
+    is of chunk (k mod pv) // p and micro-batch (k // pv) p + k mod p, the k-th backward of the chunks in reverse."""
+    total = microbatches * virtual
+
+    def pass_of(kind: str, k: int) -> tuple[str, int, int]:
+        chunk = (k % (stages * virtual)) // stages
+        return kind, chunk if kind == "F" else virtual - 1 - chunk, (k // (stages * virtual)) * stages + k % stages
+
     out = []
     for s in range(stages):
-        warmup = min(stages - s - 1, microbatches)
-        order = [("F", m) for m in range(warmup)]
-        for i in range(microbatches - warmup):
-            order += [("F", warmup + i), ("B", i)]
-        order += [("B", m) for m in range(microbatches - warmup, microbatches)]
+        warmup = min(stages - s - 1 if virtual == 1 else 2 * (stages - s - 1) + (virtual - 1) * stages, total)
+        order = [pass_of("F", k) for k in range(warmup)]
+        for i in range(total - warmup):
+            order += [pass_of("F", warmup + i), pass_of("B", i)]
+        order += [pass_of("B", k) for k in range(total - warmup, total)]
         out.append(order)
     return out
 
 
-def _in_dependency_order(stages: int, microbatches: int) -> list[tuple[int, str, int]]:
-    """Every stage's passes in one order in which each pass comes after the pass whose output it takes."""
-    per_stage = one_f_one_b(stages, microbatches)
+def one_f_one_b(stages: int, microbatches: int) -> list[list[tuple[str, int]]]:
+    """Each stage's passes in 1F1B order: ("F" or "B", micro-batch)."""
+    return [[(kind, m) for kind, _, m in order] for order in pipeline_order(stages, microbatches)]
+
+
+def neighbour(kind: str, stage: int, chunk: int, stages: int, virtual: int, to: bool) -> tuple[int, int] | None:
+    """The (stage, chunk) a pass sends its output to (to) or takes its input from: a forward's goes on to the next
+    model chunk in the model's order (virtual stage chunk * p + stage), a backward's back to the one before; the
+    last stage's chunk hands on to the first stage's next one. None: the model's first or last chunk."""
+    at = chunk * stages + stage
+    other = at + 1 if (kind == "F") == to else at - 1
+    if not 0 <= other < stages * virtual:
+        return None
+    return other % stages, other // stages
+
+
+def _in_dependency_order(stages: int, microbatches: int, virtual: int = 1) -> list[tuple[int, str, int, int]]:
+    """Every stage's passes (stage, kind, chunk, micro-batch) in one order in which each pass comes after the pass
+    whose output it takes."""
+    per_stage = pipeline_order(stages, microbatches, virtual)
     done, at, order = set(), [0] * stages, []
-    while len(order) < 2 * stages * microbatches:
+    while len(order) < 2 * stages * microbatches * virtual:
         moved = False
         for s in range(stages):
             while at[s] < len(per_stage[s]):
-                kind, m = per_stage[s][at[s]]
-                source = (s - 1, "F", m) if kind == "F" else (s + 1, "B", m) if s < stages - 1 else (s, "F", m)
-                if (kind == "F" and s == 0) or source in done:
-                    done.add((s, kind, m))
-                    order.append((s, kind, m))
+                kind, c, m = per_stage[s][at[s]]
+                src = neighbour(kind, s, c, stages, virtual, to=False)
+                source = (src[0], kind, src[1], m) if src is not None else (s, "F", c, m) if kind == "B" else None
+                if source is None or source in done:
+                    done.add((s, kind, c, m))
+                    order.append((s, kind, c, m))
                     at[s] += 1
                     moved = True
                 else:
                     break
         if not moved:
-            raise AssertionError("the 1F1B schedule has a pass waiting on itself")
+            raise AssertionError("the pipeline schedule has a pass waiting on itself")
     return order
 
 
@@ -159,11 +188,12 @@ class _Events:
 
 
 def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_last_stage: float, seed: int,
-             p2p_sync: bool = False, uneven: tuple[float, float] = (0.0, 1.0)) -> dict:
+             p2p_sync: bool = False, uneven: tuple[float, float] = (0.0, 1.0), virtual: int = 1) -> dict:
     """Every rank's kernels and NVTX ranges on the common clock (first step at 0), and the communicators. p2p_sync:
     the host launches ahead of its GPU and syncs the device after every exchange and at the step's end, as Megatron
     does (`batch_p2p_sync`): the GPU's timeline is the same, the host's ranges are its own. uneven: (chance, factor)
-    of a replica's micro-batch computing `factor` times as long."""
+    of a replica's micro-batch computing `factor` times as long. virtual: model chunks per stage (interleaved 1F1B),
+    each a pass of 1 / virtual of the stage's work."""
     rng = np.random.default_rng(seed)
     P, D, T = layout.pp, layout.dp, layout.tp
     s_, d_, t_ = np.meshgrid(np.arange(P), np.arange(D), np.arange(T), indexing="ij")
@@ -183,7 +213,7 @@ def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_la
     long_batch = np.random.default_rng(seed + 2).random((steps, D, microbatches)) < chance  # (step, replica, batch)
     batch_slow = np.where(long_batch, factor, 1.0)
     ev = _Events()
-    order = _in_dependency_order(P, microbatches)
+    order = _in_dependency_order(P, microbatches, virtual)
     start = np.zeros((P, D, T), np.int64)
     step_bounds = []
     for k in range(steps):
@@ -191,13 +221,13 @@ def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_la
         host = start.copy()  # p2p_sync: where each rank's host is, ahead of its GPU but for its syncs
         posted: dict[tuple[int, str, int], tuple] = {}
 
-        for s, kind, m in order:
+        for s, kind, c, m in order:
             ready = free[s]
             label = "forward" if kind == "F" else "backward"
-            needs = (kind == "F" and s > 0) or (kind == "B" and s < P - 1)
-            if needs:
-                src = s - 1 if kind == "F" else s + 1
-                send_start, send_launch = posted.pop((s, kind, m))
+            taken = neighbour(kind, s, c, P, virtual, to=False)
+            if taken is not None:
+                src = taken[0]
+                send_start, send_launch = posted.pop((s, kind, c, m))
                 recv_start = ready + 2 * LAG
                 arrival = np.maximum(send_start, recv_start) + _transfer(rng, P2P_TRANSFER_NS, (D, T))
                 ev.kernel(rank[src], send_start, arrival, P2P_KERNEL, PP_STREAM, "ncclSend", pp_comm[src], P2P_BYTES,
@@ -213,7 +243,7 @@ def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_la
                 else:
                     ev.range(rank[s], ready, arrival + LAG, f"{label}-recv")
                 ready = arrival + LAG
-            nominal = (FWD_MS if kind == "F" else BWD_MS) * MS / 2
+            nominal = (FWD_MS if kind == "F" else BWD_MS) * MS / 2 / virtual
             now = ready
             pass_at = host[s].copy()
             for half in range(2):
@@ -230,10 +260,10 @@ def simulate(layout: Layout, steps: int, microbatches: int, stragglers, heavy_la
             ev.range(rank[s], np.minimum(pass_at, host[s] - LAUNCH_NS) if p2p_sync else ready,
                      host[s] if p2p_sync else now, label)
             free[s] = now
-            dst = s + 1 if kind == "F" else s - 1
-            if 0 <= dst < P:
+            given = neighbour(kind, s, c, P, virtual, to=True)
+            if given is not None:
                 send_at = host[s].copy()
-                posted[(dst, kind, m)] = (now + 2 * LAG, _launched(host, s, p2p_sync, now + 2 * LAG))
+                posted[(given[0], kind, given[1], m)] = (now + 2 * LAG, _launched(host, s, p2p_sync, now + 2 * LAG))
                 if p2p_sync:
                     ev.range(rank[s], np.minimum(send_at, host[s] - LAUNCH_NS), host[s], f"{label}-send")
                 else:
@@ -376,7 +406,7 @@ def _schema_tables() -> dict[str, pd.DataFrame]:
 def write_megatron(output_dir, layout: Layout, steps: int = 20, microbatches: int = 8, fmt: str = "parquetdir",
                    stragglers=(), heavy_last_stage: float = 1.0, payloads: bool = True, seed: int = 0,
                    gpus_per_node: int = 8, overwrite: bool = False, p2p_sync: bool = False,
-                   uneven: tuple[float, float] = (0.0, 1.0)) -> Path:
+                   uneven: tuple[float, float] = (0.0, 1.0), virtual: int = 1) -> Path:
     """Write one SYNTHETIC export per rank of a Megatron-style job, truth.json and README.md into output_dir."""
     if layout.cp != 1 or layout.ep != 1:
         raise UsageError("--job megatron models tp, pp and dp: leave cp and ep at 1")
@@ -384,6 +414,9 @@ def write_megatron(output_dir, layout: Layout, steps: int = 20, microbatches: in
         raise UsageError(f"--format {fmt}: use sqlite or parquetdir")
     if steps < 1 or microbatches < 1 or gpus_per_node < 1:
         raise UsageError("--iterations, --microbatches and --gpus-per-node must be at least 1")
+    if virtual < 1 or (virtual > 1 and (layout.pp < 2 or microbatches % layout.pp)):
+        raise UsageError("--virtual-stages V: at least 1; above 1 with at least two stages and a number of "
+                         "micro-batches that is a multiple of them (Megatron's interleaved schedule)")
     if not heavy_last_stage >= 1.0:
         raise UsageError("--heavy-last-stage X: X is the last stage's compute against the others', at least 1")
     if not (0.0 <= uneven[0] <= 1.0 and uneven[1] >= 1.0):
@@ -394,9 +427,9 @@ def write_megatron(output_dir, layout: Layout, steps: int = 20, microbatches: in
     stragglers = synth._check_stragglers(stragglers, world, steps)
     out = Path(output_dir)
     synth_export.check_output(out, overwrite)
-    sim = simulate(layout, steps, microbatches, stragglers, heavy_last_stage, seed, p2p_sync, uneven)
+    sim = simulate(layout, steps, microbatches, stragglers, heavy_last_stage, seed, p2p_sync, uneven, virtual)
     if uneven[0] > 0:  # the same job with every micro-batch even: what the long ones cost
-        even = simulate(layout, steps, microbatches, stragglers, heavy_last_stage, seed, p2p_sync)
+        even = simulate(layout, steps, microbatches, stragglers, heavy_last_stage, seed, p2p_sync, virtual=virtual)
         sim["uneven_cost_ns"] = [int(a[1].max() - b[1].max()) for a, b in zip(sim["steps"], even["steps"], strict=True)]
     schema = synth_export.schema_of("newer")
     schema["tables"].update(PAYLOAD_TABLES)
@@ -417,14 +450,14 @@ def write_megatron(output_dir, layout: Layout, steps: int = 20, microbatches: in
             with synth_export.export_writer(path, fmt, schema) as write:
                 write({**shared, **{t: synth_export.typed(t, df, schema) for t, df in {**frames, **events}.items()}})
         truth = _truth(layout, sim, steps, microbatches, stragglers, heavy_last_stage, payloads, seed, fmt,
-                       gpus_per_node, offsets, first_step, p2p_sync, uneven)
+                       gpus_per_node, offsets, first_step, p2p_sync, uneven, virtual)
         (tmp / "truth.json").write_text(json.dumps(truth, indent=1))
         (tmp / "README.md").write_text(_readme(truth))
     return out
 
 
 def _truth(layout, sim, steps, microbatches, stragglers, heavy, payloads, seed, fmt, gpus_per_node, offsets,
-           first_step, p2p_sync: bool = False, uneven: tuple[float, float] = (0.0, 1.0)) -> dict:
+           first_step, p2p_sync: bool = False, uneven: tuple[float, float] = (0.0, 1.0), virtual: int = 1) -> dict:
     earliest = int(offsets.min())
     P = layout.pp
     return {
@@ -433,7 +466,8 @@ def _truth(layout, sim, steps, microbatches, stragglers, heavy, payloads, seed, 
         "generator": "nsys-recipe-pack synth --job megatron",
         "job": "megatron", "ranks": layout.world, "iterations": steps, "format": fmt, "seed": seed,
         "gpus_per_node": gpus_per_node, "parallel": asdict(layout), "microbatches": microbatches,
-        "schedule": "1F1B", "nvtx_payload": payloads, "iteration_delimiter": "step", "p2p_sync": p2p_sync,
+        "schedule": "interleaved 1F1B" if virtual > 1 else "1F1B", "virtual_stages": virtual,
+        "nvtx_payload": payloads, "iteration_delimiter": "step", "p2p_sync": p2p_sync,
         "heavy_last_stage": heavy, "heavy_stage": P - 1 if heavy > 1 and P > 1 else None,
         "nominal_ms": {"forward": FWD_MS, "backward": BWD_MS, "optimizer": OPT_MS},
         "transfer_ns": {"tp": TP_TRANSFER_NS, "pp": P2P_TRANSFER_NS, "dp": DP_TRANSFER_NS},
@@ -464,7 +498,8 @@ def _readme(truth: dict) -> str:
         f"**not real profiles**. Each rank's export (`{ext}`) has the shape of a newer Nsight Systems export and a "
         "`SYNTHETIC` row in `META_DATA_EXPORT`.\n\n"
         f"- tp={p['tp']}, pp={p['pp']}, dp={p['dp']} ({truth['ranks']} ranks, Megatron Core's rank order), "
-        f"{truth['iterations']} steps of {truth['microbatches']} micro-batches in a 1F1B schedule, seed "
+        f"{truth['iterations']} steps of {truth['microbatches']} micro-batches in a {truth['schedule']} schedule"
+        + (f" of {truth['virtual_stages']} model chunks per stage" if truth["virtual_stages"] > 1 else "") + ", seed "
         f"{truth['seed']}.\n"
         "- NCCL kernels per communicator (tensor-parallel all-reduces, pipeline SendRecv, the data-parallel gradient "
         "all-reduce) with NCCL's NVTX ranges" + (" and their payloads" if truth["nvtx_payload"] else
@@ -477,6 +512,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--parallel", default=None, metavar="tp=T,pp=P,dp=D",
                         help="--job megatron: the parallel sizes (Megatron Core's rank order)")
     parser.add_argument("--microbatches", type=int, default=8, help="--job megatron: micro-batches per step")
+    parser.add_argument("--virtual-stages", type=int, default=1, metavar="V",
+                        help="--job megatron: V model chunks per stage in Megatron's interleaved 1F1B schedule "
+                             "(--num-layers-per-virtual-pipeline-stage; micro-batches a multiple of pp)")
     parser.add_argument("--heavy-last-stage", type=float, default=1.0, metavar="X",
                         help="--job megatron: the last pipeline stage computes X times as long as the others")
     parser.add_argument("--p2p-sync", action="store_true",
@@ -503,7 +541,7 @@ def main(args) -> int:
     out = write_megatron(args.output, layout, args.iterations, args.microbatches, args.format, stragglers,
                          args.heavy_last_stage, not args.no_nvtx_payload, args.seed, args.gpus_per_node,
                          overwrite=args.force_overwrite, p2p_sync=args.p2p_sync,
-                         uneven=_uneven(args.uneven_microbatches))
+                         uneven=_uneven(args.uneven_microbatches), virtual=args.virtual_stages)
     print(f"wrote SYNTHETIC exports of a Megatron-style job ({layout.world} ranks: tp={layout.tp}, pp={layout.pp}, "
           f"dp={layout.dp}; {args.iterations} steps of {args.microbatches} micro-batches, {args.format}) to {out} "
           f"(truth in {out / 'truth.json'})")

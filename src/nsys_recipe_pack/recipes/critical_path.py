@@ -43,7 +43,8 @@ def _table(columns: dict) -> pa.Table:
 
 def map_rank(rank_data, options: dict) -> dict:
     """The rank's iterations, its meeting points on the host (where it ran no NCCL kernel), the union of its GPU
-    compute per iteration, and its NVTX ranges directly inside the iterations, with its NCCL kernels."""
+    compute per iteration and how many GPU operations it launched in each, and its NVTX ranges directly inside the
+    iterations, with its NCCL kernels."""
     ranges = range_arrays(rank_data.frame("nvtx"))
     it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"))
 
@@ -64,7 +65,10 @@ def map_rank(rank_data, options: dict) -> dict:
         seq = np.arange(len(host)) - np.searchsorted(host_it, host_it)  # the n-th of its iteration
     op_start, op_end = gpu_intervals(rank_data) if rank_data.has_cuda else (np.zeros(0, np.int64),) * 2
     compute = ~collective_ops(rank_data) if len(op_start) else np.zeros(0, bool)
-    busy = union_segments_by_group(it.of(op_start[compute]), op_start[compute], op_end[compute])
+    op_it = it.of(op_start[compute])
+    busy = union_segments_by_group(op_it, op_start[compute], op_end[compute])
+    counted, n = op_it >= 0, len(it.start_ns)
+    short = (op_end[compute] - op_start[compute])[counted] < critical_path.SHORT_OP_NS
     c_start, c_end, c_name, c_it = child_ranges(ranges, it)
     words = ranges.names[:-1] if len(ranges) else np.zeros(0, object)
     names, at = np.unique(np.asarray(words[c_name] if len(c_name) else [], dtype=str), return_inverse=True)
@@ -72,6 +76,8 @@ def map_rank(rank_data, options: dict) -> dict:
             "host": _table({"iteration": host_it, "seq": seq, "start_ns": host_start,
                             "end_ns": points.end_ns[host], "source": points.source[host]}),
             "compute": _table({"iteration": busy[0], "start_ns": busy[1], "end_ns": busy[2]}),
+            "launches": _table({"iteration": np.arange(n), "gpu_ops": np.bincount(op_it[counted], minlength=n),
+                                "short_ops": np.bincount(op_it[counted], weights=short, minlength=n)}),
             "children": pa.table({"start_ns": arrow_of(np.asarray(c_start, np.int64)),
                                   "end_ns": arrow_of(np.asarray(c_end, np.int64)),
                                   "name": dictionary_column(at.reshape(-1).astype(np.int64), names.tolist())}),
@@ -111,9 +117,16 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     for c in ("root_op", "root_range"):
         out[c] = out[c].astype(object).where(out[c].notna(), None)
     return {"iterations": out[ITERATION_COLUMNS], "critical_path": segments, "groups": groups,
-            "findings": critical_path.findings(segments, out),
+            "findings": critical_path.findings(segments, out, _launches(per_rank)),
             "settings": {"groups_source": matched.source, "notes": matched.notes,
                          "meeting_points": "NCCL kernels" if names.name == "nccl" else "host collectives"}}
+
+
+def _launches(per_rank: list[dict]) -> pd.DataFrame:
+    """Every rank's GPU operations per iteration, and how many of them were short (critical_path.SHORT_OP_NS)."""
+    out = pa.concat_tables([r["launches"] for r in per_rank]).to_pandas()
+    out["rank"] = np.repeat([r["rank"] for r in per_rank], [r["launches"].num_rows for r in per_rank])
+    return out
 
 
 def _members(per_rank: list[dict], matched, shift: dict):

@@ -9,8 +9,9 @@ pipeline phase. A stage's bubble is the part of the phase its GPU spends on no p
 pipeline filling, `warmup_ns`), after its last (draining, `cooldown_ns`) and between them, waiting on a neighbour.
 The SendRecv kernels of its pp group inside the phase are split into waiting for the peer and transfer (the peer's
 kernel start to the end). The schedule is read from the order of the passes (1F1B: a stage runs p - stage forward
-passes before its first backward, then alternates; GPipe: every forward first), the micro-batches from the number
-of forward passes, and the schedule's own bubble, (p - 1) / (m + p - 1), is shown beside the measured one.
+passes before its first backward, then alternates; interleaved 1F1B over v model chunks per stage: more forwards
+first, as Megatron orders them; GPipe: every forward first), the micro-batches from the number of forward passes (v
+per micro-batch), and the schedule's own bubble, (p - 1) / (v m + p - 1), is shown beside the measured one.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ FORWARD_RE = re.compile(r"forward|fwd", re.IGNORECASE)
 BACKWARD_RE = re.compile(r"backward|bwd", re.IGNORECASE)
 NOT_A_PASS_RE = re.compile(r"send|recv|reduce|gather|scatter|sync|comm|p2p|broadcast|all-?to-?all", re.IGNORECASE)
 PASS_COLUMNS = ["iteration", "kind", "start_ns", "end_ns"]  # kind: 0 forward, 1 backward
-BUBBLE_COLUMNS = ["rank", "pp_stage", "iteration", "microbatches", "schedule", "window_ns", "busy_ns", "bubble_ns",
-                  "bubble_pct", "ideal_pct", "warmup_ns", "cooldown_ns", "p2p_wait_ns", "p2p_transfer_ns",
+BUBBLE_COLUMNS = ["rank", "pp_stage", "iteration", "microbatches", "schedule", "virtual_stages", "window_ns", "busy_ns",
+                  "bubble_ns", "bubble_pct", "ideal_pct", "warmup_ns", "cooldown_ns", "p2p_wait_ns", "p2p_transfer_ns",
                   "is_warmup"]
 
 
@@ -117,10 +118,12 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     cells["bubble_pct"] = 100.0 * cells["bubble_ns"] / cells["window_ns"].where(cells["window_ns"] > 0)
     cells["warmup_ns"] = cells["first"] - cells["phase_start"]
     cells["cooldown_ns"] = cells["phase_end"] - cells["last"]
-    cells["schedule"] = _schedules(passes, cells, stages)
-    m = cells["microbatches"].astype(float)
-    cells["ideal_pct"] = np.where(cells["schedule"].isin(["1F1B", "GPipe"]), 100.0 * (stages - 1) / (m + stages - 1),
+    cells["schedule"], cells["virtual_stages"] = _schedules(passes, cells, stages)
+    # (p - 1) / (v m + p - 1): v m is the forward passes a stage runs
+    forwards = cells["microbatches"].astype(float)
+    cells["ideal_pct"] = np.where(cells["schedule"] != "other", 100.0 * (stages - 1) / (forwards + stages - 1),
                                   np.nan)
+    cells["microbatches"] = cells["microbatches"] // cells["virtual_stages"].fillna(1).astype("int64")
     wait, transfer = _p2p(matched, cells)
     cells["p2p_wait_ns"], cells["p2p_transfer_ns"] = wait, transfer
     cells["is_warmup"] = warmup(cells["rank"].to_numpy(), cells["iteration"].to_numpy(),
@@ -135,16 +138,20 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     per_stage["busy_vs_median_pct"] = 100.0 * (per_stage["busy_ns"] - typical) / max(typical, 1.0)
     schedule = steady["schedule"].mode().iat[0]
     microbatches = int(steady["microbatches"].mode().iat[0])
+    chunks = steady.loc[steady["schedule"] == schedule, "virtual_stages"]
+    virtual = int(chunks.mode().iat[0]) if chunks.notna().any() else None
     passes_out = passes.assign(pp_stage=passes["rank"].map(stage_of),
                                kind=np.where(passes["kind"] == 0, "forward", "backward"))
     passes_out = passes_out.rename(columns={"start_ns": "start_aligned_ns", "end_ns": "end_aligned_ns"})[
         ["rank", "pp_stage", "iteration", "kind", "start_aligned_ns", "end_aligned_ns"]]
-    ideal = 100.0 * (stages - 1) / (microbatches + stages - 1) if schedule in ("1F1B", "GPipe") else None
-    found = findings(float(steady["bubble_pct"].median()), ideal, per_stage.reset_index(), stages, microbatches)
+    ideal = 100.0 * (stages - 1) / (virtual * microbatches + stages - 1) if virtual is not None else None
+    found = findings(float(steady["bubble_pct"].median()), ideal, per_stage.reset_index(), stages, microbatches,
+                     virtual)
     return {"bubbles": bubbles, "stages": per_stage.reset_index(), "passes": passes_out, "groups": groups,
             "findings": found,
             "settings": {"groups_source": matched.source, "notes": matched.notes, "stages": stages,
-                         "schedule": schedule, "microbatches": microbatches, "ideal_pct": ideal}}
+                         "schedule": schedule, "virtual_stages": virtual, "microbatches": microbatches,
+                         "ideal_pct": ideal}}
 
 
 ABOVE_IDEAL_POINTS = 5.0  # a measured bubble this far above the schedule's own is the stages waiting on each other
@@ -152,14 +159,18 @@ HIGH_IDEAL_PCT = 20.0  # a schedule that idles this much by itself is worth chan
 UNEVEN_STAGE_PCT = 10.0  # a stage computing this much more than the median stage is stage imbalance
 
 
-def findings(bubble_pct: float, ideal_pct: float | None, stages: pd.DataFrame, p: int, m: int) -> pd.DataFrame:
+def findings(bubble_pct: float, ideal_pct: float | None, stages: pd.DataFrame, p: int, m: int,
+             virtual: int | None = 1) -> pd.DataFrame:
     """findings.parquet: kind, evidence, advice (Megatron-LM flags and NeMo's names), only where the evidence holds."""
     rows = []
     if ideal_pct is not None and ideal_pct >= HIGH_IDEAL_PCT:
+        chunks = f", {virtual} model chunks per stage" if virtual and virtual > 1 else ""
+        formula = "(p - 1) / (v m + p - 1)" if virtual and virtual > 1 else "(p - 1) / (m + p - 1)"
+        more_chunks = "more" if virtual and virtual > 1 else "interleaved"
         rows.append(("high_schedule_bubble", f"the schedule itself idles {ideal_pct:.1f} % of the pipeline phase "
-                     f"((p - 1) / (m + p - 1) with {p} stages and {m} micro-batches)",
+                     f"({formula} with {p} stages and {m} micro-batches{chunks})",
                      "more micro-batches per step (a larger global batch or smaller micro-batches: NeMo "
-                     "global_batch_size, micro_batch_size) or interleaved virtual pipeline stages "
+                     f"global_batch_size, micro_batch_size) or {more_chunks} virtual pipeline stages "
                      "(--num-layers-per-virtual-pipeline-stage; NeMo virtual_pipeline_model_parallel_size) shrink it"))
     if ideal_pct is not None and bubble_pct - ideal_pct > ABOVE_IDEAL_POINTS:
         rows.append(("bubble_above_schedule", f"the pipeline idles {bubble_pct:.1f} % of its phase, "
@@ -188,20 +199,46 @@ def _busy(busy: pd.DataFrame, cells: pd.DataFrame) -> np.ndarray:
     return overlay_lengths(union_segments_by_group(*mine), windows, len(cells), both=True)
 
 
-def _schedules(passes: pd.DataFrame, cells: pd.DataFrame, stages: int) -> np.ndarray:
-    """Per cell, the schedule its passes' order shows: 1F1B (p - stage forward passes before the first backward, or
-    all of them where there are no more, then forward and backward in turn), GPipe (every forward first), else
-    other."""
+def _schedules(passes: pd.DataFrame, cells: pd.DataFrame, stages: int) -> tuple[np.ndarray, object]:
+    """Per cell, the schedule its pipeline's passes show in that iteration, and the model chunks each stage holds.
+    A stage of 1F1B runs p - stage forward passes before its first backward (or all of them where there are no
+    more), then forward and backward in turn; of Megatron's interleaved 1F1B over v chunks, 2 (p - stage - 1) +
+    (v - 1) p + 1 forwards first (or all), then in turn, v m forward passes in all; of GPipe every forward first. The
+    first of these that every stage of the pipeline fits is its schedule, else other (chunks unknown); a stage that
+    runs every forward first fits any."""
     p = passes.sort_values(["rank", "iteration", "start_ns"], kind="stable")
     g = p.groupby(["rank", "iteration"])["kind"]
     before_first_backward = g.agg(lambda k: int(np.argmax(k.to_numpy() == 1)) if (k == 1).any() else len(k))
     alternates = g.agg(lambda k: _alternates(k.to_numpy()))
     key = pd.MultiIndex.from_frame(cells[["rank", "iteration"]])
-    lead, turns = before_first_backward.reindex(key).to_numpy(), alternates.reindex(key).to_numpy()
-    m = cells["microbatches"].to_numpy()
-    one_f_one_b = lead == np.minimum(stages - cells["pp_stage"].to_numpy(), m)
-    out = np.where(one_f_one_b & turns, "1F1B", np.where(lead == m, "GPipe", "other"))
-    return out.astype(object)
+    lead, turns = before_first_backward.reindex(key).to_numpy(), alternates.reindex(key).to_numpy().astype(bool)
+    forwards = cells["microbatches"].to_numpy()
+    stage = cells["pp_stage"].to_numpy()
+    all_first = lead == forwards
+    chunks = (lead - 1 - 2 * (stages - stage - 1)) // stages + 1  # what an interleaved stage's lead says
+    said = turns & ~all_first & (chunks >= 2) & (lead == 2 * (stages - stage - 1) + (chunks - 1) * stages + 1)
+    fit = pd.DataFrame({"pipeline": cells["pipeline"] if "pipeline" in cells else cells["rank"],
+                        "iteration": cells["iteration"], "one_f_one_b": (lead == np.minimum(stages - stage, forwards))
+                        & turns, "all_first": all_first, "fits": said | all_first,
+                        "chunks": np.where(said, chunks, np.nan), "forwards": forwards})
+    per = fit.groupby(["pipeline", "iteration"]).agg(one_f_one_b=("one_f_one_b", "all"), gpipe=("all_first", "all"),
+                                                     fits=("fits", "all"), low=("chunks", "min"),
+                                                     high=("chunks", "max"))
+    v = per["low"].fillna(0).astype(np.int64)
+    per["interleaved"] = per["fits"] & (v >= 2) & (per["low"] == per["high"])
+    at = pd.MultiIndex.from_frame(fit[["pipeline", "iteration"]])
+    pipe = per.reindex(at)
+    v_cell = v.reindex(at).to_numpy()
+    interleaved = pipe["interleaved"].to_numpy() & (forwards % np.maximum(v_cell, 1) == 0)
+    # a pipeline is interleaved only if every stage's passes divide into its chunks
+    interleaved = pd.Series(interleaved).groupby([fit["pipeline"].to_numpy(), fit["iteration"].to_numpy()]
+                                                 ).transform("all").to_numpy()
+    one_f_one_b = pipe["one_f_one_b"].to_numpy()
+    out = np.where(one_f_one_b, "1F1B", np.where(interleaved, "interleaved 1F1B",
+                                                 np.where(pipe["gpipe"].to_numpy(), "GPipe", "other")))
+    virtual = pd.array(np.where(interleaved & ~one_f_one_b, v_cell, 1), dtype="Int64")
+    virtual[out == "other"] = pd.NA
+    return out.astype(object), virtual
 
 
 def _alternates(kind: np.ndarray) -> bool:
@@ -246,7 +283,7 @@ def summary(out) -> list[str]:
                           "vs median stage %": stages["busy_vs_median_pct"].map(lambda v: f"{v:+.1f}"),
                           "bubble %": stages["bubble_pct"].map(lambda v: f"{v:.1f}")})
     found = pd.read_parquet(out / "findings.parquet") if (out / "findings.parquet").exists() else pd.DataFrame()
-    return [headline(out), f"schedule {settings.get('schedule')}, {settings.get('microbatches')} micro-batches, "
+    return [headline(out), f"schedule {_schedule_words(settings)}, {settings.get('microbatches')} micro-batches, "
             f"{settings.get('stages')} stages"] + indented("per stage (median of the steady iterations):",
                                                          table.to_string(index=False)) + [
         f"{f.evidence}: {f.advice}" for f in found.itertuples()]
@@ -260,10 +297,16 @@ def headline(out) -> str:
     steady = steady_rows(b)
     worst = steady.groupby("pp_stage")["bubble_pct"].median()
     ideal = settings.get("ideal_pct")
-    return (f"pipeline bubble {steady['bubble_pct'].median():.1f} % of the pipeline phase ({settings.get('schedule')}, "
+    return (f"pipeline bubble {steady['bubble_pct'].median():.1f} % of the pipeline phase "
+            f"({_schedule_words(settings)}, "
             f"{settings.get('stages')} stages, {settings.get('microbatches')} micro-batches"
             + (f": the schedule's own {ideal:.1f} %" if ideal is not None else "")
             + f"); most at stage {int(worst.idxmax())} ({worst.max():.1f} %)")
+
+
+def _schedule_words(settings: dict) -> str:
+    chunks = settings.get("virtual_stages") or 1
+    return f"{settings.get('schedule')}" + (f" over {chunks} model chunks per stage" if chunks > 1 else "")
 
 
 def diff_metrics(ranks) -> pd.DataFrame | None:
