@@ -89,21 +89,20 @@ def reaped_env():
 def folded(spec, path, options: dict, needs: set | None = None, stream=None) -> list[tuple]:
     """Each rank of one export with its result of the recipe's stream, its tables read span by span of time however
     short the export (nsys_recipe_pack.driver.fold_ranks), or None for every rank where the driver reads it whole.
-    stream: in place of the recipe's (its options then given)."""
+    stream: in place of the recipe's."""
     from nsys_recipe_pack import driver
     from nsys_recipe_pack.inputs import rank_data
 
     with pytest.MonkeyPatch.context() as m, driver.reading_for(spec, path, options, needs=needs) as reading:
         m.setattr(rank_data, "STREAM_MIN_ROWS", 0)
-        stream = stream or spec.stream_given(options)
-        found = driver.fold_ranks(reading, stream) if reading.long(stream) else None
-        return found if found is not None else [(r, None) for r in reading.ranks()]
+        stream = stream or spec.stream
+        found = driver.fold_ranks(reading, stream, options) if reading.long(stream) else None
+        return [(r, r.streamed) for r in found] if found is not None else [(r, None) for r in reading.ranks()]
 
 
 def rank_maps(spec, path, options: dict, spans: bool, needs: set | None = None) -> list:
     """A recipe's map of each rank of one export, from whole tables or (spans) from its stream's fold (`folded`);
     an error's text in place of a map."""
-    from nsys_recipe_pack import driver
     from nsys_recipe_pack.inputs import load_file
 
     if spans:
@@ -112,9 +111,9 @@ def rank_maps(spec, path, options: dict, spans: bool, needs: set | None = None) 
         pairs = [(r, None) for r in load_file(path, needs or set(spec.needs))]
     assert all((result is not None) == spans for _, result in pairs), path
     out = []
-    for r, result in pairs:
+    for r, _ in pairs:
         try:
-            out.append(driver.rank_map(spec, r, options, result))
+            out.append(spec.map_rank(r, options))
         except BadInputError as e:
             out.append(str(e))
     return out

@@ -17,7 +17,7 @@ import pytest
 from conftest import folded
 from test_batches import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
 
-from nsys_recipe_pack import driver, synth
+from nsys_recipe_pack import synth
 from nsys_recipe_pack.inputs import chunks, load_file, rank_data, readers
 from nsys_recipe_pack.inputs.batches import Extents
 from nsys_recipe_pack.inputs.readers import ExportSource, string_table
@@ -36,7 +36,7 @@ def _same_maps(path, expect_spans=True):
     assert [r.pid for r in whole] == [r.pid for r, _ in spanned]
     for a, (b, result) in zip(whole, spanned, strict=True):
         assert (result is not None) == expect_spans, path
-        want, got = share.map_rank(a, {}), driver.rank_map(share.RECIPE, b, {}, result)
+        want, got = share.map_rank(a, {}), share.map_rank(b, {})
         for key in ("share", "by_range"):
             assert (got[key] is None) == (want[key] is None), (path, key)
             if want[key] is not None:
@@ -218,16 +218,15 @@ def test_what_the_reads_ahead_of_the_spans_freed_is_handed_back_before_the_first
         steps.append("fold")
         return stream.fold(*args)
 
-    monkeypatch.setattr(driver, "give_back_freed_memory", lambda: steps.append("give back"))
+    monkeypatch.setattr(rank_data, "give_back_freed_memory", lambda: steps.append("give back"))
     (_, result), = folded(straggler_heatmap.RECIPE, REAL_GLOO, {},
                           stream=dataclasses.replace(stream, prepare=prepare, fold=fold))
     assert result is not None
     assert steps[:3] == ["prepare", "give back", "fold"] and steps.count("give back") == 1
 
 
-@pytest.mark.parametrize(("name", "reads_ahead"), [("compute_memory_share", False), ("sync_summary", True),
-                                                    ("kernel_pace", True), ("nvtx_gpu_proj", True)])
-def test_a_rank_read_whole_is_one_span_of_the_same_fold(monkeypatch, name, reads_ahead):
+@pytest.mark.parametrize("name", ["compute_memory_share", "sync_summary", "kernel_pace", "nvtx_gpu_proj"])
+def test_a_rank_read_whole_is_one_span_of_the_same_fold(monkeypatch, name):
     """map_rank is the stream a long capture goes through span by span, given the whole rank as one span, and what it
     reads ahead through the same `prepare` (kernel_pace: its iterations, iteration_scan over the rank as one span): no
     other analysis makes its maps."""
@@ -242,10 +241,9 @@ def test_a_rank_read_whole_is_one_span_of_the_same_fold(monkeypatch, name, reads
         prepared.append(type(ahead).__name__)
         return stream.prepare(ahead, options)
 
-    monkeypatch.setattr(module, "STREAM", dataclasses.replace(stream, fold=fold,
-                                                              prepare=prepare if stream.prepare else None))
+    monkeypatch.setattr(module, "STREAM", dataclasses.replace(stream, fold=fold, prepare=prepare))
     ranks = load_file(REAL_NCCL, set(module.NEEDS))
     maps = [module.map_rank(r, {}) for r in ranks]
     assert spans == [(chunks.START_OF_TIME, chunks.END_OF_TIME)] * len(ranks) and all(maps)
-    assert prepared == (["RankAhead"] * len(ranks) if reads_ahead else [])
+    assert prepared == ["RankAhead"] * len(ranks)
     assert all(m["ranges"].num_rows for m in maps if "ranges" in m)  # nvtx_gpu_proj's: what its one fold finished

@@ -271,17 +271,20 @@ def test_a_rank_read_whole_is_one_span_of_the_scan(monkeypatch):
 def test_no_iterations_is_the_same_error_read_whole_or_in_spans():
     """A rank where nothing repeats has nothing to say (MissingTraceError: the run fails only if every rank is so), a
     delimiter the options name that is not there is a bad input, whether the rank was read whole or as spans."""
-    from nsys_recipe_pack import driver
     from nsys_recipe_pack.errors import MissingTraceError
+
+    def streamed(result: dict) -> dict:
+        rank.streamed = result
+        return kernel_pace.map_rank(rank, {})
 
     rank = _rank([("once", 0, 50, 1)], kernels([("gemm", 0, 5), ("relu", 6, 8)]))
     with pytest.raises(MissingTraceError):
         iteration_scan.find_iterations(rank)
     with pytest.raises(MissingTraceError):
-        driver.rank_map(kernel_pace.RECIPE, rank, {}, {"error": iterations.no_iterations_text(True, True)})
+        streamed({"error": iterations.no_iterations_text(True, True)})
     named = {"error": iterations.no_range_text("stpe", [])}
     for read in (lambda: iteration_scan.find_iterations(rank, iteration="stpe"),
-                 lambda: driver.rank_map(kernel_pace.RECIPE, rank, {}, named)):
+                 lambda: streamed(named)):
         with pytest.raises(BadInputError) as error:
             read()
         assert not isinstance(error.value, MissingTraceError)

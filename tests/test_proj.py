@@ -110,15 +110,19 @@ def test_launched_ops_counts_ops_without_a_call():
 def test_launch_keys_count_the_ops_of_each_key():
     """Every op's launch key read ahead, a batch at a time: the distinct keys in order and how many ops hold each,
     with one op per key (the usual case) and with keys several ops share (a CUDA graph's: more than a byte counts);
-    ops without times are not counted, as the spans never give them."""
+    ops without times are not counted, as neither the read ahead (its frames made as inputs.batches makes them) nor
+    the spans give them."""
     import pyarrow as pa
+
+    from nsys_recipe_pack.inputs.events import gpu_frame, timed_rows
 
     class Ahead:
         def __init__(self, batches):
             self.given = batches
 
-        def batches(self, need, columns):
-            return [pa.table({c: pa.array(b[c], pa.int64()) for c in columns}) for b in self.given.get(need, [])]
+        def frames(self, need, columns):
+            raws = [pa.table({c: pa.array(b[c], pa.int64()) for c in columns}) for b in self.given.get(need, [])]
+            return [gpu_frame(timed_rows(raw, columns, ("start", "end")), columns, None) for raw in raws]
 
     pid = 7 << 24  # a globalPid: the process in bits 24 to 47
     for corr in ([5, 1, 9, 3], [5, 1, 5, 3, 5, 1], [5] * 100 + [1] + [5] * 100):

@@ -8,7 +8,6 @@ import pytest
 from conftest import folded
 from test_batches import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
 
-from nsys_recipe_pack import driver
 from nsys_recipe_pack.inputs import load_file, rank_data, readers
 from nsys_recipe_pack.inputs.chunks import END_OF_TIME
 from nsys_recipe_pack.intervals import covered_length, union_segments
@@ -35,7 +34,7 @@ def test_spans_give_the_whole_reads_calls(synthetic, monkeypatch, batch_rows):  
         for a, (b, result) in zip(whole, spanned, strict=True):
             assert result is not None, path
             assert (b.gpu, b.unclosed_ranges, b.rank_candidates) == (a.gpu, a.unclosed_ranges, a.rank_candidates)
-            want, got = sync_summary.map_rank(a, {}), driver.rank_map(sync_summary.RECIPE, b, {}, result)
+            want, got = sync_summary.map_rank(a, {}), sync_summary.map_rank(b, {})
             assert _decoded(got["calls"]).equals(_decoded(want["calls"])), path
             assert got["wall_ns"] == want["wall_ns"] and got["findings"] == want["findings"], path
             for column, values in want["summary"].items():

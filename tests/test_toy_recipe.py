@@ -71,3 +71,37 @@ def test_a_toy_recipe_from_one_file_gets_every_command(toy, tmp_path, capsys):
     row = pd.read_parquet(diff / "diff.parquet").set_index("metric").loc["kernel_launches"]
     assert (row["base"], row["new"]) == (total, sum(_kernels(p)[0] for p in sorted(new.glob("*.sqlite"))))
     assert row["verdict"] == "regressed" and row["gates"] and row["reason"] == "gates: grew by more than 5 %"
+
+
+
+
+def test_the_toy_reads_a_long_capture_span_by_span(toy, tmp_path, monkeypatch):
+    """Its map is a fold over time written against inputs.chunks.Stream alone: a capture read span by span (every
+    table a long one here, read 40 rows a batch) gives each rank's count and time of the kernels that ran 50 us or
+    more, as SQL over the export counts them, through many spans; the same rank read whole, through one."""
+    import dataclasses
+
+    from conftest import folded
+
+    from nsys_recipe_pack.inputs import load_file, readers
+
+    toy_module = toy.map_rank.__globals__
+    base = write_synthetic(tmp_path / "base", ranks=2, iterations=6, fmt="sqlite")
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 40)
+    spans, stream = [], toy.stream
+
+    def fold(state, low, high, chunk):
+        spans.append((low, high))
+        return stream.fold(state, low, high, chunk)
+
+    options = {"min_duration_us": 50.0}
+    monkeypatch.setitem(toy_module, "STREAM", dataclasses.replace(stream, fold=fold))
+    for export in sorted(base.glob("*.sqlite")):
+        spans.clear()
+        (rank, result), = folded(toy, export, options, stream=toy_module["STREAM"])
+        assert result is not None and len(spans) > 2
+        assert (result["launches"], result["kernel_ns"]) == _kernels(export, 50_000)
+        assert toy.map_rank(rank, options) == result  # the rank's map is its stream's result
+        spans.clear()
+        whole, = load_file(export, {"kernel"})
+        assert toy.map_rank(whole, options) == result and len(spans) == 1

@@ -55,8 +55,11 @@ def collective_kind(name: str | None) -> int:
 def nccl_kernels(rank_data, it=None) -> dict:
     """One rank's NCCL kernels (operation, stream, start, end; communicator id and bytes from NCCL's NVTX payloads,
     -1 where none; the iteration of `it` each starts in, -1 outside) and the communicators it joined, as Arrow
-    tables: what a map hands the reduce for `match`. A rank without kernels has none."""
+    tables: what a map hands the reduce for `match`. A rank without kernels has none; a long capture read span by
+    span, whose kernels were not kept, gives no tables."""
     kernels = rank_data.frame("kernels")
+    if kernels is None and rank_data.streamed is not None:  # a long capture's kernels went by span by span
+        return {}
     if kernels is None or not len(kernels):
         return _tables({c: np.zeros(0, np.int64) for c in KERNEL_COLUMNS}, {c: np.zeros(0, np.int64)
                                                                           for c in INIT_COLUMNS})

@@ -1,19 +1,18 @@
-"""Maps a recipe over the ranks of one input, the one place that chooses how they are read: each rank's tables whole
-and the recipe's `map_rank` over them, or, for a long capture of a recipe with a `stream` (inputs.chunks.Stream),
-its tables span by span of time, folded as they come so that the capture is never held whole, and the rest of the
-rank whole after them. docs/internals.md, "Long captures", says when and how."""
+"""Maps a recipe over the ranks of one input, the one place that chooses how they are read: each rank's tables whole,
+or, for a long capture of a recipe with a `stream` (inputs.chunks.Stream), the stream's tables span by span of time,
+folded as they come so that the capture is never held whole, and the rest of the rank whole after them. Either way
+the recipe's `map_rank` then maps the rank; `fold_rank` gives it its stream's result, folded over the rank read
+whole as one span (`RankAhead`) or over the spans (`SpanRead`) by the same `_fold`. docs/internals.md, "Long
+captures", says when and how."""
 
 from __future__ import annotations
 
 import contextlib
 from pathlib import Path
 
-import pyarrow as pa
-
 from . import recipes
-from .allocator import give_back_freed_memory
 from .errors import MissingToolError, MissingTraceError, PackError
-from .inputs.chunks import END_OF_TIME, START_OF_TIME, ReadWhole, Stream, prefolded
+from .inputs.chunks import ReadWhole, Stream, prefolded
 from .inputs.rank_data import RankAhead, RankData, Reading, SpanRead
 from .iterations import iteration_error
 from .spill import remove_spilled
@@ -30,13 +29,12 @@ def map_file(path: str, recipe: str, options: dict, nsys_path: str | None = None
     """Load one input and run the recipe's per-rank analysis on each rank it holds. spill_dir: where a long capture's
     map keeps what it holds beyond memory and writes its long output (the output folder being written)."""
     spec = recipes.get(recipe)
-    stream = spec.stream_given(options)
     try:
         with reading_for(spec, path, options, nsys_path, spill_dir=spill_dir) as reading:
-            folded = fold_ranks(reading, stream) if stream is not None and reading.long(stream) else None
-            if folded is not None:
-                return [map_rank_data(spec, rank_data, options, result) for rank_data, result in folded]
-            ranks = reading.ranks()
+            long = spec.stream is not None and reading.long(spec.stream)
+            ranks = fold_ranks(reading, spec.stream, options) if long else None
+            if ranks is None:
+                ranks = reading.ranks()
         return [map_rank_data(spec, rank_data, options) for rank_data in ranks]
     except MissingToolError:
         raise
@@ -51,68 +49,41 @@ def reading_for(spec, path, options: dict, nsys_path: str | None = None, needs: 
                    spec.bytes_per_row, spill_dir=spill_dir)
 
 
-def map_rank_data(spec, rank_data, options: dict, folded: dict | None = None) -> dict:
-    """`rank_map`, with what the reduce needs to know of the rank."""
+def map_rank_data(spec, rank_data, options: dict) -> dict:
+    """The recipe's `map_rank`, with what the reduce needs to know of the rank."""
     try:
-        res = rank_map(spec, rank_data, options, folded)
+        res = spec.map_rank(rank_data, options)
     except MissingTraceError as exc:  # nothing to say about this rank; fatal only if true of all
-        remove_spilled(folded)  # what a long capture's map wrote as it went, unused
+        remove_spilled(rank_data.streamed)  # what a long capture's map wrote as it went, unused
         res = {"missing": str(exc)}
     res["identity"] = {key: getattr(rank_data, attr) for key, attr in IDENTITY.items()}
     return res
 
 
-def rank_map(spec, rank_data, options: dict, folded: dict | None = None) -> dict:
-    """The recipe's map of one rank: its `map_rank` over the rank's tables, or (folded: the rank's result of the
-    recipe's stream, where its tables were read span by span) that result, completed as the stream says."""
-    if folded is None:
-        return spec.map_rank(rank_data, options)
-    stream = spec.stream
-    for need in stream.requires:
-        rank_data.require(need, spec.name)
-    _raise_error(rank_data, folded)
-    return stream.complete(rank_data, folded, options) if stream.complete is not None else folded
-
-
 def fold_rank(stream: Stream, rank_data: RankData, options: dict | None = None, processes: bool = False) -> dict | None:
-    """A stream's result over one rank read whole: what its `prepare` reads ahead and each table of its spans come as
-    one part (`RankAhead`, one span of time), every row as the rank's process's. A recipe's `map_rank` that is this
-    has one analysis for a report read whole and a long capture. None where the stream gives the rank nothing. A
-    stream's `output` is the rows its one fold finished (all of them: it is the last span). processes: each row keeps
-    its process, for a stream that gives one result for several (nvtx_gpu_proj's)."""
-    pid = rank_data.pid if rank_data.pid is not None else 0
-    ahead = RankAhead(rank_data, None if processes else pid)
-    state = stream.prepare(ahead, {**stream.options, **(options or {})}) if stream.prepare else {}
-    given = stream.replayed(state) if stream.replayed else {}
-    chunk = {need: ahead.span(need, stream.view) for need in stream.needs}
-    for need, rows in given.items():
-        parts = list(rows)
-        chunk[need] = pa.concat_tables(parts) if parts else None
-    span = stream.prefold(state, {}, START_OF_TIME, END_OF_TIME, chunk) if stream.prefold else chunk
-    rows = stream.fold(state, START_OF_TIME, END_OF_TIME, span)
-    nvtx = rank_data.frame("nvtx")
-    names = list(nvtx.codes("name")[1][:-1]) if nvtx is not None else []
-    finished = stream.finish(state, names)
-    result = next(iter(finished.values()), None) if processes else finished.get(pid)
-    _raise_error(rank_data, result)
-    if stream.output is not None and result is not None:
-        result[stream.output] = rows
+    """A stream's result for one rank: the driver's, where it read the rank span by span (`RankData.streamed`), else
+    its fold over the rank read whole, what its `prepare` reads ahead and each table of its span as one part, every
+    row as the rank's process's. A recipe's `map_rank` built on this has one analysis for a report read whole and a
+    long capture. None where the stream gives the rank nothing; a result that is an error (`{"error": text}`) is
+    raised as a whole read raises it. processes: each row keeps its process, for a stream that gives one result for
+    several (nvtx_gpu_proj's)."""
+    result = rank_data.streamed
+    if result is None:
+        pid = rank_data.pid if rank_data.pid is not None else 0
+        results = _fold(RankAhead(rank_data, None if processes else pid, stream), stream, options or {})
+        result = next(iter(results.values()), None) if processes else results.get(pid)
+    if result is not None and "error" in result:
+        raise iteration_error(rank_data.file, result["error"])
     return result
 
 
-def _raise_error(rank_data: RankData, result: dict | None) -> None:
-    """A stream's result that is the error of its rank (`{"error": text}`), raised as a whole read raises it."""
-    if result is not None and "error" in result:
-        raise iteration_error(rank_data.file, result["error"])
-
-
-def fold_ranks(reading: Reading, stream: Stream) -> list[tuple[RankData, dict]] | None:
-    """Each rank with its result of the stream's fold, the stream's tables read span by span and the rest whole after
-    them; None where the spans cannot give what a whole read gives (a table out of time order, or processes the
-    stream did not tell apart as the ranks are): the caller then reads the input whole."""
+def fold_ranks(reading: Reading, stream: Stream, options: dict) -> list[RankData] | None:
+    """Each rank with its result of the stream's fold (`RankData.streamed`), the stream's tables read span by span
+    and the rest whole after them; None where the spans cannot give what a whole read gives (a table out of time
+    order, or processes the stream did not tell apart as the ranks are): the caller then reads the input whole."""
     read = reading.spans(stream)
     try:
-        results = _fold(read, stream)
+        results = _fold(read, stream, options)
     except ReadWhole:
         return None
     ranks = reading.ranks(after=read)
@@ -123,25 +94,31 @@ def fold_ranks(reading: Reading, stream: Stream) -> list[tuple[RankData, dict]] 
     if any(f is None for f in folded):
         remove_spilled(results)
         return None
-    return list(zip(ranks, folded, strict=True))
+    for rank_data, result in zip(ranks, folded, strict=True):
+        rank_data.streamed = result
+    return ranks
 
 
-def _fold(read: SpanRead, stream: Stream) -> dict:
-    """pid -> the stream's result for that process, its tables read span by span."""
-    state = stream.prepare(read.reader_ahead(), stream.options) if stream.prepare else {}
-    give_back_freed_memory()  # what the reads ahead let go, before the spans
-    given = stream.replayed(state) if stream.replayed else {}
-    chunks = read.chunks(given)
-    if stream.prefold:
-        chunks = prefolded(chunks, stream.prefold, state)
-    writer = stream.output_writer(read.spill_dir) if stream.output else None
+def _fold(reader: RankAhead | SpanRead, stream: Stream, options: dict) -> dict:
+    """pid -> the stream's result for that process: its `prepare` over what the reader reads ahead, then its `fold`
+    over each span the reader gives, then its `finish`; what `prepare` asked of the reading (chunks.AheadRequests)
+    done on the way."""
+    ahead = reader.ahead()
+    state = stream.prepare(ahead, options) if stream.prepare else {}
+    reader.ahead_done()
+    chunks = reader.chunks(ahead.replays)
+    if ahead.prefold_work is not None:
+        chunks = prefolded(chunks, ahead.prefold_work, state)
+    output, make = ahead.output_to or (None, None)
+    writer = reader.writer(make) if output is not None else None
     with contextlib.closing(chunks):  # its reading threads stopped before any whole read
         for span_start, span_end, chunk in chunks:
             rows = stream.fold(state, span_start, span_end, chunk)
             if writer is not None and rows is not None:
                 writer.write(rows)
-    results = stream.finish(state, read.names())
-    if writer is not None:  # a stream with an output gives one result: its one process's, or None's (several)
+    results = stream.finish(state, reader.names())
+    if writer is not None and results:  # a stream with an output gives one result: its one process's, or None's
         (result,) = results.values()
-        result[stream.output] = writer.close(result[stream.output])
+        if result is not None:
+            result[output] = writer.close(result[output])
     return results

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from .inputs import Frame
-from .inputs.events import gpu_frame, timed_rows
-from .inputs.rank_data import RankAhead
 from .iterations import NCCL_KERNEL_RE, matching
 from .lazy import pd
 
@@ -104,13 +102,7 @@ def launch_keys(ahead, needs: tuple = GPU_NEEDS) -> tuple[np.ndarray, np.ndarray
     distinct keys in order, and how many ops hold each (in the least signed integer type that holds the most: a byte
     per key as usual, held for the whole map with the key's 8). A span-by-span map then knows which calls launch
     work still to come."""
-    keys = []
-    for need in needs:
-        if isinstance(ahead, RankAhead):  # a rank read whole: its frames
-            keys += [call_key(frame) for frame in ahead.frames(need)]
-            continue
-        for raw in ahead.batches(need, KEY_COLUMNS):
-            keys.append(call_key(gpu_frame(timed_rows(raw, KEY_COLUMNS, ("start", "end")), KEY_COLUMNS, None)))
+    keys = [call_key(frame) for need in needs for frame in ahead.frames(need, KEY_COLUMNS)]
     keys = np.concatenate(keys) if keys else np.zeros(0, np.int64)
     keys.sort(kind="stable")  # in place; nearly sorted already, which the stable sort is quick on
     # a key per op of an hour-long capture: no more arrays of their length at once than needed (a third of the peak)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -84,18 +84,20 @@ class Slices:
         self.called = np.zeros(len(self.keys), bool)
 
 
-def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture: bool = False,
-                  requires: tuple = ()) -> Stream:
+def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture: bool = False) -> Stream:
     """A Stream running `measure(rank_data, ranges, iterations, options, before, first, carried) -> (piece, carry)`
     on a few iterations of a process at a time, and `finish(iterations, pieces, names) -> result` once all are
     measured (the NVTX names as the whole table's dictionary holds them). carry: arrays by launch key ("key"),
     what the map learnt of some ops, handed back as `carried` next time for the ops still kept. The GPU ops and MPI
     calls read are those the recipe needs; whole_capture: the map measures a process without iterations (none
-    asked for) as one window over its whole capture, which only a whole read gives; requires: Stream.requires."""
+    asked for) as one window over its whole capture, which only a whole read gives."""
     gpu_needs = tuple(need for need in GPU_NEEDS if need in needs)
 
     def prepare(ahead, options: dict) -> Slices:
-        return _prepare(ahead, options, measure, "mpi" in needs, gpu_needs, whole_capture)
+        state = _prepare(ahead, options, measure, "mpi" in needs, gpu_needs, whole_capture)
+        ahead.prefold(_key_places)
+        ahead.replay("nvtx", _ranges(state))
+        return state
 
     def done(state: Slices, names: list) -> dict:
         if not state.ranks:
@@ -114,8 +116,8 @@ def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture
 
     # read ahead of the spans, and so in the progress's rows from the start: NVTX for the iterations (and its closed
     # ranges kept for the spans), the ops' keys
-    return Stream(needs=("runtime", *gpu_needs), view=_view, fold=_fold, finish=done, prepare=prepare,
-                  ahead=("nvtx", *gpu_needs), prefold=_key_places, replayed=_ranges, requires=tuple(requires))
+    return Stream(needs=dict.fromkeys(("runtime", *gpu_needs)), view=_view, fold=_fold, finish=done, prepare=prepare,
+                  ahead=("nvtx", *gpu_needs))
 
 
 def _prepare(ahead, options: dict, measure: Callable, with_mpi: bool, gpu_needs: tuple, whole_capture: bool
@@ -150,10 +152,10 @@ def _view(need: str, frame: Frame) -> pa.Table:
     return frame.table.replace_schema_metadata({"dtypes": json.dumps(frame.dtypes)})
 
 
-def _ranges(state: Slices) -> dict:
+def _ranges(state: Slices) -> Iterator[pa.Table]:
     """The spans' NVTX events: the closed ranges read ahead (the map's only NVTX rows), as `_view` gives a span's."""
     dtypes = {"dtypes": json.dumps(NVTX_DTYPES)}
-    return {"nvtx": (rows.replace_schema_metadata(dtypes) for rows in state.ranges.spans())}
+    return (rows.replace_schema_metadata(dtypes) for rows in state.ranges.spans())
 
 
 def _key(rows: pa.Table) -> np.ndarray:

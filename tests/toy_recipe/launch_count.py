@@ -1,15 +1,21 @@
 """launch_count: how many kernels each rank launched, and for how long they ran.
 
 A toy recipe, whole in this one file and the notebook beside it: tests/test_toy_recipe.py registers it and runs
-every command with it, and CONTRIBUTING.md walks through it.
+every command with it, and CONTRIBUTING.md walks through it. Its map is a fold over time (`STREAM`): a rank read
+whole is one span of it, a long capture is read span by span and never held whole.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
+import pyarrow as pa
 
+from nsys_recipe_pack.driver import fold_rank
+from nsys_recipe_pack.inputs import arrow_of, numpy_of
+from nsys_recipe_pack.inputs.chunks import Stream
 from nsys_recipe_pack.recipes import Metric, Recipe, indented, register
 
 
@@ -17,13 +23,42 @@ def add_options(add, framework: bool = False) -> None:
     add("--min-duration-us", type=float, default=0.0, help="count only kernels that ran at least this long")
 
 
+def _prepare(ahead, options: dict) -> dict:
+    """The state before the first span: nothing read ahead, only the option the fold needs."""
+    return {"min_ns": options["min_duration_us"] * 1000, "count": {}, "total": {}}
+
+
+def _view(need: str, frame) -> pa.Table:
+    """What a span's kernels carry: their times and process."""
+    return pa.table({c: arrow_of(frame.values(c)) for c in ("start_ns", "end_ns", "pid")})
+
+
+def _fold(state: dict, span_start: int, span_end: int, chunk: dict) -> None:
+    """One span's kernels added to each process's count and time."""
+    rows = chunk["kernel"]
+    if rows is None:
+        return
+    duration = numpy_of(rows.column("end_ns")) - numpy_of(rows.column("start_ns"))
+    pid = numpy_of(rows.column("pid"))
+    kept = duration >= state["min_ns"]
+    for p in np.unique(pid[kept]).tolist():  # a rank's few processes
+        mine = kept & (pid == p)
+        state["count"][p] = state["count"].get(p, 0) + int(mine.sum())
+        state["total"][p] = state["total"].get(p, 0) + int(duration[mine].sum())
+
+
+def _finish(state: dict, names: list) -> dict:
+    return {p: {"launches": n, "kernel_ns": state["total"][p]} for p, n in state["count"].items()}
+
+
+STREAM = Stream(needs={"kernel": ["start", "end", "globalPid"]}, view=_view, fold=_fold, finish=_finish,
+                prepare=_prepare)
+
+
 def map_rank(rank, options: dict) -> dict:
-    """One rank: its kernels' count and total time (pure: no files, no printing)."""
+    """One rank: its kernels' count and total time (pure: no files, no printing), from the stream's fold."""
     rank.require("kernel", "launch_count")
-    kernels = rank.kernels
-    duration = kernels["end_ns"] - kernels["start_ns"]
-    kept = duration[duration >= options["min_duration_us"] * 1000]
-    return {"launches": len(kept), "kernel_ns": int(kept.sum())}
+    return fold_rank(STREAM, rank, options) or {"launches": 0, "kernel_ns": 0}
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
@@ -57,6 +92,7 @@ RECIPE = register(Recipe(
     map_rank=map_rank,
     reduce=reduce,
     add_options=add_options,
+    stream=STREAM,
     summary=summary,
     headline=headline,
     diff_metrics=diff_metrics,

@@ -32,43 +32,51 @@ STREAM_MIN_ROWS = 2_000_000  # tables shorter than this are read whole (and thei
 
 @dataclass(frozen=True)
 class Stream:
-    """A recipe map that adds up over time, fed span by span (`time_chunks`) instead of whole tables.
+    """A recipe's map as a fold over time: a rank read whole is one span, a long capture many (`time_chunks`), and
+    nsys_recipe_pack.driver runs both the same way; nothing in inputs does.
 
+    needs: need -> the export columns its spans read (None: all of `readers.TABLES`'), in the order they are read;
     view(need, batch Frame) -> the plain Arrow columns (start_ns and pid among them) a span's rows carry;
-    fold(state, span start, span end, need -> rows) adds one span into `state`;
-    finish(state, NVTX names) -> pid -> the map's result for that process;
-    prepare(Ahead, options) -> the state before the first span: what a fold must know ahead of the spans, read
-    first (`Ahead`) from the tables of the needs in `ahead` (once each, as the progress expects) or of others; an
-    empty dict without it. `options` are the recipe's (Recipe.stream_given);
-    prefold(state, carried, span start, span end, need -> rows) -> what the fold is handed for the span instead:
-    the work on a span that needs only its rows, what `prepare` made (of `state`, which it reads nothing else of) and
-    what the spans before it left in `carried` (a dict, empty before the first), done in a thread of its own a span
-    ahead of the fold, which goes on meanwhile;
-    replayed(state) -> need -> the rows of a need of `ahead` that `prepare` kept from its read, in order of start
-    (a generator of tables, as `view` gives a span's), which the spans take instead of reading its table again;
-    requires: what each rank must hold (RankData.require) for its folded result to stand;
-    complete(rank_data, folded, options) -> the map's result from a process's `finish` result and its rank (what
-    the rank's identity adds); without it, the `finish` result is the map's. A result {"error": text} is that error;
-    output: the result's table too long to hold (one row per event), which `fold` returns a piece at a time (the rows
-    it has finished, in order of the table's key, or None) and the driver writes as they come, with the writer
-    `output_writer(folder)` makes (spill.SpillWriter) in the folder the runner gives; `finish` gives in its place the
-    rows finished late (or None), which the writer puts back in their places.
-    The driver (nsys_recipe_pack.driver) runs a stream; nothing in inputs does."""
+    fold(state, span start, span end, need -> rows) adds one span into `state`, and gives the rows of the reading's
+    output it finished (`Ahead.output`), or None;
+    finish(state, NVTX names) -> pid -> the map's result for that process ({"error": text}: that error);
+    prepare(ahead, options) -> the state before the first span (an empty dict without it): what a fold must know
+    ahead of the spans, read (`Ahead`) from the tables of the needs in `ahead` (counted in the progress from the
+    start; others cost a read more); it may ask the reading for more (`AheadRequests`)."""
 
-    needs: tuple[str, ...]
+    needs: dict
     view: Callable
     fold: Callable
     finish: Callable
     prepare: Callable | None = None
     ahead: tuple[str, ...] = ()
-    prefold: Callable | None = None
-    options: dict = field(default_factory=dict)
-    columns: dict = field(default_factory=dict)  # need -> the export columns its spans read (default: all)
-    replayed: Callable | None = None
-    requires: tuple[str, ...] = ()
-    complete: Callable | None = None
-    output: str | None = None
-    output_writer: Callable | None = None
+
+
+class AheadRequests:
+    """What a stream's `prepare` may ask of the reading besides the tables it reads ahead: a need's rows kept from
+    its read ahead, which the spans take instead of reading the table again (`replay`: tables in order of start,
+    as `view` gives a span's); work on each span that needs only its rows, what `prepare` made and what the spans
+    before it left in `carried` (a dict), done a span ahead of the fold in a thread of its own (`prefold`:
+    work(state, carried, span start, span end, need -> rows) -> what the fold is handed instead); and a table too
+    long to hold, one row per event (`output`): the fold gives the rows it finished a span at a time, written as
+    they come into the output folder by `writer(folder)` (spill.SpillWriter), and `finish` gives in its place the
+    rows finished late (or None), which the writer puts back in their places."""
+
+    replays: dict
+    prefold_work: Callable | None
+    output_to: tuple[str, Callable] | None
+
+    def _requests(self) -> None:
+        self.replays, self.prefold_work, self.output_to = {}, None, None
+
+    def replay(self, need: str, rows: Iterator[pa.Table]) -> None:
+        self.replays[need] = rows
+
+    def prefold(self, work: Callable) -> None:
+        self.prefold_work = work
+
+    def output(self, name: str, writer: Callable) -> None:
+        self.output_to = (name, writer)
 
 
 class ReadWhole(Exception):
@@ -80,7 +88,7 @@ class NotSorted(ReadWhole):
 
 
 @dataclass
-class Ahead:
+class Ahead(AheadRequests):
     """The tables a stream's `prepare` reads before the spans, a batch at a time, as often as it needs them.
 
     The first read of a table the spans do not read adds up its extents, and NVTX's keeps the rank's identity
@@ -97,6 +105,9 @@ class Ahead:
     spill_dir: str | None = None  # where a read ahead keeps what it holds beyond memory (None: TMPDIR)
     reads: dict = field(default_factory=dict)  # need -> reads started
     lock: threading.Lock = field(default_factory=threading.Lock)  # reads may start in several threads at once
+
+    def __post_init__(self):
+        self._requests()
 
     def spans(self, need: str, view: Callable, cols: list[str] | None = None) -> Iterator[pa.Table]:
         """The rows of each span of a new read of one need's table (`time_chunks`, view(need, Frame) -> columns;
@@ -117,15 +128,6 @@ class Ahead:
         for _, frame in batch_frames(self.src, need, cols, self.strings, extents,
                                      lambda _table, rows: self.progress(label, rows), SQLITE_READERS):
             yield frame
-
-    def batches(self, need: str, cols: list[str]) -> Iterator[pa.Table]:
-        """Some columns of a new read of one need's table, a batch at a time as the export holds them."""
-        label, _ = self._start(need)
-        (table, _), = TABLES[need].items()
-        if self.src.has(table):
-            for raw in self.src.read_batches(table, cols):
-                yield raw
-                self.progress(label, raw.num_rows)
 
     def whole(self, need: str, read: Callable[[ExportSource], Frame]) -> Frame:
         """One need of the stream's `ahead` read whole, once (read(src) -> its frame): tables that stay short in a
@@ -158,8 +160,8 @@ def time_chunks(src: ExportSource, needs: list[str], strings: StringTable, view:
     END_OF_TIME. view(need, batch Frame) -> the plain Arrow columns a chunk's rows carry (`start_ns` among them).
     Once NVTX is read, `found` holds its "names" (the name dictionary a whole read gives; a view refers to names
     by their strings) and "nvtx", the events every read keeps (inputs.batches.identity_rows); found None: a read
-    again of a table, which keeps none of that. columns: need -> the export columns read (default: all of
-    `readers.TABLES`); given: need -> its rows (Stream.replayed) where they are not read from the table."""
+    again of a table, which keeps none of that. columns: need -> the export columns read (None or absent: all of
+    `readers.TABLES`); given: need -> its rows (AheadRequests.replay) where they are not read from the table."""
     given = given or {}
     connections = SQLITE_READERS if len(needs) == 1 else 1  # several tables: already read side by side
     streams = {need: read_ahead(given[need] if need in given else
@@ -197,7 +199,7 @@ def time_chunks(src: ExportSource, needs: list[str], strings: StringTable, view:
 
 
 def prefolded(spans: Iterator[tuple[int, int, dict]], prefold: Callable, state) -> Iterator[tuple[int, int, object]]:
-    """time_chunks' spans, each as `prefold` makes it (Stream.prefold), a span ahead in a thread of its own."""
+    """time_chunks' spans, each as `prefold` makes it (AheadRequests.prefold), a span ahead in a thread of its own."""
     carried: dict = {}
     return read_ahead(spans, lambda span: (*span[:2], prefold(state, carried, *span)))
 

@@ -21,11 +21,21 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
+from ..allocator import give_back_freed_memory
 from ..errors import BadInputError, MissingTraceError
 from ..groups import one_of
 from ..lazy import pd
 from .batches import NEED_FRAMES, RANGE_EVENTS, Extents
-from .chunks import STREAM_MIN_ROWS, Ahead, Stream, first_read_label, time_chunks
+from .chunks import (
+    END_OF_TIME,
+    START_OF_TIME,
+    STREAM_MIN_ROWS,
+    Ahead,
+    AheadRequests,
+    Stream,
+    first_read_label,
+    time_chunks,
+)
 from .discovery import report_stem
 from .events import (
     program_names,
@@ -89,6 +99,9 @@ class RankData:
         if unknown:
             raise TypeError(f"RankData takes no table {', '.join(sorted(unknown))}")
         self._tables: dict = dict(tables)  # name -> pd.DataFrame, Frame or None
+        # the result of the recipe's stream where the driver read the rank's tables span by span (a long capture,
+        # driver.fold_ranks), which driver.fold_rank gives; None: read whole
+        self.streamed: dict | None = None
 
     def frame(self, name: str) -> Frame | None:
         t = self._tables.get(name)
@@ -164,16 +177,39 @@ class RankData:
         return len(t), int(t.values("start_ns").min()), int(t.values("end_ns").max())
 
 
-class RankAhead:
-    """A rank read whole, as a stream's `prepare` reads ahead of the spans (chunks.Ahead): each table in one part.
-    With a `pid`, its rows all of that process: a rank may hold rows of other processes (the one rank of a file, whose
-    other processes do no GPU work), which a whole read counts as its own, their correlation ids left out so that
-    their calls pair with none of its GPU work. Without, each row keeps its process."""
+class RankAhead(AheadRequests):
+    """A rank read whole as a stream reads a long capture (`SpanRead`), in one span: what its `prepare` reads ahead
+    (as from chunks.Ahead), each table in one part, and the span, every table whole. With a `pid`, its rows all of
+    that process: a rank may hold rows of other processes (the one rank of a file, whose other processes do no GPU
+    work), which a whole read counts as its own, their correlation ids left out so that their calls pair with none of
+    its GPU work. Without, each row keeps its process."""
 
-    def __init__(self, rank_data: RankData, pid: int | None):
-        self.rank_data, self.pid = rank_data, pid
+    def __init__(self, rank_data: RankData, pid: int | None, stream: Stream | None = None):
+        self.rank_data, self.pid, self.stream = rank_data, pid, stream
         self.extents = self  # what a stream asks of the extents: the processes with rows in a table
         self.spill_dir = None
+        self._requests()
+
+    def ahead(self) -> RankAhead:
+        return self
+
+    def ahead_done(self) -> None:
+        return None
+
+    def chunks(self, given: dict) -> Iterator[tuple[int, int, dict]]:
+        """The one span: every table the stream reads, and those `given` (AheadRequests.replay) as one part."""
+        chunk = {need: self.span(need, self.stream.view) for need in self.stream.needs}
+        for need, rows in given.items():
+            parts = list(rows)
+            chunk[need] = pa.concat_tables(parts) if parts else None
+        yield START_OF_TIME, END_OF_TIME, chunk
+
+    def names(self) -> list:
+        nvtx = self.rank_data.frame("nvtx")
+        return list(nvtx.codes("name")[1][:-1]) if nvtx is not None else []
+
+    def writer(self, make: Callable) -> _OneSpanRows:
+        return _OneSpanRows()
 
     def pids(self, attr: str) -> set[int]:
         frame = self.rank_data.frame(attr)
@@ -221,6 +257,18 @@ class RankAhead:
 
     def whole(self, need: str, read) -> Frame | None:
         return self.frame(need)
+
+
+class _OneSpanRows:
+    """A rank read whole: its output is the rows its one fold finished (all of them: it is the last span)."""
+
+    rows = None
+
+    def write(self, rows) -> None:
+        self.rows = rows
+
+    def close(self, late):
+        return self.rows
 
 
 def _first_int(env: dict, keys: list[str]) -> tuple[int, str] | None:
@@ -325,7 +373,7 @@ class Reading:
     def frames(self, after: SpanRead | None = None) -> tuple[dict, dict]:
         """The normalised frames the needs name, and what identifies the file's ranks."""
         src, needs = self.src, self.needs
-        spans, ahead = (after.spans, after.ahead) if after else ([], [])
+        spans, ahead = (after.spans, after.ahead_only) if after else ([], [])
         if after is None:
             self._check_export()
             done, extents, found = self._progress([], []), Extents(), {}
@@ -396,25 +444,30 @@ class SpanRead:
     src: ExportSource
     strings: StringTable
     spans: list[str]  # the needs whose tables the spans read
-    ahead: list[str]  # the needs read ahead only
+    ahead_only: list[str]  # the needs read ahead only
     stream: Stream
     extents: Extents
     found: dict
     progress: _ReadProgress
     spill_dir: str | None = None
 
-    def reader_ahead(self) -> Ahead:
+    def ahead(self) -> Ahead:
         return Ahead(self.src, self.strings, self.extents, self.found, self.progress.add, self.progress.expect,
                      self.stream, self.spill_dir)
 
-    def chunks(self, given: dict | None = None) -> Iterator[tuple[int, int, dict]]:
-        """time_chunks over the spans' tables and those `given` (Stream.replayed)."""
-        given = given or {}
+    def ahead_done(self) -> None:
+        give_back_freed_memory()  # what the reads ahead let go, before the spans
+
+    def chunks(self, given: dict) -> Iterator[tuple[int, int, dict]]:
+        """time_chunks over the spans' tables and those `given` (AheadRequests.replay)."""
         return time_chunks(self.src, self.spans + list(given), self.strings, self.stream.view, self.extents,
-                           self.progress.add, self.found, self.stream.columns, given)
+                           self.progress.add, self.found, self.stream.needs, given)
 
     def names(self) -> list:
         return self.found.get("names", [])
+
+    def writer(self, make: Callable):
+        return make(self.spill_dir)
 
 
 CUDA_TABLES = ("CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",

@@ -10,7 +10,6 @@ adds its own through the `nsys_recipe_pack.recipes` entry point group, or `regis
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import pkgutil
 from collections.abc import Callable
@@ -77,9 +76,6 @@ class Recipe:
 
     def rows_given(self, options: dict) -> dict | None:
         return self.rows_for(options) if self.rows_for else None
-
-    def stream_given(self, options: dict):
-        return dataclasses.replace(self.stream, options=dict(options)) if self.stream is not None else None
 
     def parser(self, framework: bool = False) -> argparse.ArgumentParser:
         parser = argparse.ArgumentParser(prog=self.name, add_help=False)

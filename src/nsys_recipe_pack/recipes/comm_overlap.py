@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from .. import collective_match, parallel, waiting
 from ..collective_match import KIND_OF_OP, KINDS, collective_kind
+from ..driver import fold_rank
 from ..errors import BadInputError, NotApplicableError
 from ..gpu import call_key, key_places, launched_ops
 from ..groups import Vocabulary, factorize
@@ -161,6 +162,8 @@ def overlap_by_kind(group: np.ndarray, kind: np.ndarray, start: np.ndarray, end:
 
 def map_rank(rank_data, options: dict) -> dict:
     rank_data.require("kernel", "comm_overlap")
+    if rank_data.streamed is not None:  # a long capture, measured a few iterations at a time as it was read
+        return fold_rank(STREAM, rank_data, options)
     it, ranges = _iterations(rank_data, options)
     piece, _ = window_rows(rank_data, ranges, it, options)
     return {**map_result(it, [piece], ranges.names[:-1]), **collective_match.nccl_kernels(rank_data, it)}
@@ -267,8 +270,7 @@ def map_result(it: Iterations, pieces: list[dict], names, exposed: bool = True) 
     return {**out, "delimiter": it.delimiter.as_dict(), "start_ns": it.start_ns}
 
 
-STREAM = sliced_stream(window_rows, functools.partial(map_result, exposed=False), NEEDS, whole_capture=True,
-                       requires=("kernel",))
+STREAM = sliced_stream(window_rows, functools.partial(map_result, exposed=False), NEEDS, whole_capture=True)
 
 
 def _rows(per_key: dict, devices: np.ndarray, key: str, labels: np.ndarray, first: int) -> dict:

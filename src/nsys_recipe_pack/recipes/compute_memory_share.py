@@ -289,7 +289,7 @@ class _Process:
 
 def _by_process(state: dict, carried: dict, span_start: int, span_end: int, chunk: dict) -> dict:
     """A span's ops per process, and the top-level windows its ranges open: what needs only the span's rows and the
-    ranges before it, found a span ahead of the fold (Stream.prefold). carried: pid -> its `_Tops`."""
+    ranges before it, found a span ahead of the fold (AheadRequests.prefold). carried: pid -> its `_Tops`."""
     ops = [chunk.get(need) for need, _ in GPU_NEEDS]
     ops = [t for t in ops if t is not None and t.num_rows]
     ops = pa.concat_tables(ops) if ops else None
@@ -477,8 +477,14 @@ def _finish(state: dict, names: list) -> dict:
     return out
 
 
-STREAM = Stream(needs=("kernel", "memcpy", "memset", "nvtx"), view=_view, fold=_fold, finish=_finish,
-                prefold=_by_process, requires=("gpu",))
+def _prepare(ahead, options: dict) -> dict:
+    """Nothing read ahead; each span's ranges nested a span ahead of the fold."""
+    ahead.prefold(_by_process)
+    return {}
+
+
+STREAM = Stream(needs=dict.fromkeys(("kernel", "memcpy", "memset", "nvtx")), view=_view, fold=_fold, finish=_finish,
+                prepare=_prepare)
 
 
 RECIPE = Recipe(

@@ -4,10 +4,10 @@ to running out of memory.
 From `nsys profile --cuda-memory-usage=true` (CUDA_GPU_MEMORY_USAGE_EVENTS): an allocation adds its bytes to its
 device and memory kind, a free takes them away. The analysis is written once: the range around each event
 (`Around`, which takes calls and ranges a part at a time) and one fold over the events in time order (`MemoryFold`),
-which a rank read whole (`map_rank`) and a long capture read batch by batch (`STREAM`) both go through. Any cut of the
-events into time-ordered chunks gives the same tables (tests/test_gpu_memory.py), but for the timeline of a capture of
-more than 2 x TIMELINE_ROWS changes, thinned as it goes: its points then depend on the cut, each stretch's lowest and
-highest kept exactly either way (both reads cut every FOLD_EVENTS events).
+which a long capture goes through batch by batch (`STREAM`) and a rank read whole as one batch (`map_rank`). Any cut
+of the events into time-ordered chunks gives the same tables (tests/test_gpu_memory.py), but for the timeline of a
+capture of more than 2 x TIMELINE_ROWS changes, thinned as it goes: its points then depend on the cut, each
+stretch's lowest and highest kept exactly either way (both reads cut every FOLD_EVENTS events).
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from ..errors import MissingTraceError
+from ..driver import fold_rank
 from ..gpu import call_key
 from ..inputs import arrow_of, numpy_of
 from ..inputs.chunks import Stream
 from ..inputs.events import read_memory
 from ..inputs.frames import column_codes
-from ..iteration_scan import find_iterations, iterations_ahead
-from ..iterations import closed_range_view, range_arrays
+from ..iteration_scan import iterations_ahead
+from ..iterations import closed_range_view
 from ..lazy import pd
 from ..nvtx import innermost_of, op_name
 from . import Metric, Recipe, indented, iteration_options
@@ -318,22 +318,11 @@ def fold_events(events: dict, ranges: np.ndarray, it_start: np.ndarray, it_end: 
 
 
 def map_rank(rank_data, options: dict) -> dict:
-    """The rank's memory events, calls and ranges as one part each (a long capture gives them a part at a time to
-    the same `Around` and `fold_events`: `STREAM`)."""
-    rank_data.require("memory", "gpu_memory")
-    try:
-        it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"))
-        it_start, it_end, delimiter = it.start_ns, it.end_ns, it.delimiter.as_dict()
-    except MissingTraceError:  # nothing repeats: the capture as a whole
-        it_start, it_end, delimiter = _NO_ITERATIONS
-    events = events_of(rank_data.frame("memory"))
-    around = Around(events)
-    runtime = rank_data.frame("runtime")
-    around.add_calls(runtime)
-    r = range_arrays(rank_data.frame("nvtx"))
-    around.add_ranges(r.tid, r.start_ns, r.end_ns, np.asarray(r.names, object)[r.name])
-    return {**fold_events(events, around.names(), it_start, it_end), "gpu_bytes": _gpu_bytes(rank_data),
-            "calls": _calls(runtime), "delimiter": delimiter, "start_ns": it_start}
+    """The rank's memory events, calls and ranges through the fold a long capture goes through a part at a time
+    (`STREAM`), as one part each."""
+    if rank_data.streamed is None:  # a long capture's memory events were read ahead, whole, and not kept
+        rank_data.require("memory", "gpu_memory")
+    return {**fold_rank(STREAM, rank_data, options), "gpu_bytes": _gpu_bytes(rank_data)}
 
 
 _NO_ITERATIONS = (np.zeros(0, np.int64), np.zeros(0, np.int64),
@@ -426,12 +415,8 @@ def _finish(state: dict, names: list) -> dict:
     return out
 
 
-def _complete(rank_data, folded: dict, options: dict) -> dict:
-    return {**folded, "gpu_bytes": _gpu_bytes(rank_data)}
-
-
-STREAM = Stream(needs=("nvtx",), view=closed_range_view, fold=_fold, finish=_finish, prepare=_prepare,
-                ahead=("kernel", "runtime", "memory"), complete=_complete)
+STREAM = Stream(needs={"nvtx": None}, view=closed_range_view, fold=_fold, finish=_finish, prepare=_prepare,
+                ahead=("kernel", "runtime", "memory"))
 
 
 RANK_COLUMNS = ["rank", "device", "kind", "peak_bytes", "peak_time_ns", "peak_iteration", "peak_range", "total_bytes",

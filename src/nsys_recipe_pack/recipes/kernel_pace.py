@@ -109,8 +109,8 @@ def _finish(state: dict, names: list) -> dict:
 
 
 # its spans read times and processes (and the kernels' devices, which give the rank's GPU)
-STREAM = Stream(needs=GPU_NEEDS, view=_view, fold=_fold, finish=_finish, prepare=_prepare, ahead=("nvtx",),
-                columns=dict.fromkeys(GPU_NEEDS, ["start", "end", "globalPid", "deviceId"]))
+STREAM = Stream(needs=dict.fromkeys(GPU_NEEDS, ["start", "end", "globalPid", "deviceId"]), view=_view, fold=_fold,
+                finish=_finish, prepare=_prepare, ahead=("nvtx",))
 
 
 def _stats(d: np.ndarray, rank: int) -> dict:

@@ -233,7 +233,10 @@ class _Projection:
 
 def _prepare(ahead, options: dict) -> _Projection:
     """Every GPU op's launch key read ahead: a call that launches nothing is then dropped as it is read, and one
-    whose ops have all come is let go."""
+    whose ops have all come is let go. Each span's ranges are nested a span ahead of the fold; the per-range table
+    is the reading's output, written as the spans finish its rows."""
+    ahead.prefold(_nest)
+    ahead.output("ranges", _ranges_writer)
     return _Projection(*launch_keys(ahead), options)
 
 
@@ -259,7 +262,7 @@ def _view(need: str, frame) -> pa.Table:
 
 def _nest(state: _Projection, carried: dict, span_start: int, span_end: int, chunk: dict) -> dict:
     """What of a span needs only its rows, what `_prepare` made and what the spans before it left in `carried`, worked
-    out a span ahead of the fold (Stream.prefold): its closed NVTX ranges in range order with their ids, levels,
+    out a span ahead of the fold (AheadRequests.prefold): its closed NVTX ranges in range order with their ids, levels,
     parents and names, its launching calls with the ranges they count for, its GPU ops, each with its key's place,
     and the processes of its rows."""
     names = carried.setdefault("names", NameIds())  # names and domains of NVTX ranges met so far, by id
@@ -617,9 +620,8 @@ def _finish(state: _Projection, names: list) -> dict:
     return {next(iter(state.pids)) if len(state.pids) == 1 else None: result}
 
 
-STREAM = Stream(needs=("nvtx", "runtime", *GPU_NEEDS), view=_view, fold=_fold, finish=_finish, prepare=_prepare,
-                ahead=GPU_NEEDS, prefold=_nest, requires=("nvtx", "runtime"), output="ranges",
-                output_writer=_ranges_writer)
+STREAM = Stream(needs=dict.fromkeys(("nvtx", "runtime", *GPU_NEEDS)), view=_view, fold=_fold, finish=_finish,
+                prepare=_prepare, ahead=GPU_NEEDS)
 
 
 RECIPE = Recipe(

@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import collective_match, microbatches, parallel, peers
+from ..driver import fold_rank
 from ..gpu import call_key, collective_ops, gpu_frames, gpu_intervals, launched_ops
 from ..groups import SortedGroups
 from ..inputs import Frame, arrow_of, dictionary_column, sorted_place
@@ -89,6 +90,8 @@ def ready_times(points: SyncPoints, launch_ns: np.ndarray, done_ns: np.ndarray) 
 
 def map_rank(rank_data, options: dict) -> dict:
     """Per-iteration busy/wait/GPU time and per-component times for one rank. No cross-rank logic."""
+    if rank_data.streamed is not None:  # a long capture, measured a few iterations at a time as it was read
+        return fold_rank(STREAM, rank_data, options)
     ranges = range_arrays(rank_data.frame("nvtx"))
     it = find_iterations(rank_data, options.get("iteration"), options.get("iteration_kernel"))
     piece = iteration_rows(rank_data, ranges, it, options)

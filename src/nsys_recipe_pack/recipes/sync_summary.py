@@ -374,9 +374,8 @@ def _complete(rank_data, folded: dict, options: dict) -> dict:
 
 
 # its spans read times and processes (and the kernels' devices, which give the rank's GPU)
-STREAM = Stream(needs=(*GPU_NEEDS, "nvtx"), view=_span_view, fold=_fold, finish=_finish, prepare=_prepare,
-                ahead=("runtime",), columns=dict.fromkeys(GPU_NEEDS, ["start", "end", "globalPid", "deviceId"]),
-                requires=("runtime",), complete=_complete)
+STREAM = Stream(needs={**dict.fromkeys(GPU_NEEDS, ["start", "end", "globalPid", "deviceId"]), "nvtx": None},
+                view=_span_view, fold=_fold, finish=_finish, prepare=_prepare, ahead=("runtime",))
 
 
 MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK", "MPI_LOCALRANKID")
