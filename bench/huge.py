@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from bench import BIN, PACK, ROOT, compile_bytecode, machine_meta, measure, replace_section  # noqa: E402
 from nsys_recipe_pack import inputs, nsys_tool  # noqa: E402
-from nsys_recipe_pack.inputs import readers  # noqa: E402
+from nsys_recipe_pack.inputs import readers, sqlite  # noqa: E402
 
 SOURCE = ROOT / "sample_reports" / "ai_profiler_a100" / "baseline_nvtx.nsys-rep"
 REPLICATED = ["NVTX_EVENTS", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY", "CUPTI_ACTIVITY_KIND_MEMSET",
@@ -207,7 +207,7 @@ def floor(path: Path, case: str, kernel: str = KERNEL) -> None:
                 condition = (" WHERE text LIKE '%rank%' OR textId IN (SELECT id FROM StringIds WHERE value LIKE "
                              "'%rank%')")
             # text read as the pack reads it (a first row that types the column as text)
-            sql, _ = readers._sqlite_query(table, [c for c in cols if c in present],
+            sql, _ = sqlite.sqlite_query(table, [c for c in cols if c in present],
                                            readers.TEXT_COLUMNS.get(table, set()), False, condition)
             stmt = adbc_driver_manager.AdbcStatement(conn)
             stmt.set_options(**{"adbc.sqlite.query.batch_rows": "65536"})

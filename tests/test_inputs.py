@@ -20,7 +20,7 @@ from export_variants import plant_memory
 
 from nsys_recipe_pack import allocator, inputs, nsys_tool, recipes, runner
 from nsys_recipe_pack.errors import BadInputError, UsageError
-from nsys_recipe_pack.inputs import export, frames, rank_data, readers
+from nsys_recipe_pack.inputs import export, frames, loaded, rank_data, read_progress, readers
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "sync", "mpi"}
 
@@ -128,8 +128,8 @@ def test_a_warm_load_reads_back_exactly_what_the_first_load_made(nsys, report_co
     (entry,) = [p for p in inputs.export_cache_dir().iterdir() if p.is_dir() and not p.name.startswith(".")]
     assert not list(entry.glob("loaded-*"))  # the read that exported the report keeps no frames
     inputs.load_file(report_copy, NEEDS)  # the second read does
-    (cache,) = entry.glob(f"loaded-v{rank_data.LOADED_FORMAT}-*")
-    assert {p.name for p in cache.iterdir()} == {"meta.json", rank_data.LOADED_FILE}  # one file for all frames
+    (cache,) = entry.glob(f"loaded-v{loaded.LOADED_FORMAT}-*")
+    assert {p.name for p in cache.iterdir()} == {"meta.json", loaded.LOADED_FILE}  # one file for all frames
     monkeypatch.setattr(rank_data.Reading, "frames", None)  # the warm load must not touch the export
     (warm,) = inputs.load_file(report_copy, NEEDS)
     for attr in ("nvtx", "kernels", "memcpy", "memset", "runtime", "sync", "mpi"):
@@ -658,9 +658,9 @@ def test_a_rank_too_big_for_the_machine_is_refused_naming_the_file_and_the_memor
 
 
 def test_a_long_read_reports_rows_read_and_time_left(monkeypatch):
-    monkeypatch.setattr(rank_data, "LONG_READ_ROWS", 10)
+    monkeypatch.setattr(read_progress, "LONG_READ_ROWS", 10)
     out = io.StringIO()
-    done = rank_data._ReadProgress(Path("big.sqlite"),
+    done = read_progress.ReadProgress(Path("big.sqlite"),
                                    {"NVTX_EVENTS": 3_000_000, "CUPTI_ACTIVITY_KIND_KERNEL": 1_000_000},
                                    stream=out)
     done("NVTX_EVENTS")
@@ -671,18 +671,18 @@ def test_a_long_read_reports_rows_read_and_time_left(monkeypatch):
     assert lines[2].startswith("big.sqlite: 4.0 M of 4.0 M rows read in ") and "left" not in lines[2]
     # a table read a batch at a time: a line at its end, and between batches only once PROGRESS_EVERY_S passed
     batches = io.StringIO()
-    done = rank_data._ReadProgress(Path("big.sqlite"), {"NVTX_EVENTS": 3_000_000}, stream=batches)
+    done = read_progress.ReadProgress(Path("big.sqlite"), {"NVTX_EVENTS": 3_000_000}, stream=batches)
     done.add("NVTX_EVENTS", 1_000_000)
-    monkeypatch.setattr(rank_data, "PROGRESS_EVERY_S", 0)
+    monkeypatch.setattr(read_progress, "PROGRESS_EVERY_S", 0)
     done.add("NVTX_EVENTS", 1_000_000)
-    monkeypatch.setattr(rank_data, "PROGRESS_EVERY_S", 10**6)
+    monkeypatch.setattr(read_progress, "PROGRESS_EVERY_S", 10**6)
     done.add("NVTX_EVENTS", 1_000_000)
     lines = batches.getvalue().splitlines()
     assert len(lines) == 3 and lines[1].startswith("big.sqlite: 2.0 M of 3.0 M rows read in ")
     assert lines[2].startswith("big.sqlite: 3.0 M of 3.0 M rows read in ") and "left" not in lines[2]
     quiet = io.StringIO()
-    monkeypatch.setattr(rank_data, "LONG_READ_ROWS", 10**9)
-    rank_data._ReadProgress(Path("small.sqlite"), {"NVTX_EVENTS": 100}, stream=quiet)("NVTX_EVENTS")
+    monkeypatch.setattr(read_progress, "LONG_READ_ROWS", 10**9)
+    read_progress.ReadProgress(Path("small.sqlite"), {"NVTX_EVENTS": 100}, stream=quiet)("NVTX_EVENTS")
     assert quiet.getvalue() == ""
 
 

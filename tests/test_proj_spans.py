@@ -20,7 +20,7 @@ from conftest import folded
 from test_batches import REAL_GLOO, REAL_NCCL, synthetic  # noqa: F401 (a fixture)
 
 from nsys_recipe_pack import recipes, runner
-from nsys_recipe_pack.inputs import RankData, rank_data, readers
+from nsys_recipe_pack.inputs import RankData, rank_data, read_progress, readers
 from nsys_recipe_pack.recipes import nvtx_gpu_proj as proj
 from nsys_recipe_pack.spill import SpilledRows, SpillWriter
 
@@ -357,7 +357,7 @@ def test_a_long_projection_tells_its_progress_first_read_included(spill_dir, mon
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 200)
     monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
     seen = []
-    monkeypatch.setattr(rank_data._ReadProgress, "_say", lambda self: seen.append((self.read, self.total,
+    monkeypatch.setattr(read_progress.ReadProgress, "_say", lambda self: seen.append((self.read, self.total,
                                                                                    dict(self.table_read))))
     _streamed(REAL_GLOO)
     con = sqlite3.connect(REAL_GLOO)

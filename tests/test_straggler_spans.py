@@ -9,7 +9,7 @@ from conftest import folded, rank_maps
 from test_batches import REAL_GLOO, synthetic  # noqa: F401 (a fixture)
 
 from nsys_recipe_pack import recipes, synth
-from nsys_recipe_pack.inputs import load_file, rank_data, readers
+from nsys_recipe_pack.inputs import load_file, rank_data, read_progress, readers
 from nsys_recipe_pack.recipes import straggler_heatmap as sh
 
 SPEC = recipes.get("straggler_heatmap")
@@ -129,7 +129,7 @@ def test_a_long_capture_tells_its_rows_to_read_from_the_start(monkeypatch):
     monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 200)
     monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
     seen = []
-    monkeypatch.setattr(rank_data._ReadProgress, "_say", lambda self: seen.append((self.read, self.total)))
+    monkeypatch.setattr(read_progress.ReadProgress, "_say", lambda self: seen.append((self.read, self.total)))
     (_, result), = folded(SPEC, REAL_GLOO, {})
     assert result["iterations"].num_rows >= 6
     con = sqlite3.connect(REAL_GLOO)

@@ -25,7 +25,8 @@ from .frames import (
     strings_of,
     write_arrow_streams,
 )
-from .rank_data import RankData, check_memory, load_file
+from .rank_data import RankData, load_file
+from .read_progress import check_memory
 from .readers import TABLES, ExportSource, StringTable
 
 __all__ = ["TABLES", "ExportSource", "Frame", "NameIds", "RankData", "StringTable", "arrow_of", "check_memory",

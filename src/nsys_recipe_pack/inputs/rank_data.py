@@ -5,14 +5,8 @@ warm runs."""
 from __future__ import annotations
 
 import functools
-import json
 import os
 import re
-import shutil
-import sys
-import tempfile
-import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
@@ -49,8 +43,10 @@ from .events import (
     session_start,
 )
 from .export import open_source
-from .frames import FRAME_NAMES, Frame, arrow_of, as_frame, numpy_of, read_arrow_streams, write_arrow_streams
+from .frames import FRAME_NAMES, Frame, arrow_of, as_frame, numpy_of
+from .loaded import loaded_dir, read_loaded, write_loaded
 from .payloads import read_payloads
+from .read_progress import ReadProgress, check_memory
 from .readers import MEMORY_EVENTS, TABLES, ExportSource, StringTable, small_table, string_table, threads_pay
 
 RANK_ENV_KEYS = ["RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK", "SLURM_PROCID", "MV2_COMM_WORLD_RANK"]
@@ -304,8 +300,8 @@ class Reading:
         self.spill_dir = spill_dir
         self.src = src or open_source(self.path, self.needs, nsys_path)
         try:
-            self.cache = _loaded_dir(self.src, self.needs)
-            self.loaded = _read_loaded(self.cache) if self.cache is not None else None
+            self.cache = loaded_dir(self.src, self.needs)
+            self.loaded = read_loaded(self.cache) if self.cache is not None else None
         except BaseException:
             self.src.close()
             raise
@@ -346,7 +342,7 @@ class Reading:
         else:
             frames, meta = self.frames(after)
             if self.cache is not None and after is None and not self.src.exported_now:
-                _write_loaded(self.cache, frames, meta)
+                write_loaded(self.cache, frames, meta)
         return _split_ranks(self.path, frames, meta, read_from=self.src.origin, read_note=self.src.note)
 
     def _check_export(self) -> None:
@@ -361,14 +357,14 @@ class Reading:
         return [t for need in sorted(self.needs) if not (self.rows or {}).get(need) and need not in skipped
                 for t in TABLES.get(need, {})]
 
-    def _progress(self, spans: list[str], ahead: list[str], first_reads=()) -> _ReadProgress:
+    def _progress(self, spans: list[str], ahead: list[str], first_reads=()) -> ReadProgress:
         """The memory check of the tables read whole, and the progress of the whole read."""
         src = self.src
         counts = {t: src.count(t) for t in self._whole(spans + ahead)}
         check_memory(self.path, counts, bytes_per_row=self.bytes_per_row)
         batches = {t: src.count(t) for need in spans for t in TABLES[need]}
         first = {first_read_label(t): src.count(t) for need in first_reads for t in TABLES[need]}
-        return _ReadProgress(self.path, {**counts, **batches, **first})
+        return ReadProgress(self.path, {**counts, **batches, **first})
 
     def frames(self, after: SpanRead | None = None) -> tuple[dict, dict]:
         """The normalised frames the needs name, and what identifies the file's ranks."""
@@ -448,7 +444,7 @@ class SpanRead:
     stream: Stream
     extents: Extents
     found: dict
-    progress: _ReadProgress
+    progress: ReadProgress
     spill_dir: str | None = None
 
     def ahead(self) -> Ahead:
@@ -512,79 +508,6 @@ def _side_by_side(reads: dict, rows: int, done: Callable[[str], None]) -> dict[s
 READ_THREADS = min(4, os.cpu_count() or 1)
 
 
-# Peak memory of a recipe over one rank per event row it reads, where the recipe does not say its own (each
-# says what it was measured to take on the long captures of bench/RESULTS.md, with some margin)
-BYTES_PER_ROW = 400
-LONG_READ_ROWS = 2_000_000  # a read of more rows than this reports its progress
-PROGRESS_EVERY_S = 10
-
-
-def check_memory(path: Path, counts: dict[str, int], available: int | None = None,
-                 bytes_per_row: int | None = None) -> None:
-    """Refuse a rank the machine cannot hold, naming the file and the memory it would need, instead of being
-    killed for it (or swapping) minutes later. NSYS_RECIPE_MEMORY_GB sets the memory the pack may use."""
-    rows = sum(counts.values())
-    need = rows * (bytes_per_row or BYTES_PER_ROW)
-    if available is None:
-        told = os.environ.get("NSYS_RECIPE_MEMORY_GB", "").strip()
-        if told:
-            available = int(float(told) * 2**30)
-        else:
-            import psutil
-
-            available = psutil.virtual_memory().available
-    if need > available:
-        biggest = ", ".join(f"{t} {n / 1e6:.1f} M" for t, n in sorted(counts.items(), key=lambda x: -x[1])[:3] if n)
-        raise BadInputError(f"{path}: this rank needs about {need / 2**30:.1f} GB of memory ({rows / 1e6:.1f} M rows: "
-                            f"{biggest}) and {available / 2**30:.1f} GB is free; run it on a machine with more memory, "
-                            "or profile a shorter span (nsys profile --duration, --capture-range); "
-                            "NSYS_RECIPE_MEMORY_GB=N lets the pack use N GB")
-
-
-class _ReadProgress:
-    """One long read (millions of rows): a line when it starts, and after each table the rows read so far and
-    the time left at that pace. Silent for the usual small reports. The tables of a read in spans are read in
-    threads of their own (inputs.chunks.time_chunks), which count here together."""
-
-    def __init__(self, path: Path, counts: dict[str, int], stream=None):
-        self.path, self.counts, self.lock = path, counts, threading.Lock()
-        self.total = sum(counts.values())
-        self.read = 0
-        self.start = self.said = time.monotonic()
-        self.table_read: dict[str, int] = {}
-        self.stream = stream or sys.stderr
-        if self.total >= LONG_READ_ROWS:
-            print(f"{path}: reading {self.total / 1e6:.1f} M rows", file=self.stream, flush=True)
-
-    def __call__(self, table: str) -> None:
-        with self.lock:
-            self.read += self.counts.get(table, 0)
-            self._say()
-
-    def expect(self, table: str, rows: int) -> None:
-        """A read not counted when the progress began (a table read again)."""
-        with self.lock:
-            self.counts[table] = self.counts.get(table, 0) + rows
-            self.total += rows
-
-    def add(self, table: str, rows: int) -> None:
-        """Rows of a table read a batch at a time: a line every PROGRESS_EVERY_S seconds and at its end."""
-        with self.lock:
-            self.read += rows
-            self.table_read[table] = self.table_read.get(table, 0) + rows
-            if self.table_read[table] >= self.counts.get(table, 0) or time.monotonic() - self.said >= PROGRESS_EVERY_S:
-                self._say()
-
-    def _say(self) -> None:
-        self.said = time.monotonic()
-        if self.total < LONG_READ_ROWS:
-            return
-        spent = time.monotonic() - self.start
-        left = spent * (self.total - self.read) / max(self.read, 1)
-        print(f"{self.path}: {self.read / 1e6:.1f} M of {self.total / 1e6:.1f} M rows read in {spent:.0f} s"
-              + (f", about {left:.0f} s left" if self.read < self.total else ""), file=self.stream, flush=True)
-
-
 def _nvtx_ranks(nvtx: Frame, pids: list) -> dict[str, int | None]:
     """The rank each process's NVTX names give ("rank 3", "MPI Rank 3"), None unless they all agree."""
     codes, words = nvtx.codes("name")
@@ -640,45 +563,3 @@ def _split_ranks(path: Path, frames: dict, meta: dict, read_from: Path | None = 
             rank_data.unclosed_ranges = int((ranges & nvtx.is_null("end_ns")).sum())
         ranks.append(rank_data)
     return ranks
-
-
-# the loaded frames of a cached report export, kept beside it as Arrow files: a warm run reads them
-# memory-mapped instead of decoding the export's files and string ids again. They are written by the second read
-# of an export, not by the read that made it: a report looked at once (a cold run) does not pay for them
-# (docs/internals.md, "Reading exports")
-
-LOADED_FORMAT = 8  # bump when Reading.frames or the layout below changes
-LOADED_FILE = "frames.arrows"
-
-
-def _loaded_dir(src: ExportSource, needs: set[str]) -> Path | None:
-    if src.origin == src.path:
-        return None  # only report exports in the pack's cache; user exports are read as they are
-    return src.path / f"loaded-v{LOADED_FORMAT}-{'-'.join(sorted(needs))}"
-
-
-def _read_loaded(cache: Path) -> tuple[dict, dict] | None:
-    try:
-        meta = json.loads((cache / "meta.json").read_text())
-        where = meta.pop("frames")
-        tables = read_arrow_streams(cache / LOADED_FILE, [(at, size) for _, at, size in where.values()])
-        frames = {attr: Frame(table, dtypes) for (attr, (dtypes, _, _)), table in zip(where.items(), tables,
-                                                                                      strict=True)}
-        return frames, meta
-    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException):
-        return None
-
-def _write_loaded(cache: Path, frames: dict, meta: dict) -> None:
-    """All frames of one report in one file of Arrow IPC streams (one open and one map per warm read, where
-    a file per frame cost several times more), with where each stream lies in meta.json."""
-    tmp = Path(tempfile.mkdtemp(prefix=".loaded-", dir=cache.parent))
-    try:
-        spans = write_arrow_streams(tmp / LOADED_FILE, [frame.table for frame in frames.values()])
-        where = {attr: (frame.dtypes, *span) for (attr, frame), span in zip(frames.items(), spans, strict=True)}
-        (tmp / "meta.json").write_text(json.dumps({**meta, "frames": where}))
-        try:
-            os.rename(tmp, cache)
-        except OSError:  # another process wrote it first: theirs is the same
-            pass
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)

@@ -21,6 +21,7 @@ from ..errors import BadInputError
 from ..groups import runs_of_about
 from ..lazy import pd
 from .frames import arrow_of, numpy_of, objects_of, one_array
+from .sqlite import SQLITE_BATCH_ROWS, SqliteReader, TypeMismatch, literal, quoted, sqlite_query
 
 PID_SHIFT = 24
 PID_MASK = 0xFFFFFF
@@ -61,7 +62,6 @@ TEXT_COLUMNS = {"NVTX_EVENTS": {"text"}, "StringIds": {"value"}, "TARGET_INFO_SY
 # text a batched read (ExportSource.read_batches) gives from Parquet as the file's dictionary: NVTX range names repeat,
 # and making a string of every row, then hashing them all again, would take most of the text's time
 DICTIONARY_TEXT = {"NVTX_EVENTS": {"text"}}
-SQLITE_BATCH_ROWS = 65536
 STREAM_BATCH_ROWS = 1 << 18  # rows of a long table handled at a time when it is read in batches
 # fewer rows than this are read without threads: starting one and handing parts over to it cost more than the
 # read (on the Jacobi reports of bench/RESULTS.md, about a third of the pack's CPU per report, cold)
@@ -97,7 +97,7 @@ class ExportSource:
         self._counts: dict[str, int] = {}
         self._footers: dict[str, pq.FileMetaData] = {}  # Parquet: each table's, read once
         self._mapped: dict[str, pa.Table] = {}  # Arrow files: each table, mapped once
-        self._readers: dict[int, _SqliteReader] = {}  # SQLite: a connection per thread that reads
+        self._readers: dict[int, SqliteReader] = {}  # SQLite: a connection per thread that reads
         self._pool: ThreadPoolExecutor | None = None  # SQLite: the threads that read a table's batches
         self._lock = threading.Lock()
         if kind == "sqlite":
@@ -106,12 +106,12 @@ class ExportSource:
                                .to_pylist())
 
     @property
-    def _db(self) -> _SqliteReader:
+    def _db(self) -> SqliteReader:
         """This thread's connection: tables may be read by several threads at once (rank_data reads them so)."""
         me = threading.get_ident()
         with self._lock:
             if me not in self._readers:
-                self._readers[me] = _SqliteReader(self.path)
+                self._readers[me] = SqliteReader(self.path)
             return self._readers[me]
 
     def _check_sqlite(self) -> None:
@@ -147,7 +147,7 @@ class ExportSource:
     def columns(self, table: str) -> list[str]:
         if table not in self._cols:
             if self.kind == "sqlite":
-                info = self._db.query(f"PRAGMA table_info({_quoted(table)})")
+                info = self._db.query(f"PRAGMA table_info({quoted(table)})")
                 self._cols[table] = [str(c) for c in info.column("name").to_pylist()] if info.num_columns else []
             elif self.kind == "arrowdir":
                 self._cols[table] = list(self._arrow_file(table).schema.names)
@@ -161,7 +161,7 @@ class ExportSource:
             if not self.has(table):
                 self._counts[table] = 0
             elif self.kind == "sqlite":
-                self._counts[table] = int(self._db.query(f"SELECT count(*) FROM {_quoted(table)}").column(0)[0]
+                self._counts[table] = int(self._db.query(f"SELECT count(*) FROM {quoted(table)}").column(0)[0]
                                           .as_py())
             elif self.kind == "arrowdir":
                 self._counts[table] = self._arrow_file(table).num_rows
@@ -243,7 +243,7 @@ class ExportSource:
                 if batch.num_rows:
                     given += batch.num_rows
                     yield batch
-        except _TypeMismatch:  # the rows not given yet, from the whole table read the careful way
+        except TypeMismatch:  # the rows not given yet, from the whole table read the careful way
             whole = self._read_sqlite(table, cols, None)
             for at in range(given, whole.num_rows, rows):
                 yield whole.slice(at, rows)
@@ -255,7 +255,7 @@ class ExportSource:
             yield from self._sqlite_scan(table, cols, text, rows)
             return
         try:  # one aggregate a query: SQLite then finds it at an end of the table's b-tree instead of scanning
-            low, high = (self._db.query(f"SELECT {end}(rowid) FROM {_quoted(table)}").column(0)[0].as_py()
+            low, high = (self._db.query(f"SELECT {end}(rowid) FROM {quoted(table)}").column(0)[0].as_py()
                          for end in ("min", "max"))
         except BadInputError:  # a table without rowids
             low = high = None
@@ -265,14 +265,14 @@ class ExportSource:
 
         def block(first_rowid: int) -> pa.Table:
             condition = f" WHERE rowid BETWEEN {first_rowid} AND {first_rowid + rows - 1}"
-            sql, first = _sqlite_query(table, cols, text, False, condition)
+            sql, first = sqlite_query(table, cols, text, False, condition)
             return _text_as_strings(self._db.query(sql).slice(first), cols, text)
 
         yield from self._in_order(block, range(low, high + 1, rows), connections)
 
     def _sqlite_scan(self, table: str, cols: list[str], text: set[str], rows: int):
         """The driver's batches of one scan of the table, gathered into batches of about `rows`."""
-        sql, first = _sqlite_query(table, cols, text, False)
+        sql, first = sqlite_query(table, cols, text, False)
         pending, size = [], 0
         for batch in self._db.stream(sql, min(rows, SQLITE_BATCH_ROWS)):
             pending.append(batch.slice(first))
@@ -309,18 +309,18 @@ class ExportSource:
             tests = []
             for column, test in where:
                 if isinstance(test, str):
-                    tests.append(f"{_quoted(column)} LIKE '%' || {_literal(test)} || '%'")
+                    tests.append(f"{quoted(column)} LIKE '%' || {literal(test)} || '%'")
                 else:
-                    tests.append(f"{_quoted(column)} IN ({','.join(str(int(v)) for v in np.unique(test))})")
+                    tests.append(f"{quoted(column)} IN ({','.join(str(int(v)) for v in np.unique(test))})")
             condition = " WHERE " + " OR ".join(tests)
 
-        sql, first = _sqlite_query(table, cols, text, False, condition)
+        sql, first = sqlite_query(table, cols, text, False, condition)
         try:
             raw = self._db.query(sql)
-        except _TypeMismatch:  # a damaged export: values of other types than the column's are read as nulls
+        except TypeMismatch:  # a damaged export: values of other types than the column's are read as nulls
             try:
-                raw = self._db.query(_sqlite_query(table, cols, text, True, condition)[0])
-            except _TypeMismatch as exc:
+                raw = self._db.query(sqlite_query(table, cols, text, True, condition)[0])
+            except TypeMismatch as exc:
                 raise BadInputError(f"{self.path}: table {table} cannot be read ({exc}); export the report again "
                                     "with `nsys export --type sqlite`") from None
         return _text_as_strings(raw.slice(first), cols, text)
@@ -405,35 +405,6 @@ def _meets(col: pa.Array, test) -> np.ndarray:
     return np.where(codes >= 0, np.r_[hit, False][codes], False)
 
 
-def _quoted(name: str) -> str:
-    return '"' + name.replace('"', '""') + '"'
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
-def _sqlite_query(table: str, cols: list[str], text: set[str], guarded: bool, condition: str = "") -> tuple[str, int]:
-    """A SELECT of the columns, and how many leading rows to drop from its result. Arrow's SQLite driver types a
-    column by its first rows, and a text column often starts with nulls: a first row holding '' in each text column
-    (and nulls elsewhere) makes it text. Integers as they are; `guarded`, anything else as null."""
-    body = f"SELECT {', '.join(_sqlite_column(c, c in text, guarded) for c in cols)} FROM {_quoted(table)}{condition}"
-    if not text & set(cols):
-        return body, 0
-    empty = "''"
-    first = ", ".join(f"{empty if c in text else 'NULL'} AS c{i}" for i, c in enumerate(cols))
-    return f"SELECT {first} UNION ALL {body}", 1
-
-
-def _sqlite_column(column: str, text: bool, guarded: bool) -> str:
-    q = _quoted(column)
-    if text:
-        return f"CAST({q} AS TEXT)" if guarded else q
-    if guarded:
-        return f"CASE typeof({q}) WHEN 'integer' THEN {q} WHEN 'real' THEN CAST({q} AS INTEGER) END"
-    return q
-
-
 def _normalised(col: pa.ChunkedArray | pa.Array, text: bool, dictionary: bool = False) -> pa.Array:
     """Text as strings (`dictionary`: a dictionary of strings read so kept so), anything else as int64 (unsigned ids
     keep their bits, as the export's readers do; floats are truncated and NaN is null; values that are no number are
@@ -491,63 +462,6 @@ def valid_of(col: pa.Array) -> np.ndarray:
     return np.ones(len(col), bool) if not col.null_count else ~numpy_of(col.is_null(), False)
 
 
-class _TypeMismatch(Exception):
-    """A column holds values of another type than its first rows."""
-
-
-class _SqliteReader:
-    """SQLite to Arrow through ADBC's SQLite driver (C, no Python object per value), read-only."""
-
-    def __init__(self, path: Path):
-        import adbc_driver_manager
-        import adbc_driver_sqlite
-
-        self._adbc = adbc_driver_manager
-        self.path = path
-        try:
-            self._db = adbc_driver_sqlite.connect(Path(path).resolve().as_uri() + "?mode=ro")
-            self._conn = adbc_driver_manager.AdbcConnection(self._db)
-        except adbc_driver_manager.Error as exc:
-            raise BadInputError(f"{path}: cannot be opened as an SQLite export ({_first_line(exc)}); export the "
-                                "report again with `nsys export --type sqlite`") from None
-
-    def query(self, sql: str) -> pa.Table:
-        with self._reader(sql, SQLITE_BATCH_ROWS) as reader:
-            return reader.read_all()
-
-    def stream(self, sql: str, batch_rows: int):
-        """The query's record batches of `batch_rows` rows, one at a time."""
-        with self._reader(sql, batch_rows) as reader:
-            while True:
-                try:
-                    batch = reader.read_next_batch()
-                except StopIteration:
-                    return
-                yield batch
-
-    @contextlib.contextmanager
-    def _reader(self, sql: str, batch_rows: int):
-        """The query's RecordBatchReader; what goes wrong while it is read is a `_TypeMismatch` (a value of
-        another type than the column's first rows) or a BadInputError naming the file."""
-        stmt = self._adbc.AdbcStatement(self._conn)
-        try:
-            stmt.set_options(**{"adbc.sqlite.query.batch_rows": str(batch_rows)})
-            stmt.set_sql_query(sql)
-            handle, _ = stmt.execute_query()
-            yield pa.RecordBatchReader._import_from_c(handle.address)
-        except (self._adbc.Error, pa.ArrowException, OSError) as exc:
-            if "type mismatch" in str(exc).lower():
-                raise _TypeMismatch(str(exc)) from None
-            raise BadInputError(f"{self.path}: cannot be read as an SQLite export ({_first_line(exc)}); export "
-                                "the report again with `nsys export --type sqlite`") from None
-        finally:
-            stmt.close()
-
-    def close(self) -> None:
-        self._conn.close()
-        self._db.close()
-
-
 READ_AHEAD = 1  # batches a batched read holds ready beyond the one its caller works on
 
 
@@ -594,10 +508,6 @@ def read_ahead(parts: Generator, made: Callable = lambda part: part) -> Iterator
             with contextlib.suppress(queue.Empty):
                 ready.get(timeout=0.05)
         worker.join()
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def pid_of(global_id) -> np.ndarray:
