@@ -1,6 +1,6 @@
-"""critical_path: the walk and the what-if on hand-built meeting points; on SYNTHETIC jobs (a pipeline with one slow
-rank, an MPI job) against the slow rank and steps the generator injected; on the real H100 gloo job against the
-stragglers straggler_heatmap finds."""
+"""critical_path: the walk, the what-if and the findings on hand-built meeting points; on SYNTHETIC jobs (a pipeline
+with one slow rank, an MPI job) against the slow rank and steps the generator injected; on the real H100 gloo job
+against the stragglers straggler_heatmap finds; on the real MPI Jacobi job, the path's shape."""
 
 from __future__ import annotations
 
@@ -155,3 +155,28 @@ def test_launch_bound_by_hand():
     assert got == "launch_bound" and "2,000 GPU operations" in evidence and "80 %" in evidence
     assert "CUDA graphs" in advice
     assert kind(2000, 600)[0] == kind(400, 400)[0] == "host_bound"
+
+
+def test_the_real_mpi_jacobi_job_meets_in_its_mpi_calls(tmp_path):
+    """gpubootcamp_mpi_jacobi_v100 (five MPI ranks, no NCCL): the ranks meet in their MPI calls; straggler_heatmap
+    flags nobody, so there is no straggler's step to agree with. Each iteration's path runs back without a gap from
+    its end (the last rank's end of the iteration) through ranks of the job, and its root is the rank with the most
+    work on it."""
+    runs = {name: run_recipe(name, [str(SAMPLES / "gpubootcamp_mpi_jacobi_v100")], str(tmp_path / name), mode="none")
+            for name in ("critical_path", "straggler_heatmap")}
+    assert runs["straggler_heatmap"].tables["stragglers"].empty
+    cp = runs["critical_path"]
+    assert cp.analysis["meeting_points"] == "host collectives"
+    it, path = cp.tables["iterations"].set_index("iteration"), cp.tables["critical_path"]
+    assert len(it) == runs["straggler_heatmap"].tables["iterations"]["iteration"].nunique() > 100
+    ranks = set(runs["straggler_heatmap"].tables["iterations"]["rank"])
+    assert len(ranks) == 5 and set(path["rank"]) <= ranks
+    assert set(path["kind"]) <= {"compute", "host", "communication"}
+    for i, seg in path.groupby("iteration"):
+        seg = seg.sort_values("order")
+        assert (seg["start_aligned_ns"].to_numpy()[:-1] == seg["end_aligned_ns"].to_numpy()[1:]).all(), i
+        work = seg[seg["kind"] != "communication"].groupby("rank")["duration_ns"].sum()
+        assert it.at[i, "root_rank"] == work.idxmax() and it.at[i, "root_work_ns"] == work.max()
+    # its host work on the path, advised in an MPI code's terms (its ranks' recorded environment says MPI)
+    advice = cp.tables["findings"].set_index("kind").at["host_bound", "advice"]
+    assert "MPI calls" in advice and "loader" not in advice

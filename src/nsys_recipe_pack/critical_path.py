@@ -132,6 +132,15 @@ FINDING_SHARE = 0.05  # of the steady iterations' time on their critical paths: 
 HOST_SHARE = 0.20  # host work on the path above this share: the GPU waited for the host
 # the host waits on launches where its ranks launch many GPU operations an iteration, most too short to cover a launch
 SHORT_OP_NS, MANY_OPS, SHORT_SHARE = 10_000, 500, 0.5
+HOST_ADVICE = {
+    "torch": "the GPU waits for the host's own work in the step: data loading (more loader workers, pinned memory) "
+             "or Python and synchronisation between kernels (sync_summary shows where the host blocks)",
+    "mpi": "the GPU waits for the host's own work in the step: host computation or MPI calls between the kernels "
+           "(keep the data on the GPU and overlap the communication with GPU work; sync_summary shows where the host "
+           "blocks)",
+    "": "the GPU waits for the host's own work in the step: what the host runs between the kernels (sync_summary "
+        "shows where the host blocks)",
+}
 FINDING_COLUMNS = ["kind", "evidence", "advice", "share_pct", "per_iteration_ns"]
 # (kind, which path segments, what they are, what to try: Megatron-LM flags and NeMo's names for them)
 ADVICE = [
@@ -151,10 +160,12 @@ ADVICE = [
 ]
 
 
-def findings(segments: pd.DataFrame, iterations: pd.DataFrame, launches: pd.DataFrame | None = None) -> pd.DataFrame:
+def findings(segments: pd.DataFrame, iterations: pd.DataFrame, launches: pd.DataFrame | None = None,
+             flavour: str = "") -> pd.DataFrame:
     """findings.parquet: what the steady iterations' critical paths spend enough time on (FINDING_SHARE) to be worth
     a change, each with its evidence and the option to try; host work on the path as launch-bound where the ranks
-    doing it launch many short GPU operations (launches: rank, iteration, gpu_ops, short_ops); the rank at the root
+    doing it launch many short GPU operations (launches: rank, iteration, gpu_ops, short_ops), else as the host's own
+    work, in the terms of the job's kind (flavour: "torch", "mpi" or "", sync_summary.flavour); the rank at the root
     where matching its peers would give back as much."""
     steady = steady_rows(iterations)
     seg = segments[segments["iteration"].isin(steady["iteration"])]
@@ -188,9 +199,7 @@ def findings(segments: pd.DataFrame, iterations: pd.DataFrame, launches: pd.Data
                 f"; its ranks launch {per_iteration:,.0f} GPU operations an iteration, {100 * short:.0f} % of them "
                 f"under {SHORT_OP_NS // 1000} us")
         else:
-            add("host_bound", host, "host work with the GPU idle",
-                "the GPU waits for the host's own work in the step: data loading (more loader workers, pinned "
-                "memory) or Python and synchronisation between kernels (sync_summary shows where the host blocks)")
+            add("host_bound", host, "host work with the GPU idle", HOST_ADVICE.get(flavour, HOST_ADVICE[""]))
     saved = float(steady["what_if_ns"].sum())
     if saved >= FINDING_SHARE * total:
         top = int(steady.groupby("root_rank")["what_if_ns"].sum().idxmax())

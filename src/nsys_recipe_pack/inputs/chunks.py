@@ -35,10 +35,10 @@ class Stream:
     """A recipe's map as a fold over time: a rank read whole is one span, a long capture many (`time_chunks`), and
     nsys_recipe_pack.driver runs both the same way; nothing in inputs does.
 
-    needs: need -> the export columns its spans read (None: all of `readers.TABLES`'), in the order they are read;
+    needs: need -> the export columns its spans read (None: all those of `readers.TABLES`), in the order read;
     view(need, batch Frame) -> the plain Arrow columns (start_ns and pid among them) a span's rows carry;
     fold(state, span start, span end, need -> rows) adds one span into `state`, and gives the rows of the reading's
-    output it finished (`Ahead.output`), or None;
+    output it finished (`AheadRequests.output`), or None;
     finish(state, NVTX names) -> pid -> the map's result for that process ({"error": text}: that error);
     prepare(ahead, options) -> the state before the first span (an empty dict without it): what a fold must know
     ahead of the spans, read (`Ahead`) from the tables of the needs in `ahead` (counted in the progress from the

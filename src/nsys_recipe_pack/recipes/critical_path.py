@@ -30,6 +30,7 @@ from ..microbatches import chains
 from ..phases import child_ranges
 from . import Metric, Recipe, indented, iteration_and_parallel_options, ms, ranked_times
 from .straggler_heatmap import ready_times
+from .sync_summary import flavour
 
 NEEDS = {"nvtx", "kernel", "runtime", "mpi", "payload"}
 HOST_MEETINGS = (SYNC_SOURCES.index("collective NVTX range"), SYNC_SOURCES.index("MPI call"))
@@ -81,7 +82,7 @@ def map_rank(rank_data, options: dict) -> dict:
             "children": pa.table({"start_ns": arrow_of(np.asarray(c_start, np.int64)),
                                   "end_ns": arrow_of(np.asarray(c_end, np.int64)),
                                   "name": dictionary_column(at.reshape(-1).astype(np.int64), names.tolist())}),
-            "delimiter": it.delimiter.as_dict(), "start_ns": it.start_ns,
+            "delimiter": it.delimiter.as_dict(), "start_ns": it.start_ns, "flavour": flavour(rank_data.env),
             **collective_match.nccl_kernels(rank_data, it)}
 
 
@@ -117,7 +118,8 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     for c in ("root_op", "root_range"):
         out[c] = out[c].astype(object).where(out[c].notna(), None)
     return {"iterations": out[ITERATION_COLUMNS], "critical_path": segments, "groups": groups,
-            "findings": critical_path.findings(segments, out, _launches(per_rank)),
+            "findings": critical_path.findings(segments, out, _launches(per_rank),
+                                               pd.Series([r["flavour"] for r in per_rank]).mode().iat[0]),
             "settings": {"groups_source": matched.source, "notes": matched.notes,
                          "meeting_points": "NCCL kernels" if names.name == "nccl" else "host collectives"}}
 

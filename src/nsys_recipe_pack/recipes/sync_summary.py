@@ -370,7 +370,7 @@ def _complete(rank_data, folded: dict, options: dict) -> dict:
     """A process's calls as `_finish` gives them, over the span of all the rank's calls."""
     _, first_start, last_end = rank_data.extent("runtime")
     return _map_result(*folded["api"], *folded["range"], folded["cols"], last_end - first_start,
-                       _flavour(rank_data.env))
+                       flavour(rank_data.env))
 
 
 # its spans read times and processes (and the kernels' devices, which give the rank's GPU)
@@ -382,7 +382,7 @@ MPI_ENV = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK
 TORCH_ENV = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT", "MASTER_ADDR", "LOCAL_WORLD_SIZE")
 
 
-def _flavour(env: dict) -> str:
+def flavour(env: dict) -> str:
     """Which advice fits the job: an MPI code, a PyTorch job, or any other (from its recorded environment)."""
     if any(k in env for k in MPI_ENV):
         return "mpi"
