@@ -45,22 +45,32 @@ def test_report_without_stragglers_says_so(tmp_path):
 
 
 def test_heatmap_bins_ranks_beyond_256_and_keeps_the_worst():
+    """1,200 ranks: the flagged rank 777 keeps its own row; the 1,199 others share the remaining 255 rows by median
+    busy time (ranks' busy times shuffled against their numbers), each row a quantile of them, least busy first, each
+    cell its row's worst. A rank scoring high but never flagged shows in its row's cell."""
     ranks, iters = 1200, 5
     it = pd.DataFrame({"rank": np.repeat(np.arange(ranks), iters), "iteration": np.tile(np.arange(iters), ranks)})
     it["score"] = 1.0
     it.loc[(it["rank"] == 777) & (it["iteration"] == 3), "score"] = 3.5
-    for c in ("duration_ns", "wait_ns", "busy_ns"):
+    it.loc[(it["rank"] == 5) & (it["iteration"] == 1), "score"] = 1.9  # high, not flagged
+    busy = np.random.default_rng(0).permutation(ranks) * 10_000 + 1_000_000
+    for c in ("duration_ns", "wait_ns"):
         it[c] = 1_000_000
+    it["busy_ns"] = np.repeat(busy, iters)
     it["cause"] = None
     it["is_straggler"] = it["score"] > 2
     fig = plots.heatmap(it)
-    z = np.array(fig.data[0].z, dtype=float)
-    assert z.shape == (256, iters)
-    assert np.nanmax(z) == 3.5 and (z == 3.5).sum() == 1
-    row = fig.data[0].y[int(np.argwhere(z == 3.5)[0][0])]
-    lo, hi = (int(x) for x in row.split("–"))
-    assert lo <= 777 <= hi
-    assert "1200 ranks shown in 256 bins" in fig.layout.title.text
+    z, rows = np.array(fig.data[0].z, dtype=float), list(fig.data[0].y)
+    assert z.shape == (256, iters) and rows[0] == "777" and z[0, 3] == 3.5 and (z == 3.5).sum() == 1
+    binned = rows[1:]
+    assert len(binned) == 255 and sum(int(r.split(": ")[1].split(" ")[0]) for r in binned) == 1199
+    lows = [float(r.split(", ")[1].split("–")[0]) for r in binned]
+    highs = [float(r.split("–")[1].split(" ")[0]) for r in binned]
+    assert lows == sorted(lows) and all(h <= lo for h, lo in zip(highs[:-1], lows[1:], strict=True))
+    worst = np.array(fig.data[0].customdata)[:, 1, 0].astype(float)  # the rank in each row's cell of iteration 1
+    row = int(np.flatnonzero(worst == 5)[0])
+    assert z[row, 1] == 1.9 and z[row].max() == 1.9 and row > 0
+    assert "1200 ranks: 1 flagged in full, the other 1199 in 255 rows" in fig.layout.title.text
 
 
 def test_kernel_pace_and_share_reports(tmp_path, nsys):

@@ -25,6 +25,11 @@ def _ms(ns):
     return np.asarray(ns, dtype="float64") / 1e6
 
 
+def _ms_cell(ns) -> float:
+    """A heatmap cell's time in ms for its hover, to the microsecond: a page of many cells holds no more digits."""
+    return round(ns / 1e6, 3)
+
+
 def cause_labels(cause: pd.Series, side: pd.Series | None) -> pd.Series:
     """A cell's cause as shown: a child range's GPU work marked apart from its host time; "—" for none."""
     label = cause.astype(object).where(cause.notna(), "—").astype(str)
@@ -35,16 +40,15 @@ def cause_labels(cause: pd.Series, side: pd.Series | None) -> pd.Series:
 
 
 def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
-    """Score per (rank, iteration); above `max_rows` ranks, ranks are binned keeping each bin's worst cell."""
+    """Score per (rank, iteration). Above `max_rows` ranks, every flagged rank keeps a row of its own (the most
+    costly half of the rows at most) and the others are binned by their median busy time, a quantile of them a row,
+    each cell the worst rank of its bin: a row of thousands of ranks stays readable, and no flagged rank hides."""
     ranks = np.sort(it["rank"].unique())
     binned = len(ranks) > max_rows
     df = it.copy()
     df["cause"] = plotly_text(cause_labels(df["cause"], df.get("cause_side")))
     if binned:
-        edges = np.array_split(ranks, max_rows)
-        label = {r: f"{b[0]}–{b[-1]}" for b in edges for r in b}
-        df["row"] = df["rank"].map(label)
-        order = [f"{b[0]}–{b[-1]}" for b in edges]
+        df["row"], order, shown, bins = _binned_rows(df, max_rows)
         df = df.sort_values("score", ascending=False).drop_duplicates(["row", "iteration"])
     else:
         df["row"] = df["rank"].astype(str)
@@ -54,12 +58,13 @@ def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
     def grid(col, fn=lambda v: v):
         return df.pivot(index="row", columns="iteration", values=col).reindex(order)[cols].map(fn).to_numpy()
     custom = np.stack([
-        grid("rank"), grid("duration_ns", lambda v: v / 1e6), grid("wait_ns", lambda v: v / 1e6),
-        grid("busy_ns", lambda v: v / 1e6), grid("cause", lambda v: v if isinstance(v, str) else "—"),
+        grid("rank"), grid("duration_ns", _ms_cell), grid("wait_ns", _ms_cell),
+        grid("busy_ns", _ms_cell), grid("cause", lambda v: v if isinstance(v, str) else "—"),
         grid("is_straggler", lambda v: "yes" if v is True else "no"),
     ], axis=-1)
     fig = go.Figure(go.Heatmap(
-        z=z.to_numpy(), x=list(cols), y=order, customdata=custom, colorscale="RdYlBu_r", zmin=0.0, zmax=2.0,
+        z=np.round(z.to_numpy(dtype=float), 3), x=list(cols), y=order, customdata=custom, colorscale="RdYlBu_r",
+        zmin=0.0, zmax=2.0,
         colorbar={"title": "busy / median", "tickvals": [0, 0.5, 1, 1.5, 2],
                   "ticktext": ["0", "0.5", "1", "1.5", "≥2"]},
         hovertemplate=("rank %{customdata[0]}<br>iteration %{x}<br>score %{z:.2f}<br>duration %{customdata[1]:.2f} ms"
@@ -79,11 +84,33 @@ def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
     if len(warm):
         title += "<br><sup>shaded: warm-up iterations, not compared</sup>"
     if binned:
-        title += f"<br><sup>{len(ranks)} ranks shown in {max_rows} bins; each cell is the worst rank of its bin</sup>"
+        title += (f"<br><sup>{len(ranks)} ranks: {shown} flagged in full, the other {len(ranks) - shown} in {bins} "
+                  "rows by median busy time (least busy first); each cell is the worst rank of its row</sup>")
     fig.update_layout(title=title, xaxis=_iteration_axis(df["iteration"]), yaxis_title="rank", yaxis_type="category",
                       height=min(900, 250 + 14 * len(order)), showlegend=False, margin=MARGIN)
     fig.update_traces(colorbar={"x": 1.02, "xanchor": "left"}, selector={"type": "heatmap"})
     return fig
+
+
+def _binned_rows(df: pd.DataFrame, max_rows: int) -> tuple[pd.Series, list[str], int, int]:
+    """Each cell's row: its rank's own where the rank was flagged (the ranks with the most excess, up to half the
+    rows), else its quantile of the other ranks by median busy time; the rows in order, how many ranks are shown
+    whole, and how many rows the others share."""
+    per_rank = df.groupby("rank").agg(flagged=("is_straggler", "any"), busy_ns=("busy_ns", "median"),
+                                      worst=("score", "max"))
+    flagged = per_rank[per_rank["flagged"]].sort_values("worst", ascending=False).index[:max_rows // 2]
+    others = per_rank.drop(index=flagged).sort_values("busy_ns", kind="stable")
+    bins = max(1, min(max_rows - len(flagged), len(others)))
+    label = {r: str(r) for r in sorted(flagged)}
+    order = list(label.values())
+    for k, members in enumerate(np.array_split(others.index.to_numpy(), bins)):
+        if not len(members):
+            continue
+        busy = others.loc[members, "busy_ns"] / 1e6
+        name = f"q{k + 1}: {len(members)} ranks, {busy.min():,.1f}–{busy.max():,.1f} ms"
+        label.update(dict.fromkeys(members.tolist(), name))
+        order.append(name)
+    return df["rank"].map(label), order, len(flagged), bins
 
 
 def straggler_bars(ranks: pd.DataFrame, top: int = 50) -> go.Figure:
