@@ -37,7 +37,7 @@ def _same_maps(path, expect_spans=True):
     for a, (b, result) in zip(whole, spanned, strict=True):
         assert (result is not None) == expect_spans, path
         want, got = share.map_rank(a, {}), share.map_rank(b, {})
-        for key in ("share", "by_range"):
+        for key in ("share", "by_range", "nccl_kernels", "nccl_inits"):
             assert (got[key] is None) == (want[key] is None), (path, key)
             if want[key] is not None:
                 assert got[key].equals(want[key]), (path, key)  # values, names' dictionaries and types
@@ -51,6 +51,24 @@ def test_spans_give_the_whole_reads_tables(synthetic, always_spans, monkeypatch,
     for path in [REAL_NCCL, REAL_GLOO, synthetic["sqlite"][2], synthetic["parquetdir"][2]]:
         ranks = _same_maps(path)
         assert any(share.map_rank(r, {})["by_range"] is not None for r in ranks), path
+
+
+def test_the_fold_keeps_the_nccl_kernels_read_whole_or_in_spans(always_spans, monkeypatch):
+    """The real 2-GPU NCCL export: the NCCL kernels the fold keeps for the waiting split (start, end, stream, in time
+    order) are those SQL finds by name, whether the rank is read whole or 40 rows a batch."""
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 40)
+    with sqlite3.connect(REAL_NCCL) as db:
+        want = db.execute("SELECT k.start, k.end, k.streamId FROM CUPTI_ACTIVITY_KIND_KERNEL k JOIN StringIds s ON "
+                          "s.id = k.shortName WHERE s.value LIKE 'ncclDevKernel%' OR s.value LIKE 'ncclKernel%' "
+                          "ORDER BY k.start, k.end").fetchall()
+    assert len(want) > 10
+    spanned = folded(share.RECIPE, REAL_NCCL, {})
+    assert len(spanned) == 2 and all(result is not None for _, result in spanned)
+    for ranks in (load_file(REAL_NCCL, NEEDS), [rank for rank, _ in spanned]):  # its two processes, each a rank
+        got = pa.concat_tables([share.map_rank(rank, {})["nccl_kernels"] for rank in ranks]).to_pandas()
+        got = got.sort_values(["start_ns", "end_ns"], kind="stable")
+        assert list(zip(got["start_ns"], got["end_ns"], got["stream"], strict=True)) == want
+        assert (got["op"] >= 0).all() and (got[["comm_id", "bytes", "iteration"]] == -1).all().all()
 
 
 def test_every_row_is_handed_over_once_in_its_span(always_spans, monkeypatch):

@@ -79,6 +79,15 @@ def nccl_kernels(rank_data, it=None) -> dict:
     return _tables(columns, inits)
 
 
+def kernel_tables(kernels: dict | None) -> dict:
+    """`nccl_kernels`' tables from a rank's NCCL kernels (op, stream, start_ns, end_ns) where a map kept them itself
+    (compute_memory_share's fold), without payloads or iterations: -1 in their columns, no communicator joined."""
+    kernels = kernels or {c: np.zeros(0, np.int64) for c in ("op", "stream", "start_ns", "end_ns")}
+    none = np.full(len(kernels["op"]), -1, np.int64)
+    columns = {**kernels, "comm_id": none, "bytes": none, "iteration": none}
+    return _tables({c: columns[c] for c in KERNEL_COLUMNS}, {c: np.zeros(0, np.int64) for c in INIT_COLUMNS})
+
+
 def _tables(columns: dict, inits: dict) -> dict:
     return {"nccl_kernels": pa.table({c: arrow_of(np.asarray(v, np.int64)) for c, v in columns.items()}),
             "nccl_inits": pa.table({c: arrow_of(np.asarray(v, np.int64)) for c, v in inits.items()})}

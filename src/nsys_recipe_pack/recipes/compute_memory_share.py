@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import collective_match, waiting
+from ..collective_match import collective_kind
 from ..driver import fold_rank
 from ..errors import BadInputError, MissingTraceError
 from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY
@@ -151,10 +152,10 @@ BY_RANGE_DTYPES = {"range_name": "str", "category": "str", "instances": "int64",
 
 def map_rank(rank_data, options: dict) -> dict:
     """The rank's tables as one span of time through the fold below, which a long capture goes through span by
-    span (`STREAM`)."""
+    span (`STREAM`); its NCCL kernels, which the fold keeps, for its communication's waiting (waiting.py)."""
     rank_data.require("gpu", "compute_memory_share")
-    out = fold_rank(STREAM, rank_data) or {"share": None, "by_range": None}
-    return {**out, **collective_match.nccl_kernels(rank_data)}  # its communication's waiting (waiting.py)
+    out = dict(fold_rank(STREAM, rank_data) or {"share": None, "by_range": None})
+    return {**out, **collective_match.kernel_tables(out.pop("nccl", None))}
 
 
 def _by_name(names: np.ndarray, words: np.ndarray, cols: dict) -> pa.Table:
@@ -261,8 +262,14 @@ def _view(need: str, frame) -> pa.Table:
         return closed_range_view(need, frame)
     ops = _op_columns(need, frame) or {c: np.zeros(0, bool if c in ("has_device", "has_bytes", "pageable")
                                                      else np.int64) for c in OP_COLUMNS}
+    n = len(ops["start"])
+    nccl = {"op": np.full(n, -1, np.int64), "stream": np.full(n, -1, np.int64)}  # a kernel's collective, its stream
+    if need == "kernel" and n:
+        codes, words = frame.codes("name")
+        nccl["op"] = np.array([collective_kind(None if w is None else str(w)) for w in words], np.int64)[codes]
+        nccl["stream"] = frame.values("stream", fill=-1)
     return pa.table({"start_ns": arrow_of(ops["start"]), **{c: arrow_of(ops[c]) for c in OP_COLUMNS[1:]},
-                     "pid": arrow_of(frame.values("pid"))})
+                     **{c: arrow_of(v) for c, v in nccl.items()}, "pid": arrow_of(frame.values("pid"))})
 
 
 class _Tops:
@@ -285,6 +292,7 @@ class _Process:
         self.windows = {"start": np.zeros(0, np.int64), "end": np.zeros(0, np.int64), "name": np.zeros(0, np.int64)}
         self.window_cells: dict | None = None  # of the windows still open
         self.by_name: dict | None = None  # the closed windows' rows summed per (name, category)
+        self.nccl: list[dict] = []  # each span's NCCL kernels: start, end, op, stream
 
 
 def _by_process(state: dict, carried: dict, span_start: int, span_end: int, chunk: dict) -> dict:
@@ -301,9 +309,12 @@ def _by_process(state: dict, carried: dict, span_start: int, span_end: int, chun
     out = {}
     for pid in pids:
         tops = carried.setdefault(pid, _Tops())
-        new = _rows_of(ops, pid, ["start_ns", *OP_COLUMNS[1:]])
+        new = _rows_of(ops, pid, ["start_ns", *OP_COLUMNS[1:], "op", "stream"])
         new["start"] = new.pop("start_ns")
-        out[pid] = {"ops": new, "tops": tops,
+        op, stream = new.pop("op"), new.pop("stream")
+        nccl = op >= 0
+        out[pid] = {"ops": new, "tops": tops, "nccl": {"op": op[nccl], "stream": stream[nccl],
+                                                       "start_ns": new["start"][nccl], "end_ns": new["end"][nccl]},
                     "windows": _top_level_windows(tops, _rows_of(ranges, pid, ["start_ns", "end_ns", "tid", "name"]))}
     return out
 
@@ -317,6 +328,7 @@ def _fold(state: dict, span_start: int, span_end: int, span: dict) -> None:
             new = {c: np.zeros(0, np.int64) for c in OP_COLUMNS}
         else:
             proc.tops, new = mine["tops"], mine["ops"]
+            proc.nccl.append(mine["nccl"])
             _open_windows(proc, mine["windows"])
         _fold_ops(proc, new, span_start, span_end)
         _close_windows(proc, span_end)
@@ -473,7 +485,8 @@ def _finish(state: dict, names: list) -> dict:
             words_of = [*proc.tops.names.words, None]  # -1: none
             codes = np.array([place[words_of[i]] for i in totals["name"].tolist()], np.int64)
             by_range = _by_name(codes, words, {k: v for k, v in totals.items() if k != "name"})
-        out[pid] = {"share": share, "by_range": by_range}
+        nccl = {c: np.concatenate([part[c] for part in proc.nccl]) for c in proc.nccl[0]} if proc.nccl else None
+        out[pid] = {"share": share, "by_range": by_range, "nccl": nccl}
     return out
 
 
