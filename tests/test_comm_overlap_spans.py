@@ -31,8 +31,14 @@ def _differences(want, got) -> list:
         return [] if got == want else [(want, got)]
     out = [k for k in ("delimiter",) if got[k] != want[k]]
     out += ["start_ns"] if not np.array_equal(got["start_ns"], want["start_ns"]) else []
-    for table in ("windows", "by_kind", "by_phase"):
+    for table in ("windows", "by_kind", "by_phase", "by_channel"):
         out += [(table, c) for c in want[table] if not np.array_equal(got[table][c], want[table][c])]
+    # the exposed communication as time and the NCCL kernels, whatever their order
+    pairs = [np.sort(np.stack([m["exposed"]["start_ns"], m["exposed"]["end_ns"]]), axis=1) for m in (want, got)]
+    out += ["exposed"] if not np.array_equal(*pairs) else []
+    kernels = [m["nccl_kernels"].to_pandas().sort_values(["start_ns", "end_ns", "stream"]).reset_index(drop=True)
+               for m in (want, got)]
+    out += ["nccl_kernels"] if not kernels[0].equals(kernels[1]) else []
     return out
 
 
@@ -155,3 +161,29 @@ def test_carried_phase_names_become_codes_into_the_names_grown():
                              np.array(["backward", None, "optimizer", "forward", "optimizer"], object))
     assert words.tolist() == ["forward", "backward", "optimizer", None]
     assert codes.tolist() == [1, -1, 2, 0, 2]
+
+
+def test_a_long_capture_of_a_parallel_job_gives_the_whole_reads_tables(tmp_path, monkeypatch):
+    """SYNTHETIC Megatron-style job (tp=2, pp=2, dp=2), its NCCL calls without payloads: read span by span, 7 rows a
+    batch, its NCCL kernels kept as they pass give comm_overlap's and straggler_heatmap's tables as a whole read
+    gives them: the groups inferred from the kernels, the exposure per group, the waiting split."""
+    import pandas as pd
+
+    from nsys_recipe_pack import parallel, run_recipe
+    from nsys_recipe_pack.synth_megatron import write_megatron
+
+    job = write_megatron(tmp_path / "job", parallel.Layout(tp=2, pp=2, dp=2), steps=4, microbatches=4, fmt="sqlite",
+                         payloads=False)
+    whole = {name: run_recipe(name, [str(job)], str(tmp_path / f"{name}-whole"), mode="none")
+             for name in ("comm_overlap", "straggler_heatmap")}
+    monkeypatch.setattr(rank_data, "STREAM_MIN_ROWS", 0)
+    monkeypatch.setattr(readers, "STREAM_BATCH_ROWS", 7)
+    for name, want in whole.items():
+        got = run_recipe(name, [str(job)], str(tmp_path / f"{name}-spans"), mode="none")
+        assert set(got.tables) == set(want.tables), name
+        for table, frame in want.tables.items():
+            if table == "files":
+                continue
+            pd.testing.assert_frame_equal(got.tables[table], frame, obj=f"{name} {table}")
+    assert {"groups_exposure", "groups"} <= set(whole["comm_overlap"].tables)
+    assert "waiting_ns" in whole["comm_overlap"].tables["ranks"]

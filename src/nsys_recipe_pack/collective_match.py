@@ -79,12 +79,14 @@ def nccl_kernels(rank_data, it=None) -> dict:
     return _tables(columns, inits)
 
 
-def kernel_tables(kernels: dict | None) -> dict:
+def kernel_tables(kernels: dict | None, it=None) -> dict:
     """`nccl_kernels`' tables from a rank's NCCL kernels (op, stream, start_ns, end_ns) where a map kept them itself
-    (compute_memory_share's fold), without payloads or iterations: -1 in their columns, no communicator joined."""
+    as they passed (compute_memory_share's fold, iteration_slices), without payloads: -1 in their communicator and
+    size, no communicator joined; the iteration of `it` each starts in (-1: none)."""
     kernels = kernels or {c: np.zeros(0, np.int64) for c in ("op", "stream", "start_ns", "end_ns")}
     none = np.full(len(kernels["op"]), -1, np.int64)
-    columns = {**kernels, "comm_id": none, "bytes": none, "iteration": none}
+    iteration = it.of(kernels["start_ns"]) if it is not None and len(it.start_ns) else none
+    columns = {**kernels, "comm_id": none, "bytes": none, "iteration": iteration}
     return _tables({c: columns[c] for c in KERNEL_COLUMNS}, {c: np.zeros(0, np.int64) for c in INIT_COLUMNS})
 
 

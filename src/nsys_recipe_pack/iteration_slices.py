@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
+from .collective_match import collective_kind, kernel_tables
 from .gpu import GPU_NEEDS, call_key, key_places, launch_keys
 from .groups import add_counts, distinct
 from .inputs import Frame, arrow_of, numpy_of
@@ -62,6 +63,7 @@ class _Rank:
     carried: Future | None = None  # the last measure's: what the map carries, by key
     call_at: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))  # per buffered call: its key's place
     # among the launch keys (-1: none of the ops read ahead has it)
+    nccl: list = field(default_factory=list)  # each span's NCCL kernels, kept once as they pass (sliced_stream's nccl)
 
 
 @dataclass
@@ -75,6 +77,7 @@ class Slices:
     options: dict
     measure: Callable
     whole_capture: bool  # a process without iterations is one window: read whole
+    nccl: bool = False  # keep every NCCL kernel as it passes, for the result's nccl_kernels tables
     called: np.ndarray | None = None  # per key: a call holding it was read
     measuring: ThreadPoolExecutor | None = None  # one thread: the measures run in turn, beside the fold
     in_flight: deque = field(default_factory=deque)
@@ -84,17 +87,21 @@ class Slices:
         self.called = np.zeros(len(self.keys), bool)
 
 
-def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture: bool = False) -> Stream:
+def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture: bool = False,
+                  nccl: bool = False) -> Stream:
     """A Stream running `measure(rank_data, ranges, iterations, options, before, first, carried) -> (piece, carry)`
     on a few iterations of a process at a time, and `finish(iterations, pieces, names) -> result` once all are
     measured (the NVTX names as the whole table's dictionary holds them). carry: arrays by launch key ("key"),
     what the map learnt of some ops, handed back as `carried` next time for the ops still kept. The GPU ops and MPI
     calls read are those the recipe needs; whole_capture: the map measures a process without iterations (none
-    asked for) as one window over its whole capture, which only a whole read gives."""
+    asked for) as one window over its whole capture, which only a whole read gives; nccl: the result holds the
+    process's NCCL kernels too, kept once each as the spans pass, as collective_match.nccl_kernels gives them from a
+    whole read but for NCCL's payloads (communicator ids and sizes -1: the groups are then inferred)."""
     gpu_needs = tuple(need for need in GPU_NEEDS if need in needs)
 
     def prepare(ahead, options: dict) -> Slices:
         state = _prepare(ahead, options, measure, "mpi" in needs, gpu_needs, whole_capture)
+        state.nccl = nccl
         ahead.prefold(_key_places)
         ahead.replay("nvtx", _ranges(state))
         return state
@@ -112,7 +119,8 @@ def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture
             state.measuring.shutdown()
         state.ranges.remove()
         return {pid: {"error": rank.it} if isinstance(rank.it, str)
-                else finish(rank.it, [f.result()[0] for f in rank.pieces], names) for pid, rank in state.ranks.items()}
+                else {**finish(rank.it, [f.result()[0] for f in rank.pieces], names), **_nccl_tables(state, rank)}
+                for pid, rank in state.ranks.items()}
 
     # read ahead of the spans, and so in the progress's rows from the start: NVTX for the iterations (and its closed
     # ranges kept for the spans), the ops' keys
@@ -203,6 +211,8 @@ def _fold(state: Slices, span_start: int, span_end: int, span: dict) -> None:
             if isinstance(rank.it, str):
                 continue
             own = rows if one else rows.filter(arrow_of(pid == p))
+            if need == "kernel" and state.nccl:
+                rank.nccl.append(_nccl_rows(own))
             attr = NEED_FRAMES[need][0]
             held = rank.rows.get(attr)  # one chunk: the map and the next span read its columns without copies
             rank.rows[attr] = own if held is None else pa.concat_tables([held, own]).combine_chunks()
@@ -211,6 +221,23 @@ def _fold(state: Slices, span_start: int, span_end: int, span: dict) -> None:
     for rank in state.ranks.values():
         if not isinstance(rank.it, str):
             _advance(state, rank, span_end)
+
+
+def _nccl_rows(rows: pa.Table) -> dict:
+    """A span's NCCL kernels of one process: their collective, stream, start and end."""
+    frame = Frame(rows, json.loads(rows.schema.metadata[b"dtypes"]))
+    codes, words = frame.codes("name")
+    kind = np.array([collective_kind(None if w is None else str(w)) for w in words], np.int64)[codes]
+    at = np.flatnonzero(kind >= 0)
+    return {"op": kind[at], "stream": frame.values("stream", fill=-1)[at], "start_ns": frame.values("start_ns")[at],
+            "end_ns": frame.values("end_ns")[at]}
+
+
+def _nccl_tables(state: Slices, rank: _Rank) -> dict:
+    if not state.nccl:
+        return {}
+    kept = {c: np.concatenate([part[c] for part in rank.nccl]) for c in rank.nccl[0]} if rank.nccl else None
+    return kernel_tables(kept, rank.it)
 
 
 def _advance(state: Slices, rank: _Rank, frontier: int) -> None:

@@ -13,19 +13,18 @@ as neither; times are clipped to the iteration. In a job with tensor or pipeline
 the same per group kind (tp, pp, dp, other): a rank's NCCL kernels of one stream, collective and communicator are
 one channel, measured in the map, and the reduce gives each channel its communicator's kind. Where the NCCL kernels
 match up across ranks, each rank's communication and its exposed part are split into waiting for the last member
-and transfer (waiting.py): a rank's exposed communication is shipped as time by the map of a rank read whole.
+and transfer (waiting.py): the map ships a rank's exposed communication as time.
 
 Where a GPU's compute kernels never overlap one another, a communication kernel's overlapped time is what
 Nsight Systems' `nccl_gpu_overlap_trace` adds up as its compute overlap (the sum over the compute kernels it
 overlaps); where they do, that sum counts the time twice and the union here does not.
 
-A long capture is measured a few iterations at a time as it is read (iteration_slices, `STREAM`); a rank without
-iterations is one window over its whole capture, read whole.
+A long capture is measured a few iterations at a time as it is read (iteration_slices, `STREAM`, which keeps its
+NCCL kernels as they pass, but not NCCL's payloads: its groups are inferred); a rank without iterations is one window
+over its whole capture, read whole.
 """
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 import pyarrow as pa
@@ -231,13 +230,13 @@ def window_rows(rank_data, ranges, it: Iterations, options: dict, before: int = 
     by_channel = _rows(per_channel, devices, "channel", np.arange(len(channels)), first)
     at = by_channel.pop("channel")
     by_channel.update({c: channels[at, i] for i, c in enumerate(("stream", "op", "comm_id"))})
-    out = {"windows": windows, "by_kind": by_kind, "by_phase": by_phase, "by_channel": by_channel}
-    if before == END_OF_TIME:  # a rank read whole: its exposed communication as time, for waiting.py's split
-        comm = kind[event] >= 0
-        _, start, end = overlay(union_segments_by_group(group[comm], clipped_start[comm], clipped_end[comm]),
-                                union_segments_by_group(group[~comm], clipped_start[~comm], clipped_end[~comm]),
-                                both=False)
-        out["exposed"] = {"start_ns": start, "end_ns": end}
+    # its exposed communication as time, for waiting.py's split (each window's, which a long capture's pieces add up)
+    comm = kind[event] >= 0
+    _, start, end = overlay(union_segments_by_group(group[comm], clipped_start[comm], clipped_end[comm]),
+                            union_segments_by_group(group[~comm], clipped_start[~comm], clipped_end[~comm]),
+                            both=False)
+    out = {"windows": windows, "by_kind": by_kind, "by_phase": by_phase, "by_channel": by_channel,
+           "exposed": {"start_ns": start, "end_ns": end}}
     return out, carry
 
 
@@ -254,12 +253,10 @@ def _channels(rank_data, kernels, kind: np.ndarray) -> tuple[np.ndarray, np.ndar
     return channel, channels
 
 
-def map_result(it: Iterations, pieces: list[dict], names, exposed: bool = True) -> dict:
+def map_result(it: Iterations, pieces: list[dict], names) -> dict:
     """The map's result from the pieces of all a rank's iterations, in order; the phases of each window and device in
-    the order of the rank's NVTX names (`names`, as its whole table gives them), as a whole map has them. exposed:
-    the exposed communication's time too (a rank read whole)."""
-    tables = ("windows", "by_kind", "by_phase", "by_channel", *(["exposed"] if exposed and "exposed" in pieces[0]
-                                                                 else []))
+    the order of the rank's NVTX names (`names`, as its whole table gives them), as a whole map has them."""
+    tables = ("windows", "by_kind", "by_phase", "by_channel", "exposed")
     out = {table: {c: np.concatenate([p[table][c] for p in pieces]) for c in pieces[0][table]} for table in tables}
     by_phase = out["by_phase"]
     place = {w: i for i, w in enumerate(names)}
@@ -270,7 +267,7 @@ def map_result(it: Iterations, pieces: list[dict], names, exposed: bool = True) 
     return {**out, "delimiter": it.delimiter.as_dict(), "start_ns": it.start_ns}
 
 
-STREAM = sliced_stream(window_rows, functools.partial(map_result, exposed=False), NEEDS, whole_capture=True)
+STREAM = sliced_stream(window_rows, map_result, NEEDS, whole_capture=True, nccl=True)
 
 
 def _rows(per_key: dict, devices: np.ndarray, key: str, labels: np.ndarray, first: int) -> dict:

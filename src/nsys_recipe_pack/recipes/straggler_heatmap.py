@@ -294,7 +294,7 @@ def _finish(it, pieces: list[Piece], names: list) -> dict:
     return map_result(it, [p for p in pieces if len(p.start_ns)], names, any(p.any_peer for p in pieces), present)
 
 
-STREAM = sliced_stream(_measure, _finish, NEEDS)
+STREAM = sliced_stream(_measure, _finish, NEEDS, nccl=True)
 
 
 def _union_sums(iteration: np.ndarray, name: np.ndarray, start: np.ndarray, end: np.ndarray, names: np.ndarray):
