@@ -15,7 +15,8 @@ import pytest
 from conftest import ROOT
 
 from nsys_recipe_pack import nsys_tool, runner
-from nsys_recipe_pack.recipes.comm_overlap import KINDS, collective_kind, overlap_by_window
+from nsys_recipe_pack.collective_match import KINDS, collective_kind
+from nsys_recipe_pack.recipes.comm_overlap import overlap_by_window
 from nsys_recipe_pack.synth import write_synthetic
 
 REAL = Path(__file__).resolve().parent / "data" / "nccl_2gpu_h100" / "mfu_2gpu_before.sqlite"

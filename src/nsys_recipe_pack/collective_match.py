@@ -63,8 +63,7 @@ def nccl_kernels(rank_data, it=None) -> dict:
     if kernels is None or not len(kernels):
         return _tables({c: np.zeros(0, np.int64) for c in KERNEL_COLUMNS}, {c: np.zeros(0, np.int64)
                                                                           for c in INIT_COLUMNS})
-    codes, words = kernels.codes("name")
-    kind = np.array([collective_kind(None if w is None else str(w)) for w in words], np.int64)[codes]
+    kind = collective_kinds(kernels)
     nccl = np.flatnonzero(kind >= 0)
     start, end = kernels.values("start_ns")[nccl], kernels.values("end_ns")[nccl]
     comm, nbytes = np.full(len(nccl), -1, np.int64), np.full(len(nccl), -1, np.int64)
@@ -79,11 +78,29 @@ def nccl_kernels(rank_data, it=None) -> dict:
     return _tables(columns, inits)
 
 
-def kernel_tables(kernels: dict | None, it=None) -> dict:
-    """`nccl_kernels`' tables from a rank's NCCL kernels (op, stream, start_ns, end_ns) where a map kept them itself
-    as they passed (compute_memory_share's fold, iteration_slices), without payloads: -1 in their communicator and
-    size, no communicator joined; the iteration of `it` each starts in (-1: none)."""
-    kernels = kernels or {c: np.zeros(0, np.int64) for c in ("op", "stream", "start_ns", "end_ns")}
+def collective_kinds(kernels) -> np.ndarray:
+    """Each kernel's collective (`collective_kind`), from the frame's few distinct names."""
+    if kernels is None or not len(kernels):
+        return np.zeros(0, np.int64)
+    codes, words = kernels.codes("name")
+    return np.array([collective_kind(None if w is None else str(w)) for w in words], np.int64)[codes]
+
+
+def nccl_rows(kernels) -> dict:
+    """The NCCL kernels of a kernel frame (a span's, as a map keeps them while the spans pass): collective, stream,
+    start and end, for `kernel_tables`."""
+    kind = collective_kinds(kernels)
+    at = np.flatnonzero(kind >= 0)
+    return {"op": kind[at], "stream": kernels.values("stream", fill=-1)[at],
+            "start_ns": kernels.values("start_ns")[at], "end_ns": kernels.values("end_ns")[at]}
+
+
+def kernel_tables(parts: list[dict], it=None) -> dict:
+    """`nccl_kernels`' tables from a rank's NCCL kernels where a map kept them itself as they passed (`nccl_rows`'
+    parts, in time order: compute_memory_share's fold, iteration_slices), without payloads: -1 in their communicator
+    and size, no communicator joined; the iteration of `it` each starts in (-1: none)."""
+    columns = ("op", "stream", "start_ns", "end_ns")
+    kernels = {c: np.concatenate([p[c] for p in parts]) if parts else np.zeros(0, np.int64) for c in columns}
     none = np.full(len(kernels["op"]), -1, np.int64)
     iteration = it.of(kernels["start_ns"]) if it is not None and len(it.start_ns) else none
     columns = {**kernels, "comm_id": none, "bytes": none, "iteration": iteration}

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from .collective_match import collective_kind, kernel_tables
+from .collective_match import kernel_tables, nccl_rows
 from .gpu import GPU_NEEDS, call_key, key_places, launch_keys
 from .groups import add_counts, distinct
 from .inputs import Frame, arrow_of, numpy_of
@@ -119,7 +119,8 @@ def sliced_stream(measure: Callable, finish: Callable, needs: set, whole_capture
             state.measuring.shutdown()
         state.ranges.remove()
         return {pid: {"error": rank.it} if isinstance(rank.it, str)
-                else {**finish(rank.it, [f.result()[0] for f in rank.pieces], names), **_nccl_tables(state, rank)}
+                else {**finish(rank.it, [f.result()[0] for f in rank.pieces], names),
+                      **(kernel_tables(rank.nccl, rank.it) if state.nccl else {})}
                 for pid, rank in state.ranks.items()}
 
     # read ahead of the spans, and so in the progress's rows from the start: NVTX for the iterations (and its closed
@@ -212,7 +213,7 @@ def _fold(state: Slices, span_start: int, span_end: int, span: dict) -> None:
                 continue
             own = rows if one else rows.filter(arrow_of(pid == p))
             if need == "kernel" and state.nccl:
-                rank.nccl.append(_nccl_rows(own))
+                rank.nccl.append(nccl_rows(Frame(own, json.loads(own.schema.metadata[b"dtypes"]))))
             attr = NEED_FRAMES[need][0]
             held = rank.rows.get(attr)  # one chunk: the map and the next span read its columns without copies
             rank.rows[attr] = own if held is None else pa.concat_tables([held, own]).combine_chunks()
@@ -221,23 +222,6 @@ def _fold(state: Slices, span_start: int, span_end: int, span: dict) -> None:
     for rank in state.ranks.values():
         if not isinstance(rank.it, str):
             _advance(state, rank, span_end)
-
-
-def _nccl_rows(rows: pa.Table) -> dict:
-    """A span's NCCL kernels of one process: their collective, stream, start and end."""
-    frame = Frame(rows, json.loads(rows.schema.metadata[b"dtypes"]))
-    codes, words = frame.codes("name")
-    kind = np.array([collective_kind(None if w is None else str(w)) for w in words], np.int64)[codes]
-    at = np.flatnonzero(kind >= 0)
-    return {"op": kind[at], "stream": frame.values("stream", fill=-1)[at], "start_ns": frame.values("start_ns")[at],
-            "end_ns": frame.values("end_ns")[at]}
-
-
-def _nccl_tables(state: Slices, rank: _Rank) -> dict:
-    if not state.nccl:
-        return {}
-    kept = {c: np.concatenate([part[c] for part in rank.nccl]) for c in rank.nccl[0]} if rank.nccl else None
-    return kernel_tables(kept, rank.it)
 
 
 def _advance(state: Slices, rank: _Rank, frontier: int) -> None:

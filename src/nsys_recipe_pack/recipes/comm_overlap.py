@@ -30,7 +30,7 @@ import numpy as np
 import pyarrow as pa
 
 from .. import collective_match, parallel, waiting
-from ..collective_match import KIND_OF_OP, KINDS, collective_kind
+from ..collective_match import KIND_OF_OP, KINDS
 from ..driver import fold_rank
 from ..errors import BadInputError, NotApplicableError
 from ..gpu import call_key, key_places, launched_ops
@@ -176,8 +176,7 @@ def window_rows(rank_data, ranges, it: Iterations, options: dict, before: int = 
     longer have (`carried`: what earlier pieces learnt so)."""
     kernels = rank_data.frame("kernels")
     n_kernels = 0 if kernels is None else len(kernels)
-    codes, words = kernels.codes("name") if n_kernels else (np.zeros(0, np.int64), [])
-    kind = np.array([collective_kind(None if w is None else str(w)) for w in words], np.int64)[codes]
+    kind = collective_match.collective_kinds(kernels)
     start, end = (kernels.values(c) if n_kernels else np.zeros(0, np.int64) for c in ("start_ns", "end_ns"))
     ops = launched_ops(rank_data) if n_kernels and rank_data.has_cuda and len(ranges) else None
     by_range = _kind_from_nccl_ranges(rank_data, ranges, n_kernels, ops)

@@ -11,7 +11,6 @@ import numpy as np
 import pyarrow as pa
 
 from .. import collective_match, waiting
-from ..collective_match import collective_kind
 from ..driver import fold_rank
 from ..errors import BadInputError, MissingTraceError
 from ..gpu import MEMCPY_CATEGORY, PAGEABLE, PRIORITY
@@ -155,7 +154,7 @@ def map_rank(rank_data, options: dict) -> dict:
     span (`STREAM`); its NCCL kernels, which the fold keeps, for its communication's waiting (waiting.py)."""
     rank_data.require("gpu", "compute_memory_share")
     out = dict(fold_rank(STREAM, rank_data) or {"share": None, "by_range": None})
-    return {**out, **collective_match.kernel_tables(out.pop("nccl", None))}
+    return {**out, **collective_match.kernel_tables(out.pop("nccl", []))}
 
 
 def _by_name(names: np.ndarray, words: np.ndarray, cols: dict) -> pa.Table:
@@ -265,9 +264,7 @@ def _view(need: str, frame) -> pa.Table:
     n = len(ops["start"])
     nccl = {"op": np.full(n, -1, np.int64), "stream": np.full(n, -1, np.int64)}  # a kernel's collective, its stream
     if need == "kernel" and n:
-        codes, words = frame.codes("name")
-        nccl["op"] = np.array([collective_kind(None if w is None else str(w)) for w in words], np.int64)[codes]
-        nccl["stream"] = frame.values("stream", fill=-1)
+        nccl["op"], nccl["stream"] = collective_match.collective_kinds(frame), frame.values("stream", fill=-1)
     return pa.table({"start_ns": arrow_of(ops["start"]), **{c: arrow_of(ops[c]) for c in OP_COLUMNS[1:]},
                      **{c: arrow_of(v) for c, v in nccl.items()}, "pid": arrow_of(frame.values("pid"))})
 
@@ -485,8 +482,7 @@ def _finish(state: dict, names: list) -> dict:
             words_of = [*proc.tops.names.words, None]  # -1: none
             codes = np.array([place[words_of[i]] for i in totals["name"].tolist()], np.int64)
             by_range = _by_name(codes, words, {k: v for k, v in totals.items() if k != "name"})
-        nccl = {c: np.concatenate([part[c] for part in proc.nccl]) for c in proc.nccl[0]} if proc.nccl else None
-        out[pid] = {"share": share, "by_range": by_range, "nccl": nccl}
+        out[pid] = {"share": share, "by_range": by_range, "nccl": proc.nccl}
     return out
 
 
