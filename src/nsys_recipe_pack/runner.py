@@ -56,6 +56,15 @@ def analyse(recipe: str, ranks: list, options: dict | None = None) -> tuple[dict
     return reduce_all(recipe, [[map_rank_data(spec, rank_data, options)] for rank_data in ranks], options)
 
 
+def analysed(recipe: str, ranks: list) -> dict | None:
+    """`analyse`'s tables, or None where the run holds nothing the recipe can answer (a PackError): a recipe's
+    `diff_metrics` then has no metric for it."""
+    try:
+        return analyse(recipe, ranks)[0]
+    except PackError:
+        return None
+
+
 # ---------------------------------------------------------------------------------------------------
 # reduce
 

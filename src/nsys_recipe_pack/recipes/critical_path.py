@@ -222,12 +222,10 @@ def headline(out) -> str:
 
 def diff_metrics(ranks) -> pd.DataFrame | None:
     """The median steady iteration's length along its critical path (a run whose ranks never meet has none)."""
-    from ..errors import PackError
-    from ..runner import analyse
+    from ..runner import analysed
 
-    try:
-        tables, _ = analyse("critical_path", ranks)
-    except PackError:
+    tables = analysed("critical_path", ranks)
+    if tables is None:
         return None
     it = tables["iterations"]
     steady = steady_rows(it)

@@ -542,12 +542,10 @@ def headline(out) -> str:
 
 def diff_metrics(ranks) -> pd.DataFrame | None:
     """The highest device memory peak of any rank, and the device memory leaked, over a run."""
-    from ..errors import PackError
-    from ..runner import analyse
+    from ..runner import analysed
 
-    try:
-        tables, _ = analyse("gpu_memory", ranks)
-    except PackError:  # no memory events: no such metric
+    tables = analysed("gpu_memory", ranks)
+    if tables is None:  # no memory events: no such metric
         return None
     device = tables["ranks"][tables["ranks"]["kind"] == DEVICE]
     if not len(device):

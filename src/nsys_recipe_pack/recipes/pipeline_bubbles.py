@@ -311,12 +311,10 @@ def _schedule_words(settings: dict) -> str:
 
 def diff_metrics(ranks) -> pd.DataFrame | None:
     """The median bubble over a run's steady iterations (a run with no pipeline has none)."""
-    from ..errors import PackError
-    from ..runner import analyse
+    from ..runner import analysed
 
-    try:
-        tables, _ = analyse("pipeline_bubbles", ranks)
-    except PackError:
+    tables = analysed("pipeline_bubbles", ranks)
+    if tables is None:
         return None
     b = tables["bubbles"]
     steady = steady_rows(b)

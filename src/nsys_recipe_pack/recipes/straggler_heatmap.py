@@ -552,14 +552,10 @@ def headline(out) -> str:
 def diff_metrics(ranks) -> pd.DataFrame | None:
     """The time the whole job would have saved had every straggling rank matched the median rank (a run whose
     iterations cannot be found, or where ranks hold no NVTX or CUDA data, has none; nor has one rank)."""
-    from ..errors import PackError
-    from ..runner import analyse
+    from ..runner import analysed
 
-    if len(ranks) < 2:  # no rank to wait for
-        return None
-    try:
-        tables, _ = analyse("straggler_heatmap", ranks)
-    except PackError:
+    tables = analysed("straggler_heatmap", ranks) if len(ranks) >= 2 else None  # one rank: none to wait for
+    if tables is None:
         return None
     return pd.DataFrame({"metric": "recoverable_ns", "key": "all ranks",
                          "value": [float(tables["ranks"]["recoverable_ns"].sum())]})
