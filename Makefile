@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed-stamp
 NSYS_VERSION ?= 2023.4
 DEMO_OUT ?= demo-output
 
-.PHONY: setup nsys nsys-2024 nsys-recipes-env browser demo test lint lab clean bench bench-huge
+.PHONY: setup nsys nsys-2024 nsys-recipes-env browser demo test lint lab clean bench bench-huge bench-ranks
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -62,6 +62,12 @@ bench: nsys
 # "huge reports" section of bench/RESULTS.md.
 bench-huge: nsys
 	$(BIN)/python bench/huge.py $(HUGE_ARGS)
+
+# SYNTHETIC 1,024, 4,096 and 10,000 ranks x 1,000 iterations, straggler_heatmap --report through a Dask scheduler and
+# two workers on 127.0.0.1: writes the "thousands of ranks" section of bench/RESULTS.md (the sets take 16 GB at most,
+# one at a time with RANKS_ARGS="--drop-sets").
+bench-ranks: setup
+	$(BIN)/python bench/ranks.py $(RANKS_ARGS)
 
 # JupyterLab on an output folder (default: the demo's): its notebooks run against the Parquet beside them.
 # As root (containers) it passes --allow-root; LAB_ARGS go to jupyter lab as they are, for example

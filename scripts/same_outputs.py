@@ -8,6 +8,7 @@ the pack's writer (NCCL and MPI jobs with injected stragglers, both formats, one
     python scripts/same_outputs.py --save /tmp/before      # on the old code
     python scripts/same_outputs.py --against /tmp/before   # on the new code: exit 1 on any difference
     python scripts/same_outputs.py --against /tmp/before --spans   # every input read as a long capture would be
+    python scripts/same_outputs.py --against /tmp/before --mode concurrent   # each set's files mapped by workers
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def export_forms(work: Path, nsys) -> dict[str, Path]:
     return sets
 
 
-def run_all(sets: dict[str, Path], out: Path, recipes: set[str] | None = None) -> list[str]:
+def run_all(sets: dict[str, Path], out: Path, recipes: set[str] | None = None, mode: str = "none") -> list[str]:
     done = []
     for set_name, path in sets.items():
         folder = set_name.split("/")[0]
@@ -95,7 +96,7 @@ def run_all(sets: dict[str, Path], out: Path, recipes: set[str] | None = None) -
             tag = "-".join([recipe, *(f"{k}={v}" for k, v in options.items())])
             dest = out / set_name.replace("/", "__") / tag
             try:
-                runner.run(recipe, [str(path)], str(dest), force=True, mode="none", options=dict(options),
+                runner.run(recipe, [str(path)], str(dest), force=True, mode=mode, options=dict(options),
                            log=lambda m: None)
             except PackError as exc:
                 dest.mkdir(parents=True, exist_ok=True)
@@ -148,6 +149,9 @@ def main() -> None:
     p.add_argument("--recipes", help="only these recipes (comma-separated; with --against)")
     p.add_argument("--spans", action="store_true", help="read every input as a long capture is read (the recipes "
                    "that can, span by span of time), to compare with tables saved from whole reads")
+    p.add_argument("--mode", choices=["none", "concurrent"], default="none",
+                   help="how a set's files are mapped: in this process, or by worker processes (their tables handed "
+                   "over in files)")
     args = p.parse_args()
     if args.spans:
         from nsys_recipe_pack.inputs import rank_data
@@ -166,7 +170,7 @@ def main() -> None:
         return
     out = Path(tempfile.mkdtemp(prefix="same-outputs-", dir=work))
     try:
-        done = run_all(sets, out, recipes)
+        done = run_all(sets, out, recipes, args.mode)
         problems = compare(out, Path(args.against), recipes)
     finally:
         shutil.rmtree(out, ignore_errors=True)

@@ -171,11 +171,30 @@ def _tail_scale(x: pd.Series) -> float:
                float(np.quantile(dev, 0.90) / straggler_noise.Q90_TO_SIGMA))
 
 
+def _component_parts(cell_col: np.ndarray, ns: np.ndarray, n_names: int, n_cells: int, split: int) -> list:
+    """The rows as two ranks' `components` tables (cells [0, split) and [split, n)), named c0, c1, ... in an order
+    of their own per rank, on the host side."""
+    import pyarrow as pa
+
+    parts = []
+    for low, high in ((0, split), (split, n_cells)):
+        rows = np.flatnonzero((cell_col // n_names >= low) & (cell_col // n_names < high))[::-1]
+        words = [f"c{i}" for i in range(n_names)][::-1]
+        table = pa.table({"iteration": pa.array(cell_col[rows] // n_names - low, pa.int64()),
+                          "component": pa.DictionaryArray.from_arrays(
+                              pa.array(n_names - 1 - cell_col[rows] % n_names, pa.int32()), pa.array(words)),
+                          "ns": pa.array(ns[rows].astype(np.int64)), "on_gpu": pa.array(np.zeros(len(rows), np.int64))})
+        parts.append((table, low))
+    return parts
+
+
 @pytest.mark.parametrize("chunk_rows", [3, straggler_noise.EXCESS_CHUNK_ROWS])
-def test_component_excess_and_noise_from_the_cells_own_components_match_the_whole_table(monkeypatch, chunk_rows):
+def test_component_excess_noise_and_causes_from_the_cells_own_components_match_the_whole_table(monkeypatch,
+                                                                                               chunk_rows):
     # the cells' own components against the whole table: each cell's excess over its iteration's median, and
-    # each component's noise scale (_tail_scale over every cell, the cells lacking it at 0); worked on a few
-    # components at a time too
+    # each component's noise scale (_tail_scale over every cell, the cells lacking it at 0); then each cell's cause
+    # (its largest excess above 0, the first name among equals) and whether a component explains it, from two ranks'
+    # tables worked on a few components at a time too
     monkeypatch.setattr(straggler_noise, "EXCESS_CHUNK_ROWS", chunk_rows)
     rng = np.random.default_rng(8)
     for _ in range(200):
@@ -189,9 +208,24 @@ def test_component_excess_and_noise_from_the_cells_own_components_match_the_whol
         table[cell_col] = ns
         table = pd.DataFrame(table.reshape(n_cells, n_names))
         want = table - table.groupby(cell_iteration).transform("median")
-        cell, col, excess, scale = straggler_noise.component_excess(cell_iteration, cell_col, ns, n_names)
+        cell, col, excess, scale = straggler_noise._excess_by_component(cell_iteration, cell_col, ns, n_names)
         np.testing.assert_array_equal(excess, want.to_numpy()[cell, col])
         np.testing.assert_array_equal(scale, want.apply(_tail_scale).to_numpy())
+
+        cell_excess = rng.integers(-20, 40, n_cells).astype(np.float64) * 1000
+        rows = straggler_noise.ComponentRows(_component_parts(cell_col, ns, n_names, n_cells,
+                                                              int(rng.integers(0, n_cells + 1))))
+        noise_ok, cause, side = straggler_noise.component_causes(cell_iteration, rows, set(), cell_excess, 0.0, 2.0)
+        has = np.zeros((n_cells, n_names), bool)
+        has.flat[cell_col] = True
+        x = np.where(has, want.to_numpy(), -np.inf)
+        scales = np.maximum(want.apply(_tail_scale).to_numpy(), 1000.0)
+        explains = has & (x >= 0.5 * cell_excess[:, None]) & (x / scales > 2.0)
+        np.testing.assert_array_equal(noise_ok, explains.any(axis=1))
+        top = np.where(x > 0, x, -np.inf)
+        named = [f"c{int(np.argmax(t))}" if (t > 0).any() else None for t in top]
+        assert cause.tolist() == named
+        assert side.tolist() == [None if c is None else "host" for c in named]
 
 
 def test_one_long_capture_skips_the_component_work_whose_causes_it_cannot_have(monkeypatch):
@@ -200,11 +234,11 @@ def test_one_long_capture_skips_the_component_work_whose_causes_it_cannot_have(m
     # says the same (no cause, nothing flagged), while two ranks still go through it
     rank = make(cpu_rank({2: 30, 5: 40}, iterations=8))
     res = straggler.map_rank(rank, {})
-    comps = straggler.Frame(res["components"], straggler.COMPONENT_DTYPES)
     n = res["iterations"].num_rows
-    assert len(comps) > n  # several components per iteration
+    assert res["components"].num_rows > n  # several components per iteration
     noise_ok, cause, cause_side = straggler.component_causes(
-        np.arange(n), comps.values("iteration"), comps, set(), np.zeros(n), 100.0 * MS, straggler.DEFAULT_SIGMA)
+        np.arange(n), straggler.ComponentRows([(res["components"], 0)]), set(), np.zeros(n), 100.0 * MS,
+        straggler.DEFAULT_SIGMA)
     assert not noise_ok.any() and all(c is None for c in cause) and all(c is None for c in cause_side)
 
     calls = []

@@ -29,6 +29,7 @@ from .inputs.frames import arrow_of
 from .iterations import NCCL_KERNEL_RE
 from .lazy import pd
 from .nvtx import innermost_of
+from .spill import table_of
 
 NEEDS = {"kernel", "runtime", "payload"}
 KINDS = ["all_reduce", "all_gather", "reduce_scatter", "send_recv", "broadcast", "reduce", "all_to_all", "other"]
@@ -279,7 +280,7 @@ def _kernels(per_rank: list[dict]) -> pd.DataFrame:
 
 def _ranked(per_rank: list[dict], table: str) -> pd.DataFrame:
     """One of the maps' tables over every rank, with a rank column."""
-    out = pa.concat_tables([r[table] for r in per_rank]).to_pandas()
+    out = pa.concat_tables([table_of(r[table]) for r in per_rank]).to_pandas()
     out["rank"] = np.repeat([r["rank"] for r in per_rank], [r[table].num_rows for r in per_rank]).astype(np.int64)
     return out
 

@@ -32,8 +32,10 @@ def execute_notebook(template: Path, output_dir: Path, out_ipynb: Path, paramete
     logging.getLogger("papermill").setLevel(logging.WARNING)
     try:
         with _kernel_chatter_hidden():
+            # written once, at the end (or where a cell fails): a figure of many cells makes every write take seconds
             pm.execute_notebook(str(template), str(out_ipynb), parameters=params, kernel_name=KERNEL,
-                                progress_bar=False, cwd=str(output_dir), log_output=False)
+                                progress_bar=False, cwd=str(output_dir), log_output=False,
+                                request_save_on_cell_execute=False, autosave_cell_every=0)
     except pm.PapermillExecutionError as exc:
         raise PackError(f"{template.name}: cell {exc.exec_count} failed ({exc.ename}: {exc.evalue}); "
                         f"the executed notebook with the error is {out_ipynb}", 1) from None
@@ -66,6 +68,9 @@ def _kernel_chatter_hidden():
                     print("\n".join(tail), file=sys.stderr)
 
 
+PLOTLY_MIMETYPE = "application/vnd.plotly.v1+json"
+
+
 def notebook_to_html(ipynb: Path, html: Path, hide_code: bool = True, shared_js: Path | None = None) -> Path:
     """HTML of an executed notebook without its code. With shared_js, the page and the notebook load plotly.js
     from that file (written there if missing) instead of each carrying its own 4.8 MB copy: a report folder
@@ -78,7 +83,7 @@ def notebook_to_html(ipynb: Path, html: Path, hide_code: bool = True, shared_js:
     exporter.exclude_input_prompt = hide_code
     exporter.exclude_output_prompt = hide_code
     nb = nbformat.read(str(ipynb), as_version=4)
-    body, _ = exporter.from_notebook_node(nb)
+    body, _ = exporter.from_notebook_node(_html_outputs_only(nb))
     if shared_js is not None:
         body = _load_plotly_from(body, Path(html), Path(shared_js))
         changed = False
@@ -92,6 +97,19 @@ def notebook_to_html(ipynb: Path, html: Path, hide_code: bool = True, shared_js:
             nbformat.write(nb, str(ipynb))
     html.write_text(body, encoding="utf-8")
     return html
+
+
+def _html_outputs_only(nb):
+    """The notebook without plotly's own mimetype beside each figure's HTML (the page shows the HTML): the exporter
+    copies the notebook whole, and a heatmap's cells as JSON lists take it many times longer than as the one text."""
+    import nbformat
+
+    light = nbformat.from_dict({**nb, "cells": []})
+    for cell in nb.cells:
+        outputs = [{**o, "data": {k: v for k, v in o["data"].items() if k != PLOTLY_MIMETYPE}} if "data" in o else o
+                   for o in cell.get("outputs", [])]
+        light.cells.append(nbformat.from_dict({**cell, "outputs": outputs} if "outputs" in cell else cell))
+    return light
 
 
 @functools.lru_cache(maxsize=1)

@@ -37,7 +37,7 @@ from .inputs import (
 )
 from .lazy import pd
 from .ranks import assign_ranks, programs
-from .spill import RankedRows, parquet_options, remove_spilled
+from .spill import ROW_GROUP_ROWS, RankedRows, StoredTable, parquet_options, remove_spilled
 from .staging import staged_output
 
 # `file` is the input as named; `read_from` what was read for it: the report itself, or an export beside it
@@ -215,11 +215,21 @@ def write_tables(out_dir: Path, tables: dict, analysis: dict) -> dict:
             # they read back as plain strings, as pandas writes them
             pq.write_table(df, path, store_schema=False, **parquet_options(df.schema))
         else:
-            table = pa.Table.from_pandas(df, preserve_index=False)  # as to_parquet makes it, once
-            pq.write_table(table, path, **parquet_options(table.schema))
+            write_frame(df, path)
         written[name] = path.name
     (out_dir / "analysis.json").write_text(json.dumps(analysis, indent=1, default=str))
     return written
+
+
+def write_frame(df: pd.DataFrame, path: Path) -> None:
+    """A table as to_parquet writes it, converted to Arrow a row group at a time: tens of millions of cells (ranks x
+    iterations) are never held twice."""
+    schema = pa.Schema.from_pandas(df, preserve_index=False)
+    with pq.ParquetWriter(str(path), schema, **parquet_options(schema)) as writer:
+        for first in range(0, max(len(df), 1), ROW_GROUP_ROWS):
+            rows = df.iloc[first:first + ROW_GROUP_ROWS]
+            writer.write_table(pa.Table.from_pandas(rows, schema=schema, preserve_index=False),
+                               row_group_size=ROW_GROUP_ROWS)
 
 
 def write_nsys_analysis(out_dir: Path, final_name: str, recipe: str, mode: str, inputs: list[str], outputs: dict,
@@ -248,36 +258,48 @@ def copy_notebook(out_dir: Path, recipe: str) -> None:
 # engines
 
 
+MAP_RESULTS = ".map-results"  # in the output folder being written: the maps' Arrow tables until the reduce is done
+
+
 def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jobs: int | None,
                     nsys_path: str | None, spill_dir: str | None = None) -> list[list[dict]]:
-    """Each file's map results. spill_dir: where a long capture's map writes what it holds beyond memory (the output
-    folder being written)."""
+    """Each file's map results. spill_dir: where a long capture's map writes what it holds beyond memory, and the
+    workers the Arrow tables of their results (the output folder being written; a Dask worker on another node must
+    see it). A recipe whose reduce reads them lazily (`Recipe.lazy_tables`) gets them as spill.StoredTable, which
+    stay there until the run removes MAP_RESULTS; any other, memory-mapped."""
     args = [(str(f), recipe, options, nsys_path, spill_dir) for f in files]
     if mode == "none" or len(files) == 1:
         # the reduce's pandas imported beside the maps, which mostly let go of Python, as the workers' parent does below
         threading.Thread(target=lambda: pd.DataFrame, name="nsys-recipe-import", daemon=True).start()
         return [map_file(*a) for a in progress.iterate(args, total=len(args), desc=recipe)]
-    if mode == "dask-futures":
-        return _run_dask(args, options, jobs)
-    workers = max(1, min(jobs or os.cpu_count() or 1, len(files)))
-    results: list = [None] * len(args)
-    spill = tempfile.mkdtemp(prefix="nsys-recipe-map-")
+    lazy = recipes.get(recipe).lazy_tables
+    folder = Path(spill_dir) / MAP_RESULTS if spill_dir else Path(tempfile.mkdtemp(prefix="nsys-recipe-map-"))
+    folder.mkdir(exist_ok=True)
     try:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(_map_files, args[first:first + size], spill): first
-                       for first, size in task_sizes(len(args), workers)}
-            # pandas takes about 0.3 s of CPU to import: the maps (reading exports included) work on Arrow and
-            # NumPy only, so the parent imports it for the reduce while they run
-            pd.DataFrame  # noqa: B018
-            bar = progress.Counter(total=len(args), desc=recipe)
-            for fut in as_completed(futures):
-                first = futures[fut]
-                done = _unspill(*fut.result())
-                results[first:first + len(done)] = done
-                bar.advance(len(done))
-            bar.close()
+        if mode == "dask-futures":
+            return _run_dask(args, options, jobs, str(folder), lazy)
+        return _run_pool(args, jobs, str(folder), lazy)
     finally:
-        shutil.rmtree(spill, ignore_errors=True)  # the tables stay mapped until they are freed
+        if not lazy or not spill_dir:  # memory-mapped tables stay readable once their files are gone
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _run_pool(args: list[tuple], jobs: int | None, folder: str, lazy: bool) -> list[list[dict]]:
+    workers = max(1, min(jobs or os.cpu_count() or 1, len(args)))
+    results: list = [None] * len(args)
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_map_files, args[first:first + size], folder): first
+                   for first, size in task_sizes(len(args), workers)}
+        # pandas takes about 0.3 s of CPU to import: the maps (reading exports included) work on Arrow and
+        # NumPy only, so the parent imports it for the reduce while they run
+        pd.DataFrame  # noqa: B018
+        bar = progress.Counter(total=len(args), desc=args[0][1])
+        for fut in as_completed(futures):
+            first = futures[fut]
+            done = _unspill(*fut.result(), lazy=lazy)
+            results[first:first + len(done)] = done
+            bar.advance(len(done))
+        bar.close()
     return results
 
 
@@ -293,7 +315,7 @@ def task_sizes(n: int, workers: int, most: int = 16) -> list[tuple[int, int]]:
 
 
 class _Spilled(tuple):
-    """Where a result's Arrow table lies in its task's spill file: (offset, size)."""
+    """Where a result's Arrow table lies in its task's spill file, and its rows: (offset, size, rows)."""
 
 
 def _map_files(chunk: list[tuple], spill: str) -> tuple[list[list[dict]], str | None]:
@@ -303,10 +325,11 @@ def _map_files(chunk: list[tuple], spill: str) -> tuple[list[list[dict]], str | 
     where = _slots(done, pa.Table)
     if not where:
         return done, None
+    os.makedirs(spill, exist_ok=True)  # a Dask worker's node: the output folder's, where the filesystem is shared
     fd, path = tempfile.mkstemp(suffix=".arrows", dir=spill)
     os.close(fd)
     for (res, key), span in zip(where, write_arrow_streams(path, [res[k] for res, k in where]), strict=True):
-        res[key] = _Spilled(span)
+        res[key] = _Spilled((*span, res[key].num_rows))
     return done, path
 
 
@@ -316,17 +339,27 @@ def _slots(done: list[list[dict]], kind: type) -> list[tuple[dict, str]]:
             if isinstance(value, kind)]
 
 
-def _unspill(done: list[list[dict]], path: str | None) -> list[list[dict]]:
+def _unspill(done: list[list[dict]], path: str | None, lazy: bool = False) -> list[list[dict]]:
+    """A task's results with their tables memory-mapped from its file, or with `lazy`, as StoredTable."""
     if path is None:
         return done
+    if not os.path.exists(path):
+        raise PackError(f"{path}: a worker wrote its results there, which this machine does not see; write the output "
+                        "to a folder every node sees (--output on a shared filesystem)")
     where = _slots(done, _Spilled)
-    for (res, key), table in zip(where, read_arrow_streams(path, [res[k] for res, k in where]), strict=True):
+    if lazy:
+        for res, key in where:
+            res[key] = StoredTable(path, *res[key])
+        return done
+    for (res, key), table in zip(where, read_arrow_streams(path, [res[k][:2] for res, k in where]), strict=True):
         res[key] = table
     return done
 
 
-def _run_dask(args: list[tuple], options: dict, jobs: int | None) -> list[list[dict]]:
-    """Map on a Dask cluster: the one at --dask-scheduler, else a local one with `jobs` worker processes."""
+def _run_dask(args: list[tuple], options: dict, jobs: int | None, folder: str, lazy: bool) -> list[list[dict]]:
+    """Map on a Dask cluster: the one at --dask-scheduler, else a local one with `jobs` worker processes. The workers
+    write their results' tables to `folder` (_map_files): only the rest, a few hundred bytes a rank, comes back
+    through the scheduler, and the client reads the tables from there."""
     distributed = import_distributed()
     address = options.get("_dask_scheduler")
     if address:
@@ -340,11 +373,11 @@ def _run_dask(args: list[tuple], options: dict, jobs: int | None) -> list[list[d
                                     threads_per_worker=1, dashboard_address=None)
     results: list = [None] * len(args)
     with client:
-        futures = client.map(map_file, *zip(*args, strict=True), pure=False)
+        futures = client.map(_map_files, [[a] for a in args], spill=folder, pure=False)
         index = {f.key: i for i, f in enumerate(futures)}
         done = distributed.as_completed(futures)
         for fut in progress.iterate(done, total=len(futures), desc="dask"):
-            results[index[fut.key]] = fut.result()
+            (results[index[fut.key]],) = _unspill(*fut.result(), lazy=lazy)
             fut.release()
     return results
 
@@ -474,6 +507,7 @@ def run(recipe: str, inputs: list[str], output: str | None = None, *, force: boo
                 written = write_tables(staged, tables, analysis)
             finally:
                 remove_spilled(mapped)
+                shutil.rmtree(staged / MAP_RESULTS, ignore_errors=True)
             copy_notebook(staged, recipe)
             write_nsys_analysis(staged, out.name, recipe, mode, [str(f) for f in files], written, started)
         if report:

@@ -269,6 +269,37 @@ class RankedRows:
                 writer.write_table(rows, row_group_size=ROW_GROUP_ROWS)
 
 
+@dataclass(frozen=True)
+class StoredTable:
+    """A map's Arrow table where the worker that made it wrote it (one Arrow IPC stream of a file in the output folder
+    being written, runner.MAP_RESULTS), read when the reduce needs it: a reduce over thousands of ranks then holds a
+    few ranks' tables at a time, in memory it gives back (a memory map of them all would stay resident)."""
+
+    path: str
+    offset: int
+    size: int
+    num_rows: int
+
+    def __len__(self) -> int:
+        return self.num_rows
+
+    def read(self, columns: list[str] | None = None) -> pa.Table:
+        if not os.path.exists(self.path):
+            raise PackError(f"{self.path}: a worker wrote a rank's results there, which this machine does not see; "
+                            "write the output to a folder every node sees (--output on a shared filesystem)")
+        with pa.OSFile(self.path, "rb") as source:
+            source.seek(self.offset)
+            table = ipc.open_stream(source.read_buffer(self.size)).read_all()
+        return table if columns is None else table.select(columns)
+
+
+def table_of(value, columns: list[str] | None = None) -> pa.Table:
+    """A map's table as given to the reduce (an Arrow table, or a StoredTable), these columns of it."""
+    if isinstance(value, StoredTable):
+        return value.read(columns)
+    return value if columns is None else value.select(columns)
+
+
 def remove_spilled(mapped) -> None:
     """Remove the files of every SpilledRows among map results (lists of result dicts, nested as the runner
     keeps them)."""

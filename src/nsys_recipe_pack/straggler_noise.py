@@ -1,15 +1,17 @@
 """Which component explains a straggling cell: each component's excess over its cross-rank median per iteration
-(or per cohort of peers), and its own noise scale over the whole run, held a run of components at a time so that
-tens of millions of cells need not be held at once (straggler_heatmap's reduce)."""
+(or per cohort of peers), and its own noise scale over the whole run, read and held a run of components at a time so
+that hundreds of millions of cells need not be held at once (straggler_heatmap's reduce)."""
 
 from __future__ import annotations
 
 import numpy as np
+import pyarrow as pa
 
 from .groups import runs_of_about
-from .inputs import Frame
+from .inputs import numpy_of
 from .iterations import DEFAULT_SYNC_RE
 from .lazy import pd
+from .spill import table_of
 
 MAD_TO_SIGMA = 1.4826
 Q90_TO_SIGMA = 1.645  # the 90th percentile of |N(0, 1)|
@@ -23,41 +25,91 @@ def robust_scale(x: pd.Series) -> float:
     return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
 
 
-def component_causes(cell_iteration: np.ndarray, comp_cell: np.ndarray, comps: Frame, sync_names: set,
-                      cell_excess: np.ndarray, typical: float, sigma: float) -> tuple[np.ndarray, ...]:
+class ComponentRows:
+    """Every rank's component rows (the maps' `components` tables: iteration, component, ns, on_gpu), read a rank at a
+    time whenever some of them are needed: a run of many ranks has hundreds of millions of them, more than memory
+    holds. Codes: a component's word times 2 plus its side (a range's host time and the GPU time of its work apart).
+    parts: (table or spill.StoredTable, the cell of its iteration 0)."""
+
+    COLUMNS = ["iteration", "component", "ns", "on_gpu"]
+
+    def __init__(self, parts: list[tuple]):
+        self.parts = parts
+        index: dict = {}
+        self.recode = []  # per part: its dictionary's codes as indices into self.words
+        counts = []
+        for rows in self._tables():
+            words = rows.column("component").chunk(0).dictionary.to_pylist() if rows.num_rows else []
+            self.recode.append(np.array([index.setdefault(w, len(index)) for w in words] or [0], np.int64))
+            counts.append(np.bincount(self._codes(rows, self.recode[-1]), minlength=2 * len(index)))
+        self.words = np.array(list(index), dtype=object)
+        self.counts = np.zeros(2 * len(index), np.int64)
+        for c in counts:
+            self.counts[:len(c)] += c
+
+    def _tables(self):
+        for rows, _ in self.parts:
+            yield table_of(rows, self.COLUMNS).combine_chunks()
+
+    @staticmethod
+    def _codes(rows: pa.Table, recode: np.ndarray) -> np.ndarray:
+        if not rows.num_rows:
+            return np.zeros(0, np.int64)
+        return recode[numpy_of(rows.column("component").chunk(0).indices)] * 2 + numpy_of(rows.column("on_gpu"))
+
+    def rows(self, column: np.ndarray, low: int, high: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(cell, column - low, ns as float) of the rows whose code's `column` is in [low, high)."""
+        cells, cols, ns = [], [], []
+        for (_, first), rows, recode in zip(self.parts, self._tables(), self.recode, strict=True):
+            col = column[self._codes(rows, recode)]
+            take = np.flatnonzero((col >= low) & (col < high))
+            cells.append(numpy_of(rows.column("iteration"))[take] + first)
+            cols.append(col[take] - low)
+            ns.append(numpy_of(rows.column("ns"))[take].astype(np.float64))
+        return tuple(np.concatenate(x) if x else np.zeros(0, np.int64) for x in (cells, cols, ns))
+
+
+def component_causes(cell_iteration: np.ndarray, comps: ComponentRows, sync_names: set, cell_excess: np.ndarray,
+                     typical: float, sigma: float) -> tuple[np.ndarray, ...]:
     """For each cell (rank, iteration): whether one component accounts for its excess and stands out of
     that component's own noise, the component furthest above its cross-rank median (None if none is), and
     whether that is host time or GPU time ("host", "gpu").
 
     Over a cell x component table, 0 where a cell lacks a component, of which only the components each cell
-    has are held: with torch's emit_nvtx every op's range name carries its sequence number, so a report can
-    have tens of thousands of child range names and the whole table would not fit in memory.
+    has are held, a run of components at a time (EXCESS_CHUNK_ROWS rows about): with torch's emit_nvtx every op's
+    range name carries its sequence number, so a report can have tens of thousands of child range names, and ten
+    thousand ranks hundreds of millions of rows; a component's excess and noise depend on its own cells only.
     """
-    codes, words = comps.codes("component")
-    codes = codes * 2 + comps.values("on_gpu")  # a range's host time and the GPU time of its work apart
-    words, gpu_side = np.repeat(words, 2), np.tile([False, True], len(words))
-    present = np.unique(codes)
+    words, gpu_side = np.repeat(comps.words, 2), np.tile([False, True], len(comps.words))
+    present = np.flatnonzero(comps.counts)
     present = present[np.argsort(words[present], kind="stable")]  # columns in name order, as a pivot table's
     kept = np.array([not (DEFAULT_SYNC_RE.search(str(w)) or w in sync_names) for w in words[present]], bool)
     names = np.asarray(words[present][kept], dtype=object)
     on_gpu = gpu_side[present][kept]
     column = np.full(len(words), -1)
     column[present[kept]] = np.arange(len(names))
-    take = column[codes] >= 0
     n_cells = len(cell_iteration)
-    cell, col, excess, scale = component_excess(cell_iteration, comp_cell[take] * len(names) + column[codes][take],
-                                                 comps.values("ns")[take].astype(np.float64), len(names))
-    scale = np.maximum(scale, max(1000.0, 0.001 * typical))
-    explains = (excess >= EXPLAINS * cell_excess[cell]) & (excess / scale[col] > sigma)
     noise_ok = np.zeros(n_cells, bool)
-    noise_ok[cell[explains]] = True
-    # the cause: the largest excess above 0, the first component in name order among equals
-    above = excess > 0
-    top = np.full(n_cells, -np.inf)
-    np.maximum.at(top, cell[above], excess[above])
-    at_top = above & (excess == top[cell])
+    top = np.full(n_cells, -np.inf)  # each cell's largest excess above 0 so far, and its first column in name order
     first_col = np.full(n_cells, len(names))
-    np.minimum.at(first_col, cell[at_top], col[at_top])
+    floor = max(1000.0, 0.001 * typical)
+    for low, high in runs_of_about(comps.counts[present[kept]], EXCESS_CHUNK_ROWS):
+        cell, col, ns = comps.rows(column, low, high)
+        width = high - low
+        cell, col, excess, scale = _excess_by_component(cell_iteration, cell * width + col, ns, width)
+        scale = np.maximum(scale, floor)
+        explains = (excess >= EXPLAINS * cell_excess[cell]) & (excess / scale[col] > sigma)
+        noise_ok[cell[explains]] = True
+        above = excess > 0
+        cell, col, excess = cell[above], col[above] + low, excess[above]
+        cells, at = np.unique(cell, return_inverse=True)
+        best = np.full(len(cells), -np.inf)
+        np.maximum.at(best, at, excess)
+        best_col = np.full(len(cells), len(names))
+        at_best = excess == best[at]
+        np.minimum.at(best_col, at[at_best], col[at_best])
+        better = best > top[cells]  # a run's columns come after those of the runs before: among equals, the earlier's
+        top[cells[better]], first_col[cells[better]] = best[better], best_col[better]
     cause = np.full(n_cells, None, dtype=object)
     cause_side = np.full(n_cells, None, dtype=object)
     has = first_col < len(names)
@@ -66,32 +118,7 @@ def component_causes(cell_iteration: np.ndarray, comp_cell: np.ndarray, comps: F
     return noise_ok, cause, cause_side
 
 
-EXCESS_CHUNK_ROWS = 1_000_000  # component cells `component_excess` works on at once (~170 B each at its peak)
-
-
-def component_excess(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.ndarray, n_names: int):
-    """`_excess_by_component` over runs of components of about EXCESS_CHUNK_ROWS cells at a time: a component's
-    excess and scale depend on its own cells only, so that a long capture or many ranks (tens of millions of
-    cells) need not hold every column of the work at once. Rows come by component run."""
-    col = cell_col % max(n_names, 1)
-    per_col = np.bincount(col, minlength=n_names)
-    runs = runs_of_about(per_col, EXCESS_CHUNK_ROWS)
-    if len(cell_col) <= EXCESS_CHUNK_ROWS or len(runs) < 2:
-        return _excess_by_component(cell_iteration, cell_col, ns, n_names)
-    by_col = np.argsort(col, kind="stable")
-    ends = np.cumsum(per_col)
-    cell, out_col, excess = np.empty(len(col), np.int64), np.empty(len(col), np.int64), np.empty(len(col))
-    scale, at = np.zeros(n_names), 0  # the runs' rows, one after another (fewer where a cell's repeats are summed)
-    for low, high in runs:
-        rows = by_col[ends[low] - per_col[low]:ends[high - 1]]
-        width = high - low
-        part = _excess_by_component(cell_iteration, cell_col[rows] // n_names * width + col[rows] - low, ns[rows],
-                                    width)
-        size = len(part[0])
-        cell[at:at + size], out_col[at:at + size], excess[at:at + size], scale[low:high] = part
-        out_col[at:at + size] += low
-        at += size
-    return cell[:at], out_col[:at], excess[:at], scale
+EXCESS_CHUNK_ROWS = 1_000_000  # component cells worked on at once, about (~170 B each at its peak)
 
 
 def _excess_by_component(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.ndarray, n_names: int):

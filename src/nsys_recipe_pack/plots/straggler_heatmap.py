@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import pyarrow.parquet as pq
 
 from ..escape import plotly_text
 from ..recipes.straggler_heatmap import GPU_COMPONENTS
@@ -39,20 +42,35 @@ def cause_labels(cause: pd.Series, side: pd.Series | None) -> pd.Series:
     return label
 
 
+# what the figures show of iterations.parquet: a run of ten thousand ranks has tens of millions of cells
+CELL_COLUMNS = ["rank", "iteration", "score", "duration_ns", "wait_ns", "busy_ns", "cause", "cause_side",
+                "is_straggler", "is_warmup", "arrival_skew_ns", "stage"]
+
+
+def read_cells(out) -> pd.DataFrame:
+    """The columns of iterations.parquet the figures show (those the output has: `stage` only a pipeline job's)."""
+    path = Path(out) / "iterations.parquet"
+    have = set(pq.read_schema(path).names)
+    return pd.read_parquet(path, columns=[c for c in CELL_COLUMNS if c in have])
+
+
 def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
     """Score per (rank, iteration). Above `max_rows` ranks, every flagged rank keeps a row of its own (the most
     costly half of the rows at most) and the others are binned by their median busy time, a quantile of them a row,
     each cell the worst rank of its bin: a row of thousands of ranks stays readable, and no flagged rank hides."""
     ranks = np.sort(it["rank"].unique())
     binned = len(ranks) > max_rows
-    df = it.copy()
-    df["cause"] = plotly_text(cause_labels(df["cause"], df.get("cause_side")))
-    if binned:
-        df["row"], order, shown, bins = _binned_rows(df, max_rows)
-        df = df.sort_values("score", ascending=False).drop_duplicates(["row", "iteration"])
+    if binned:  # the worst cell of each row and iteration first: ten thousand ranks' cells are never copied
+        row, order, shown, bins = _binned_rows(it, max_rows)
+        iteration = it["iteration"].to_numpy()
+        key = row * (int(iteration.max()) + 1) + iteration
+        first = np.lexsort((-it["score"].to_numpy(float), key))
+        first = first[np.r_[True, key[first][1:] != key[first][:-1]]]
+        df = it.iloc[first].assign(row=np.asarray(order, dtype=object)[row[first]])
     else:
-        df["row"] = df["rank"].astype(str)
+        df = it.assign(row=it["rank"].astype(str))
         order = [str(r) for r in ranks]
+    df["cause"] = plotly_text(cause_labels(df["cause"], df.get("cause_side")))
     z = df.pivot(index="row", columns="iteration", values="score").reindex(order)
     cols = z.columns
     def grid(col, fn=lambda v: v):
@@ -92,10 +110,10 @@ def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
     return fig
 
 
-def _binned_rows(df: pd.DataFrame, max_rows: int) -> tuple[pd.Series, list[str], int, int]:
-    """Each cell's row: its rank's own where the rank was flagged (the ranks with the most excess, up to half the
-    rows), else its quantile of the other ranks by median busy time; the rows in order, how many ranks are shown
-    whole, and how many rows the others share."""
+def _binned_rows(df: pd.DataFrame, max_rows: int) -> tuple[np.ndarray, list[str], int, int]:
+    """Each cell's row (its place in the rows' order): its rank's own where the rank was flagged (the ranks with the
+    most excess, up to half the rows), else its quantile of the other ranks by median busy time; the rows in order,
+    how many ranks are shown whole, and how many rows the others share."""
     per_rank = df.groupby("rank").agg(flagged=("is_straggler", "any"), busy_ns=("busy_ns", "median"),
                                       worst=("score", "max"))
     flagged = per_rank[per_rank["flagged"]].sort_values("worst", ascending=False).index[:max_rows // 2]
@@ -110,7 +128,10 @@ def _binned_rows(df: pd.DataFrame, max_rows: int) -> tuple[pd.Series, list[str],
         name = f"q{k + 1}: {len(members)} ranks, {busy.min():,.1f}–{busy.max():,.1f} ms"
         label.update(dict.fromkeys(members.tolist(), name))
         order.append(name)
-    return df["rank"].map(label), order, len(flagged), bins
+    place = {name: i for i, name in enumerate(order)}
+    ranks = np.array(list(label), np.int64)
+    row_of = np.array([place[label[r]] for r in label.keys()], np.int64)[np.argsort(ranks)]
+    return row_of[np.searchsorted(np.sort(ranks), df["rank"].to_numpy())], order, len(flagged), bins
 
 
 def straggler_bars(ranks: pd.DataFrame, top: int = 50) -> go.Figure:
@@ -151,8 +172,9 @@ def causes(stragglers: pd.DataFrame) -> go.Figure:
 
 
 def arrival_skew(it: pd.DataFrame) -> go.Figure:
-    g = it.dropna(subset=["arrival_skew_ns"]).groupby("iteration")
-    worst = it.dropna(subset=["arrival_skew_ns"]).sort_values("arrival_skew_ns").groupby("iteration").tail(1)
+    arrived = it[["iteration", "rank", "arrival_skew_ns"]].dropna(subset=["arrival_skew_ns"])
+    g = arrived.groupby("iteration")
+    worst = arrived.sort_values("arrival_skew_ns").groupby("iteration").tail(1)
     worst = worst.set_index("iteration").sort_index()
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=worst.index, y=_ms(worst["arrival_skew_ns"]), mode="lines+markers",
@@ -211,7 +233,7 @@ def microbatch_spread(spread: pd.DataFrame):
 def overview(out) -> list:
     """This recipe's figures on the run overview page (`nsys-recipe report`): the heatmap, and for a pipeline job the
     stages' busy time, the findings (stage imbalance, uneven micro-batches) and what uneven micro-batches cost."""
-    it = pd.read_parquet(out / "iterations.parquet")
+    it = read_cells(out)
     figures = [heatmap(it)]
     if "stage" in it and it["stage"].nunique() > 1:
         figures.append(stage_busy(it))

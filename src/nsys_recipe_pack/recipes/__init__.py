@@ -52,6 +52,9 @@ class Recipe:
     # `nsys recipe`, where a recipe may also accept the spelling of its built-in counterpart
     add_options: Callable = no_options
     per_iteration: bool = False  # whether ranks must agree on one iteration delimiter
+    # whether its reduce reads the maps' tables when it needs them (spill.table_of): a run of many ranks then hands
+    # it spill.StoredTable, never holding every rank's tables at once
+    lazy_tables: bool = False
     needs_for: Callable | None = None  # needs_for(options): fewer needs for some options (read less)
     rows_for: Callable | None = None  # rows_for(options): need -> names, when only those rows are used
     # peak memory over one rank per event row read: measured on a 680 MB export (bench/RESULTS.md, huge reports)

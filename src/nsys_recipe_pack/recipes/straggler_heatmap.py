@@ -42,7 +42,8 @@ from ..iterations import (
 )
 from ..lazy import pd
 from ..phases import child_ranges, launching_child
-from ..straggler_noise import component_causes, robust_scale
+from ..spill import table_of
+from ..straggler_noise import ComponentRows, component_causes, robust_scale
 from ..straggler_verdicts import incidental, most_frequent, pattern, recurrence, verdicts
 from . import Metric, Recipe, comma_list, indented, iteration_options, ms_cell, parallel_option
 
@@ -327,23 +328,26 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     threshold = float(options.get("threshold", DEFAULT_THRESHOLD))
     sigma = float(options.get("sigma", DEFAULT_SIGMA))
     sync_names = set(options.get("sync") or [])
-    iters = Frame(pa.concat_tables([r["iterations"] for r in per_rank]), ITERATION_DTYPES).to_pandas()
-    counts = np.array([r["iterations"].num_rows for r in per_rank], np.int64)
-    iters["rank"] = np.repeat(np.array([r["rank"] for r in per_rank], np.int64), counts)
-    iters["offset"] = np.repeat(np.array([r["offset_ns"] for r in per_rank], np.int64), counts)
-    comps = Frame(pa.concat_tables([r["components"] for r in per_rank]), COMPONENT_DTYPES)
-    # each component row's (rank, iteration) row in iters: its rank's first row plus its iteration
-    comp_cell = np.repeat(np.cumsum(counts) - counts, [r["components"].num_rows for r in per_rank]) + \
-        comps.values("iteration")
-
+    per_rank = sorted(per_rank, key=lambda r: r["rank"])  # the cells in the output's order: by rank, then iteration
+    # first: what it holds of every NCCL kernel while it matches them (ten thousand ranks: millions) is let go before
+    # the cells are read
     matched = collective_match.match(per_rank, options, only_parallel=True)
     parallel_job = parallel.is_parallel(matched.groups)
+    iters = Frame(pa.concat_tables([table_of(r["iterations"], list(ITERATION_DTYPES)) for r in per_rank]),
+                  ITERATION_DTYPES).to_pandas()
+    counts = np.array([r["iterations"].num_rows for r in per_rank], np.int64)
+    iters.insert(0, "rank", np.repeat(np.array([r["rank"] for r in per_rank], np.int64), counts))
+    offset = np.repeat(np.array([r["offset_ns"] for r in per_rank], np.int64), counts)
+    comps = ComponentRows([(r["components"], first) for r, first in zip(per_rank, np.cumsum(counts) - counts,
+                                                                        strict=True)])
+
     # a rank is compared with the ranks of its own pipeline stage (all ranks, in a job without one)
     iters["stage"] = peers.stages(matched.groups, iters["rank"].to_numpy()) if parallel_job else 0
     iters["cohort"] = peers.cohorts(iters["iteration"].to_numpy(), iters["stage"].to_numpy())
 
-    iters["start_aligned_ns"] = iters["start_ns"] + iters["offset"]
-    arrival_aligned = iters["arrival_ns"] + iters["offset"]
+    iters["start_aligned_ns"] = iters["start_ns"] + offset
+    arrival_aligned = iters["arrival_ns"] + offset
+    del offset
     iters["arrival_skew_ns"] = (arrival_aligned - arrival_aligned.groupby(iters["iteration"]).transform("min"))
     iters["arrival_skew_ns"] = iters["arrival_skew_ns"].astype("Int64")
 
@@ -359,14 +363,12 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     busy_scale = max(robust_scale(iters["excess_ns"][compared]), floor)
     z_busy = iters["excess_ns"] / busy_scale
 
-    key = ["rank", "iteration"]
     n_ranks = iters.groupby("cohort")["rank"].transform("nunique")
     # an iteration of one rank is every component's median itself: no excess, no cause and never flagged (below),
     # so where no iteration has two ranks (one long capture) the cell x component work is skipped
-    if len(comps) and (n_ranks >= 2).any():
-        noise_ok, cause, cause_side = component_causes(iters["cohort"].to_numpy(), comp_cell, comps,
-                                                        sync_names, iters["excess_ns"].to_numpy(dtype=float),
-                                                        typical, sigma)
+    if comps.counts.sum() and (n_ranks >= 2).any():
+        noise_ok, cause, cause_side = component_causes(iters["cohort"].to_numpy(), comps, sync_names,
+                                                        iters["excess_ns"].to_numpy(dtype=float), typical, sigma)
     else:
         noise_ok = np.zeros(len(iters), bool)
         cause = cause_side = np.full(len(iters), None, dtype=object)
@@ -386,14 +388,16 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     cols = ["rank", "iteration", "start_ns", "start_aligned_ns", "duration_ns", "wait_ns", "busy_ns",
             "gpu_busy_ns", "arrival_skew_ns", "score", "is_straggler", "cause", "cause_side", "excess_ns", "noise_z",
             "is_warmup", *(["stage"] if parallel_job else [])]
-    iterations = iters[cols].sort_values(key, kind="mergesort").reset_index(drop=True)
+    # the ranks in order, each one's iterations in order: the cells are in the output's order (rank, iteration)
+    iterations = iters[cols].reset_index(drop=True)
     for c in ["rank", "iteration", "start_ns", "start_aligned_ns", "duration_ns", "wait_ns", "busy_ns",
               "excess_ns"]:
         iterations[c] = iterations[c].astype("int64")
     iterations["gpu_busy_ns"] = iterations["gpu_busy_ns"].astype("Int64")
     iterations["is_straggler"] = iterations["is_straggler"].astype(bool)
 
-    iterations["recoverable_ns"] = _recoverable(iterations, med_busy.reindex(iters.index), iters).astype("int64")
+    iterations["recoverable_ns"] = _recoverable(iterations, iters["cohort"].to_numpy(),
+                                                med_busy.to_numpy(float)).astype("int64")
     stragglers = iterations[iterations["is_straggler"]].reset_index(drop=True)
     g = iterations.groupby("rank")
     ranks = pd.DataFrame({
@@ -485,19 +489,16 @@ def _of_the_others(group: np.ndarray, values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _recoverable(iterations: pd.DataFrame, med_busy: pd.Series, iters: pd.DataFrame) -> np.ndarray:
+def _recoverable(iterations: pd.DataFrame, cohort: np.ndarray, med_busy: np.ndarray) -> np.ndarray:
     """For each flagged cell, the time the whole iteration would have been shorter had the rank's busy time been
     the median peer's: its busy time above the busiest of its other peers (or the median, if higher), and no more
-    than they waited beyond its own wait (the least-waiting other peer). 0 for cells not flagged."""
-    merged = iterations[["rank", "iteration", "busy_ns", "wait_ns", "is_straggler"]].merge(
-        iters[["rank", "iteration", "cohort"]].assign(med_busy=med_busy.to_numpy()), on=["rank", "iteration"],
-        how="left")
-    group = merged["cohort"].to_numpy()  # the rank's peers: its stage's ranks in the iteration
-    busy, wait = merged["busy_ns"].to_numpy(float), merged["wait_ns"].to_numpy(float)
-    above = busy - np.maximum(merged["med_busy"].to_numpy(float), _of_the_others(group, busy))
-    waited_more = -_of_the_others(group, -wait) - wait  # the least-waiting other rank's wait, beyond this rank's
+    than they waited beyond its own wait (the least-waiting other peer). 0 for cells not flagged. cohort, med_busy:
+    each cell's peers (its stage's ranks in the iteration) and their median busy time."""
+    busy, wait = iterations["busy_ns"].to_numpy(float), iterations["wait_ns"].to_numpy(float)
+    above = busy - np.maximum(med_busy, _of_the_others(cohort, busy))
+    waited_more = -_of_the_others(cohort, -wait) - wait  # the least-waiting other rank's wait, beyond this rank's
     saving = np.clip(np.minimum(above, np.where(np.isfinite(waited_more), waited_more, 0.0)), 0.0, None)
-    return np.round(np.where(merged["is_straggler"].to_numpy(), saving, 0.0))
+    return np.round(np.where(iterations["is_straggler"].to_numpy(), saving, 0.0))
 
 
 def add_options(add, framework: bool = False) -> None:
@@ -570,6 +571,7 @@ RECIPE = Recipe(
     reduce=reduce,
     add_options=add_options,
     per_iteration=True,
+    lazy_tables=True,
     stream=STREAM,
     summary=summary,
     headline=headline,

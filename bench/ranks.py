@@ -1,0 +1,192 @@
+"""Thousands of ranks: `straggler_heatmap --report` over SYNTHETIC N ranks x 1,000 iterations, through a real Dask
+scheduler and two `nsys-recipe dask-worker` processes on 127.0.0.1 (`--mode dask-futures --dask-scheduler`).
+
+Each set is written once by the pack's generator (`nsys-recipe synth`, one straggler injected: rank N*7/9 computes
+1.5 times as long in iterations 300-309), not a real profile, and kept in --work; its writing is timed apart. The run
+is timed as a whole, from the command's start to its report page written. Memory is each process's own peak
+resident memory, sampled every 100 ms: the client (the command: the reduce, then the report, whose notebook runs in
+a kernel process of its own), the scheduler, the workers. Truth: the flagged cells are exactly the injected ones.
+
+    .venv/bin/python bench/ranks.py --ranks 1024,4096 --work /tmp/nsys-recipe-ranks
+    .venv/bin/python bench/ranks.py --ranks 10000 --keep     # rows of other sizes kept as the raw numbers hold them
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import PACK, ROOT, _free_port, found_stragglers, replace_section  # noqa: E402
+
+ITERATIONS = 1000
+WORKERS = 2
+BEGIN, END = "<!-- ranks:begin -->", "<!-- ranks:end -->"
+
+
+def synth(work: Path, n: int, log: Path) -> tuple[Path, float | None]:
+    """The set of n ranks, written unless it is there; the seconds its writing took (None: written before)."""
+    d = work / f"synth-{n}x{ITERATIONS}"
+    if (d / "truth.json").exists():
+        return d, None
+    started = time.perf_counter()
+    cmd = [PACK, "synth", "--ranks", str(n), "--iterations", str(ITERATIONS), "--format", "parquetdir",
+           "--straggler", f"rank={n * 7 // 9},iterations=300-309,cause=compute,slowdown=1.5", "--output", str(d),
+           "--force-overwrite"]
+    with log.open("a") as fh:
+        fh.write(f"\n$ {shlex.join(cmd)}\n")
+        fh.flush()
+        subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, check=True)
+    return d, round(time.perf_counter() - started, 1)
+
+
+class Peaks:
+    """Each watched process tree's largest resident memory of any one process in it, sampled in a thread."""
+
+    def __init__(self, roots: dict[str, int]):
+        self.roots = roots
+        self.peak = dict.fromkeys(roots, 0)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            for name, pid in self.roots.items():
+                try:
+                    root = psutil.Process(pid)
+                    for p in [root, *root.children(recursive=True)]:
+                        try:
+                            self.peak[name] = max(self.peak[name], p.memory_info().rss)
+                        except psutil.Error:
+                            pass
+                except psutil.Error:
+                    pass
+            self._stop.wait(0.1)
+
+    def stop(self) -> dict[str, int]:
+        self._stop.set()
+        self._thread.join()
+        return {name: round(v / 2**20) for name, v in self.peak.items()}
+
+
+def run_one(work: Path, d: Path, n: int, log: Path) -> dict:
+    import distributed
+
+    port = _free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    env = dict(os.environ)
+    with log.open("a") as fh:
+        procs = {"scheduler": subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port", str(port),
+             "--no-dashboard"], env=env, stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)}
+        for i in range(WORKERS):
+            procs[f"worker {i}"] = subprocess.Popen(
+                [PACK, "dask-worker", address, "--", "--no-dashboard", "--nthreads", "1", "--name", f"w{i}"], env=env,
+                stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 120
+        while True:
+            try:
+                with distributed.Client(address, timeout="5s") as c:
+                    c.wait_for_workers(WORKERS, timeout=60)
+                    break
+            except (OSError, TimeoutError):
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+        out = work / "out" / f"ranks-{n}"
+        cmd = [PACK, "run", "--name", "straggler_heatmap", "--mode", "dask-futures", "--dask-scheduler", address,
+               "--report", "--output", str(out), "--force-overwrite", str(d)]
+        with log.open("a") as fh:
+            fh.write(f"\n$ {shlex.join(cmd)}\n")
+            fh.flush()
+            started = time.perf_counter()
+            client = subprocess.Popen(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT)
+            peaks = Peaks({"client": client.pid, **{k: p.pid for k, p in procs.items()}})
+            client.wait()
+            wall = time.perf_counter() - started
+            mb = peaks.stop()
+    finally:
+        for p in procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, 15)
+        for p in procs.values():
+            p.wait(timeout=60)
+    ok = client.returncode == 0
+    page = out / "report.html"
+    return {"ranks": n, "iterations": ITERATIONS, "wall_s": round(wall, 1), "ok": ok, "exit": client.returncode,
+            "client_mb": mb["client"], "scheduler_mb": mb["scheduler"],
+            "worker_mb": max(mb[f"worker {i}"] for i in range(WORKERS)),
+            "page_mb": round(page.stat().st_size / 1e6, 1) if ok and page.exists() else None,
+            "found": found_stragglers(out, d / "truth.json") if ok else "", "cmd": shlex.join(cmd)}
+
+
+def write_results(results: Path, meta: dict, rows: list[dict]) -> None:
+    lines = [BEGIN, f"## Thousands of ranks: SYNTHETIC ranks x {ITERATIONS:,} iterations through Dask", "",
+             f"Written by `{meta['command']}` on {meta['date']} ({meta['cpu']}, {meta['cores']} cores, "
+             f"{meta['memory_gb']} GB). Rerun with `make bench-ranks`.", "",
+             "SYNTHETIC sets from `nsys-recipe synth --format parquetdir` (one straggler injected), not real profiles. "
+             "`nsys-recipe run --name straggler_heatmap --report --mode dask-futures` against a `dask scheduler` and "
+             f"{WORKERS} `nsys-recipe dask-worker --nthreads 1` on 127.0.0.1. Time: the whole command, its report page "
+             "included (the writing of the set apart). Memory: each process's own peak resident memory, the largest "
+             "of each kind (client: the command and the notebook kernel it starts). Page: report.html, without the "
+             "plotly.js file beside it.", "",
+             "| ranks | synth s | run s | client MB | scheduler MB | worker MB | page MB | injected straggler |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in sorted(rows, key=lambda r: r["ranks"]):
+        status = r["found"] if r["ok"] else f"failed (exit {r['exit']})"
+        synth_s = "—" if r.get("synth_s") is None else f"{r['synth_s']:.0f}"
+        lines.append(f"| {r['ranks']} | {synth_s} | {r['wall_s']:.1f} | {r['client_mb']} | {r['scheduler_mb']} | "
+                     f"{r['worker_mb']} | {r['page_mb'] if r['page_mb'] is not None else '—'} | {status} |")
+    lines += ["", f"Raw numbers: `{meta['raw']}`; commands and their output: `bench/results-ranks/commands.log`.",
+              END]
+    replace_section(results, BEGIN, END, "\n".join(lines))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ranks", default="1024,4096,10000", help="comma-separated rank counts")
+    p.add_argument("--work", default="/tmp/nsys-recipe-ranks", help="where the sets and outputs are kept")
+    p.add_argument("--keep", action="store_true", help="keep the rows of other rank counts already measured")
+    p.add_argument("--drop-sets", action="store_true", help="remove each set once measured (10,000 ranks: 16 GB)")
+    args = p.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    results_dir = ROOT / "bench" / "results-ranks"
+    results_dir.mkdir(exist_ok=True)
+    log, raw = results_dir / "commands.log", results_dir / "ranks.json"
+    log.write_text("")
+    sizes = [int(s) for s in args.ranks.split(",") if s]
+    rows = {r["ranks"]: r for r in json.loads(raw.read_text())["rows"]} if args.keep and raw.exists() else {}
+    for n in sizes:
+        d, synth_s = synth(work, n, log)
+        row = run_one(work, d, n, log)
+        row["synth_s"] = synth_s if synth_s is not None else rows.get(n, {}).get("synth_s")
+        rows[n] = row
+        print(f"{n:>6} ranks: {row['wall_s']:7.1f} s, client {row['client_mb']} MB, workers {row['worker_mb']} MB, "
+              f"page {row['page_mb']} MB, {row['found'] or 'failed'}", flush=True)
+        if args.drop_sets:
+            shutil.rmtree(d, ignore_errors=True)
+    meta = {"command": "python bench/ranks.py " + shlex.join(sys.argv[1:]),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "cores": os.cpu_count(),
+            "memory_gb": round(psutil.virtual_memory().total / 2**30), "raw": os.path.relpath(raw, ROOT),
+            "cpu": next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                         if ln.startswith("model name")), "")}
+    raw.write_text(json.dumps({"meta": meta, "rows": list(rows.values())}, indent=1))
+    write_results(ROOT / "bench" / "RESULTS.md", meta, list(rows.values()))
+
+
+if __name__ == "__main__":
+    main()
