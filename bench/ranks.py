@@ -6,6 +6,7 @@ Each set is written once by the pack's generator (`nsys-recipe synth`, one strag
 is timed as a whole, from the command's start to its report page written. Memory is each process's own peak
 resident memory, sampled every 100 ms: the client (the command: the reduce, then the report, whose notebook runs in
 a kernel process of its own), the scheduler, the workers. Truth: the flagged cells are exactly the injected ones.
+The page is then opened in headless Chromium with no network: every figure drawn, no console error.
 
     .venv/bin/python bench/ranks.py --ranks 1024,4096 --work /tmp/nsys-recipe-ranks
     .venv/bin/python bench/ranks.py --ranks 10000 --keep     # rows of other sizes kept as the raw numbers hold them
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -130,7 +132,32 @@ def run_one(work: Path, d: Path, n: int, log: Path) -> dict:
             "client_mb": mb["client"], "scheduler_mb": mb["scheduler"],
             "worker_mb": max(mb[f"worker {i}"] for i in range(WORKERS)),
             "page_mb": round(page.stat().st_size / 1e6, 1) if ok and page.exists() else None,
-            "found": found_stragglers(out, d / "truth.json") if ok else "", "cmd": shlex.join(cmd)}
+            "found": found_stragglers(out, d / "truth.json") if ok else "", "cmd": shlex.join(cmd),
+            "chromium": opens_in_chromium(page, work) if ok and page.exists() else ""}
+
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--proxy-server=127.0.0.1:9", "--proxy-bypass-list=<-loopback>"]  # no network at all
+
+
+def opens_in_chromium(page: Path, work: Path) -> str:
+    """Whether headless Chromium, offline, draws every figure of the page without a console error, and how long it
+    took to load it."""
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        return "no chromium"
+    expected = len(re.findall(r'class="plotly-graph-div"', page.read_text()))
+    started = time.perf_counter()
+    res = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={work / 'chromium-profile'}",
+                          "--enable-logging=stderr", "--v=0", "--virtual-time-budget=60000", "--dump-dom",
+                          page.as_uri()], capture_output=True, text=True, timeout=600)
+    took = time.perf_counter() - started
+    drawn = len(re.findall(r'class="main-svg"', res.stdout))
+    errors = [ln for ln in res.stderr.splitlines() if "CONSOLE" in ln or "Uncaught" in ln]
+    if res.returncode or drawn < expected or errors:
+        return f"no: exit {res.returncode}, {drawn} svg for {expected} figures, {len(errors)} console errors"
+    return f"yes, {expected} figures drawn ({took:.0f} s)"
 
 
 def write_results(results: Path, meta: dict, rows: list[dict]) -> None:
@@ -143,13 +170,15 @@ def write_results(results: Path, meta: dict, rows: list[dict]) -> None:
              "included (the writing of the set apart). Memory: each process's own peak resident memory, the largest "
              "of each kind (client: the command and the notebook kernel it starts). Page: report.html, without the "
              "plotly.js file beside it.", "",
-             "| ranks | synth s | run s | client MB | scheduler MB | worker MB | page MB | injected straggler |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "| ranks | synth s | run s | client MB | scheduler MB | worker MB | page MB | headless Chromium | "
+             "injected straggler |",
+             "|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in sorted(rows, key=lambda r: r["ranks"]):
         status = r["found"] if r["ok"] else f"failed (exit {r['exit']})"
         synth_s = "—" if r.get("synth_s") is None else f"{r['synth_s']:.0f}"
         lines.append(f"| {r['ranks']} | {synth_s} | {r['wall_s']:.1f} | {r['client_mb']} | {r['scheduler_mb']} | "
-                     f"{r['worker_mb']} | {r['page_mb'] if r['page_mb'] is not None else '—'} | {status} |")
+                     f"{r['worker_mb']} | {r['page_mb'] if r['page_mb'] is not None else '—'} | "
+                     f"{r.get('chromium') or '—'} | {status} |")
     lines += ["", f"Raw numbers: `{meta['raw']}`; commands and their output: `bench/results-ranks/commands.log`.",
               END]
     replace_section(results, BEGIN, END, "\n".join(lines))

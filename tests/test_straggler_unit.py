@@ -172,14 +172,14 @@ def _tail_scale(x: pd.Series) -> float:
 
 
 def _component_parts(cell_col: np.ndarray, ns: np.ndarray, n_names: int, n_cells: int, split: int) -> list:
-    """The rows as two ranks' `components` tables (cells [0, split) and [split, n)), named c0, c1, ... in an order
-    of their own per rank, on the host side."""
+    """The rows as two ranks' `components` tables (cells [0, split) and [split, n)), named in an order
+    of their own per rank (c00, c01, ...: in name order), on the host side."""
     import pyarrow as pa
 
     parts = []
     for low, high in ((0, split), (split, n_cells)):
         rows = np.flatnonzero((cell_col // n_names >= low) & (cell_col // n_names < high))[::-1]
-        words = [f"c{i}" for i in range(n_names)][::-1]
+        words = [f"c{i:02d}" for i in range(n_names)][::-1]
         table = pa.table({"iteration": pa.array(cell_col[rows] // n_names - low, pa.int64()),
                           "component": pa.DictionaryArray.from_arrays(
                               pa.array(n_names - 1 - cell_col[rows] % n_names, pa.int32()), pa.array(words)),
@@ -188,17 +188,20 @@ def _component_parts(cell_col: np.ndarray, ns: np.ndarray, n_names: int, n_cells
     return parts
 
 
-@pytest.mark.parametrize("chunk_rows", [3, straggler_noise.EXCESS_CHUNK_ROWS])
-def test_component_excess_noise_and_causes_from_the_cells_own_components_match_the_whole_table(monkeypatch,
-                                                                                               chunk_rows):
+@pytest.mark.parametrize(("chunk_rows", "dense_share", "dense_bytes"), [
+    (3, 0, 1), (straggler_noise.EXCESS_CHUNK_ROWS, 0, 1), (3, 10**9, 1), (3, 10**9, 1 << 30), (3, 4, 1)])
+def test_component_excess_noise_and_causes_from_the_cells_own_components_match_the_whole_table(
+        monkeypatch, chunk_rows, dense_share, dense_bytes):
     # the cells' own components against the whole table: each cell's excess over its iteration's median, and
     # each component's noise scale (_tail_scale over every cell, the cells lacking it at 0); then each cell's cause
     # (its largest excess above 0, the first name among equals) and whether a component explains it, from two ranks'
-    # tables worked on a few components at a time too
+    # tables worked on a few components at a time, as columns over every cell (one or many a pass) or from their rows
     monkeypatch.setattr(straggler_noise, "EXCESS_CHUNK_ROWS", chunk_rows)
+    monkeypatch.setattr(straggler_noise, "DENSE_SHARE", dense_share)
+    monkeypatch.setattr(straggler_noise, "DENSE_BYTES", dense_bytes)
     rng = np.random.default_rng(8)
     for _ in range(200):
-        n_iter, n_names = int(rng.integers(1, 6)), int(rng.integers(1, 8))
+        n_iter, n_names = int(rng.integers(1, 6)), int(rng.integers(1, 40))
         cell_iteration = np.sort(rng.integers(0, n_iter, int(rng.integers(n_iter, 30))))
         cell_iteration = np.unique(cell_iteration, return_inverse=True)[1].reshape(-1)
         n_cells = len(cell_iteration)
@@ -223,7 +226,7 @@ def test_component_excess_noise_and_causes_from_the_cells_own_components_match_t
         explains = has & (x >= 0.5 * cell_excess[:, None]) & (x / scales > 2.0)
         np.testing.assert_array_equal(noise_ok, explains.any(axis=1))
         top = np.where(x > 0, x, -np.inf)
-        named = [f"c{int(np.argmax(t))}" if (t > 0).any() else None for t in top]
+        named = [f"c{int(np.argmax(t)):02d}" if (t > 0).any() else None for t in top]
         assert cause.tolist() == named
         assert side.tolist() == [None if c is None else "host" for c in named]
 

@@ -331,6 +331,8 @@ def _split(kernels: pd.DataFrame, p2p: pd.Series, comms: pd.DataFrame, place: di
             keys.append(key if len(parts) == 1 else f"{key}.{i}")
             members.append(part)
             new_key.update({(key, r): keys[-1] for r in part})
+    if keys == comms["communicator"].tolist():  # none split (a job of one kind of group): every key stays
+        return comms
     kernels["communicator"] = _renamed(kernels, new_key)
     return _table(kernels, p2p, keys, members)
 

@@ -25,6 +25,11 @@ def robust_scale(x: pd.Series) -> float:
     return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
 
 
+EXCESS_CHUNK_ROWS = 1_000_000  # component cells worked on at once, about (~170 B each at its peak)
+DENSE_SHARE = 4  # a component that at least one cell in this many has is worked on as a column over every cell
+DENSE_BYTES = 512 << 20  # the columns over every cell read in one pass over the ranks (9 B a cell each)
+
+
 class ComponentRows:
     """Every rank's component rows (the maps' `components` tables: iteration, component, ns, on_gpu), read a rank at a
     time whenever some of them are needed: a run of many ranks has hundreds of millions of them, more than memory
@@ -57,16 +62,27 @@ class ComponentRows:
             return np.zeros(0, np.int64)
         return recode[numpy_of(rows.column("component").chunk(0).indices)] * 2 + numpy_of(rows.column("on_gpu"))
 
-    def rows(self, column: np.ndarray, low: int, high: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(cell, column - low, ns as float) of the rows whose code's `column` is in [low, high)."""
-        cells, cols, ns = [], [], []
+    def _taken(self, local: np.ndarray):
+        """Per part: (its cells, the local column of each row, ns) of the rows whose code's `local` is 0 or more."""
         for (_, first), rows, recode in zip(self.parts, self._tables(), self.recode, strict=True):
-            col = column[self._codes(rows, recode)]
-            take = np.flatnonzero((col >= low) & (col < high))
-            cells.append(numpy_of(rows.column("iteration"))[take] + first)
-            cols.append(col[take] - low)
-            ns.append(numpy_of(rows.column("ns"))[take].astype(np.float64))
-        return tuple(np.concatenate(x) if x else np.zeros(0, np.int64) for x in (cells, cols, ns))
+            col = local[self._codes(rows, recode)]
+            take = np.flatnonzero(col >= 0)
+            yield numpy_of(rows.column("iteration"))[take] + first, col[take], numpy_of(rows.column("ns"))[take]
+
+    def rows(self, local: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(cell, local column, ns as float) of the rows whose code has a local column (`local`, -1: none)."""
+        parts = list(self._taken(local))
+        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                np.concatenate([p[2] for p in parts]).astype(np.float64))
+
+    def dense(self, local: np.ndarray, width: int, n_cells: int) -> tuple[np.ndarray, np.ndarray]:
+        """The columns over every cell (0 where a cell lacks the component; a cell's rows of one summed) and which
+        cells have each, of the codes with a local column."""
+        values, has = np.zeros((width, n_cells)), np.zeros((width, n_cells), bool)
+        for cell, col, ns in self._taken(local):
+            np.add.at(values, (col, cell), ns)
+            has[col, cell] = True
+        return values, has
 
 
 def component_causes(cell_iteration: np.ndarray, comps: ComponentRows, sync_names: set, cell_excess: np.ndarray,
@@ -75,50 +91,103 @@ def component_causes(cell_iteration: np.ndarray, comps: ComponentRows, sync_name
     that component's own noise, the component furthest above its cross-rank median (None if none is), and
     whether that is host time or GPU time ("host", "gpu").
 
-    Over a cell x component table, 0 where a cell lacks a component, of which only the components each cell
-    has are held, a run of components at a time (EXCESS_CHUNK_ROWS rows about): with torch's emit_nvtx every op's
-    range name carries its sequence number, so a report can have tens of thousands of child range names, and ten
-    thousand ranks hundreds of millions of rows; a component's excess and noise depend on its own cells only.
+    Over a cell x component table, 0 where a cell lacks a component, never held whole: a component most cells have
+    as a column over every cell (a few at a time, DENSE_BYTES), the others from their rows alone, a run of them at a
+    time (EXCESS_CHUNK_ROWS rows about). With torch's emit_nvtx every op's range name carries its sequence number, so
+    a report can have tens of thousands of child range names; ten thousand ranks have hundreds of millions of
+    rows. A component's excess and noise depend on its own cells only.
     """
     words, gpu_side = np.repeat(comps.words, 2), np.tile([False, True], len(comps.words))
     present = np.flatnonzero(comps.counts)
     present = present[np.argsort(words[present], kind="stable")]  # columns in name order, as a pivot table's
     kept = np.array([not (DEFAULT_SYNC_RE.search(str(w)) or w in sync_names) for w in words[present]], bool)
-    names = np.asarray(words[present][kept], dtype=object)
-    on_gpu = gpu_side[present][kept]
-    column = np.full(len(words), -1)
-    column[present[kept]] = np.arange(len(names))
+    codes = present[kept]
+    names = np.asarray(words[codes], dtype=object)
+    on_gpu = gpu_side[codes]
     n_cells = len(cell_iteration)
-    noise_ok = np.zeros(n_cells, bool)
-    top = np.full(n_cells, -np.inf)  # each cell's largest excess above 0 so far, and its first column in name order
-    first_col = np.full(n_cells, len(names))
-    floor = max(1000.0, 0.001 * typical)
-    for low, high in runs_of_about(comps.counts[present[kept]], EXCESS_CHUNK_ROWS):
-        cell, col, ns = comps.rows(column, low, high)
-        width = high - low
-        cell, col, excess, scale = _excess_by_component(cell_iteration, cell * width + col, ns, width)
-        scale = np.maximum(scale, floor)
-        explains = (excess >= EXPLAINS * cell_excess[cell]) & (excess / scale[col] > sigma)
-        noise_ok[cell[explains]] = True
+    causes = _Causes(n_cells, len(names), cell_excess, max(1000.0, 0.001 * typical), sigma)
+    dense = comps.counts[codes] * DENSE_SHARE >= n_cells
+    by_cohort = _Cohorts(cell_iteration) if dense.any() else None
+    columns = np.flatnonzero(dense)
+    step = max(1, DENSE_BYTES // (9 * max(n_cells, 1)))
+    for group in (columns[i:i + step] for i in range(0, len(columns), step)):
+        values, has = comps.dense(_local(len(words), codes[group]), len(group), n_cells)
+        for j, col in enumerate(group.tolist()):
+            excess, scale = by_cohort.excess(values[j])
+            cells = np.flatnonzero(has[j])
+            causes.add(cells, np.full(len(cells), col), excess[cells], np.full(len(cells), scale))
+    columns = np.flatnonzero(~dense)
+    for low, high in runs_of_about(comps.counts[codes[columns]], EXCESS_CHUNK_ROWS):
+        run = columns[low:high]
+        cell, col, ns = comps.rows(_local(len(words), codes[run]))
+        cell, col, excess, scale = _excess_by_component(cell_iteration, cell * len(run) + col, ns, len(run))
+        causes.add(cell, run[col], excess, scale[col])
+    cause = np.full(n_cells, None, dtype=object)
+    cause_side = np.full(n_cells, None, dtype=object)
+    has = causes.first_col < len(names)
+    cause[has] = names[causes.first_col[has]]
+    cause_side[has] = np.where(on_gpu[causes.first_col[has]], "gpu", "host")
+    return causes.noise_ok, cause, cause_side
+
+
+def _local(n_codes: int, codes: np.ndarray) -> np.ndarray:
+    """Each code's place among `codes`, -1 for the others."""
+    local = np.full(n_codes, -1)
+    local[codes] = np.arange(len(codes))
+    return local
+
+
+class _Causes:
+    """Each cell's findings as the components' excesses come in, in any order: whether one explains the cell's excess
+    beyond its noise, and the component furthest above its median (the first in name order among equals)."""
+
+    def __init__(self, n_cells: int, n_names: int, cell_excess: np.ndarray, floor: float, sigma: float):
+        self.cell_excess, self.floor, self.sigma, self.n_names = cell_excess, floor, sigma, n_names
+        self.noise_ok = np.zeros(n_cells, bool)
+        self.top = np.full(n_cells, -np.inf)
+        self.first_col = np.full(n_cells, n_names)
+
+    def add(self, cell: np.ndarray, col: np.ndarray, excess: np.ndarray, scale: np.ndarray) -> None:
+        """The excess of these (cell, column) rows, and the noise scale of each row's column (before its floor)."""
+        explains = (excess >= EXPLAINS * self.cell_excess[cell]) & (excess / np.maximum(scale, self.floor) > self.sigma)
+        self.noise_ok[cell[explains]] = True
         above = excess > 0
-        cell, col, excess = cell[above], col[above] + low, excess[above]
+        cell, col, excess = cell[above], col[above], excess[above]
         cells, at = np.unique(cell, return_inverse=True)
         best = np.full(len(cells), -np.inf)
         np.maximum.at(best, at, excess)
-        best_col = np.full(len(cells), len(names))
+        best_col = np.full(len(cells), self.n_names)
         at_best = excess == best[at]
         np.minimum.at(best_col, at[at_best], col[at_best])
-        better = best > top[cells]  # a run's columns come after those of the runs before: among equals, the earlier's
-        top[cells[better]], first_col[cells[better]] = best[better], best_col[better]
-    cause = np.full(n_cells, None, dtype=object)
-    cause_side = np.full(n_cells, None, dtype=object)
-    has = first_col < len(names)
-    cause[has] = names[first_col[has]]
-    cause_side[has] = np.where(on_gpu[first_col[has]], "gpu", "host")
-    return noise_ok, cause, cause_side
+        top, first = self.top[cells], self.first_col[cells]
+        better = (best > top) | ((best == top) & (best_col < first))
+        self.top[cells[better]], self.first_col[cells[better]] = best[better], best_col[better]
 
 
-EXCESS_CHUNK_ROWS = 1_000_000  # component cells worked on at once, about (~170 B each at its peak)
+class _Cohorts:
+    """The cells by cohort (`cell_iteration`: the cells compared with one another), for a column's median per cohort."""
+
+    def __init__(self, cell_iteration: np.ndarray):
+        self.code, self.of_cell = np.unique(cell_iteration, return_inverse=True)
+        self.of_cell = self.of_cell.reshape(-1)
+        self.order = np.argsort(self.of_cell, kind="stable")
+        self.grouped = self.of_cell[self.order]
+        size = np.bincount(self.of_cell, minlength=len(self.code))
+        self.first = np.cumsum(size) - size
+        self.middle = [self.first + (size - 1) // 2, self.first + size // 2]
+
+    def excess(self, values: np.ndarray) -> tuple[np.ndarray, float]:
+        """A column's excess over its cohort's median in every cell, and its noise scale over them all (as
+        _excess_by_component gives them: the same to the last bit)."""
+        in_order = values[self.order]
+        sorted_values = in_order[group_order(self.grouped, in_order, 1)]
+        del in_order
+        median = np.median(np.stack([sorted_values[m] for m in self.middle]), axis=0)
+        del sorted_values
+        excess = values - median[self.of_cell]
+        deviation = np.abs(excess - np.median(excess))
+        scale = max(MAD_TO_SIGMA * np.median(deviation), np.quantile(deviation, 0.90) / Q90_TO_SIGMA)
+        return excess, float(scale)
 
 
 def _excess_by_component(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.ndarray, n_names: int):
@@ -139,7 +208,7 @@ def _excess_by_component(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: n
     # each (iteration, component)'s median over the iteration's cells, the cells without it counting 0
     per_iteration = np.bincount(cell_iteration)
     group_key = cell_iteration[cell] * n_names + col
-    order = _by_group(group_key, ns, 1)
+    order = group_order(group_key, ns, 1)
     sorted_ns = ns[order]
     first = np.flatnonzero(np.r_[True, group_key[order][1:] != group_key[order][:-1]]) if len(order) else \
         np.zeros(0, np.int64)
@@ -178,13 +247,13 @@ def _order_stats(col: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, pos
                  step: int) -> np.ndarray:
     """The values at these positions of each column's sorted values, each value repeated `weight` times
     (every column's weights add up to n)."""
-    order = _by_group(col, x, step)
+    order = group_order(col, x, step)
     ends = np.cumsum(weight[order])
     columns = np.arange(int(col.max()) + 1 if len(col) else 0) * n
     return np.stack([x[order[np.searchsorted(ends, columns + p, side="right")]] for p in positions])
 
 
-def _by_group(group: np.ndarray, x: np.ndarray, step: int) -> np.ndarray:
+def group_order(group: np.ndarray, x: np.ndarray, step: int = 1) -> np.ndarray:
     """The order that sorts by group, then by x within a group (ties in any order). Times in ns, and their
     medians and deviations, are whole multiples of 1/step: then one sort of one packed integer key does it,
     several times faster than np.lexsort on millions of rows."""
