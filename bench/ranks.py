@@ -170,6 +170,11 @@ def write_results(results: Path, meta: dict, rows: list[dict]) -> None:
              "included (the writing of the set apart). Memory: each process's own peak resident memory, the largest "
              "of each kind (client: the command and the notebook kernel it starts). Page: report.html, without the "
              "plotly.js file beside it.", "",
+             "What grows with ranks: the client's reduce holds every cell's columns (iterations.parquet's and a few "
+             "more, as numbers), rank x iteration, and the NCCL kernels (one a cell here) while it infers the groups; "
+             "the component rows (ten a cell) are read from the workers' files in passes over the ranks, a few "
+             "columns over every cell at a time. The page's heatmap has 256 rows at most: the page does not grow.",
+             "",
              "| ranks | synth s | run s | client MB | scheduler MB | worker MB | page MB | headless Chromium | "
              "injected straggler |",
              "|---:|---:|---:|---:|---:|---:|---:|---|---|"]
@@ -190,12 +195,17 @@ def main() -> None:
     p.add_argument("--work", default="/tmp/nsys-recipe-ranks", help="where the sets and outputs are kept")
     p.add_argument("--keep", action="store_true", help="keep the rows of other rank counts already measured")
     p.add_argument("--drop-sets", action="store_true", help="remove each set once measured (10,000 ranks: 16 GB)")
+    p.add_argument("--write-only", action="store_true", help="only write the section again from the raw numbers")
     args = p.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     results_dir = ROOT / "bench" / "results-ranks"
     results_dir.mkdir(exist_ok=True)
     log, raw = results_dir / "commands.log", results_dir / "ranks.json"
+    if args.write_only:
+        saved = json.loads(raw.read_text())
+        write_results(ROOT / "bench" / "RESULTS.md", saved["meta"], saved["rows"])
+        return
     log.write_text("")
     sizes = [int(s) for s in args.ranks.split(",") if s]
     rows = {r["ranks"]: r for r in json.loads(raw.read_text())["rows"]} if args.keep and raw.exists() else {}
