@@ -223,9 +223,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_for_workers(address: str, workers: int) -> None:
+    """Until the scheduler at `address` is up and has this many workers (two minutes at most)."""
+    import distributed
+
+    deadline = time.time() + 120
+    while True:
+        try:
+            with distributed.Client(address, timeout="5s") as c:
+                c.wait_for_workers(workers, timeout=60)
+                return
+        except (OSError, TimeoutError):
+            if time.time() > deadline:
+                raise
+            time.sleep(0.5)
+
+
 def dask_rows(work: Path, env: dict, n: int, log: Path) -> list[dict]:
     """The same run through a real scheduler with 1 and with 2 `nsys-recipe dask-worker` processes."""
-    import distributed
 
     d = synth_set(work, env, n, 200, log)
     rows = []
@@ -239,16 +254,7 @@ def dask_rows(work: Path, env: dict, n: int, log: Path) -> list[dict]:
             procs += [subprocess.Popen([PACK, "dask-worker", address, "--", "--no-dashboard"], env=env, stdout=fh,
                                        stderr=subprocess.STDOUT, start_new_session=True) for _ in range(workers)]
         try:
-            deadline = time.time() + 120
-            while True:
-                try:
-                    with distributed.Client(address, timeout="5s") as c:
-                        c.wait_for_workers(workers, timeout=60)
-                        break
-                except (OSError, TimeoutError):
-                    if time.time() > deadline:
-                        raise
-                    time.sleep(0.5)
+            wait_for_workers(address, workers)
             out = work / "out" / f"dask-{workers}"
             r = measure(pack_cmd("straggler_heatmap", [], d, out, ["--mode", "dask-futures", "--dask-scheduler",
                                                                    address]), env, log)

@@ -30,7 +30,7 @@ from pathlib import Path
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import PACK, ROOT, _free_port, found_stragglers, replace_section  # noqa: E402
+from bench import PACK, ROOT, _free_port, found_stragglers, replace_section, wait_for_workers  # noqa: E402
 
 ITERATIONS = 1000
 WORKERS = 2
@@ -84,8 +84,6 @@ class Peaks:
 
 
 def run_one(work: Path, d: Path, n: int, log: Path) -> dict:
-    import distributed
-
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     env = dict(os.environ)
@@ -98,16 +96,7 @@ def run_one(work: Path, d: Path, n: int, log: Path) -> dict:
                 [PACK, "dask-worker", address, "--", "--no-dashboard", "--nthreads", "1", "--name", f"w{i}"], env=env,
                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        deadline = time.time() + 120
-        while True:
-            try:
-                with distributed.Client(address, timeout="5s") as c:
-                    c.wait_for_workers(WORKERS, timeout=60)
-                    break
-            except (OSError, TimeoutError):
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.5)
+        wait_for_workers(address, WORKERS)
         out = work / "out" / f"ranks-{n}"
         cmd = [PACK, "run", "--name", "straggler_heatmap", "--mode", "dask-futures", "--dask-scheduler", address,
                "--report", "--output", str(out), "--force-overwrite", str(d)]
