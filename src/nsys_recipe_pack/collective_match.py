@@ -357,16 +357,21 @@ def _table(kernels: pd.DataFrame, p2p: pd.Series, keys: list[str], members: list
 def _inferred(kernels: pd.DataFrame, p2p: pd.Series) -> tuple[list[str], list[list[int]]]:
     """Communicators inferred from the kernels (parallel.py), each kernel's written into kernels["communicator"]."""
     keys, members = [], []
-    coll = kernels[~p2p]
-    channels = coll.groupby(["rank", "stream", "op"], sort=True)
-    table = pd.DataFrame(list(channels.groups.keys()), columns=["rank", "stream", "kind"]) if len(coll) else \
-        pd.DataFrame(columns=["rank", "stream", "kind"])
-    ordered = [g.sort_values("start_aligned_ns") for _, g in channels]
-    ends = [g["end_aligned_ns"].to_numpy(np.int64) for g in ordered]
-    durations = [e - g["start_aligned_ns"].to_numpy(np.int64) for e, g in zip(ends, ordered, strict=True)]
+    # each channel's kernels in order of start, as arrays: ten thousand ranks have millions, and a frame per channel
+    # would copy them all twice
+    coll = np.flatnonzero(~p2p.to_numpy())
+    rank, stream, op = (kernels[c].to_numpy(np.int64)[coll] for c in ("rank", "stream", "op"))
+    start, end = (kernels[c].to_numpy(np.int64)[coll] for c in ("start_aligned_ns", "end_aligned_ns"))
+    order = np.lexsort((start, op, stream, rank))
+    rank, stream, op, start, end = (a[order] for a in (rank, stream, op, start, end))
+    first = np.flatnonzero(np.r_[True, (rank[1:] != rank[:-1]) | (stream[1:] != stream[:-1]) | (op[1:] != op[:-1])]
+                           if len(order) else np.zeros(0, bool))
+    table = pd.DataFrame({"rank": rank[first], "stream": stream[first], "kind": op[first]})
+    ends, durations = np.split(end, first[1:]), np.split(end - start, first[1:])
     labels = parallel.infer_collective_channels(table, ends, durations) if len(table) else np.zeros(0, np.int64)
+    del start, end, ends, durations
     table["label"] = labels
-    channel_key = {}
+    channel_key = np.full(len(table), np.nan, dtype=object)  # a channel of no communicator: as a lookup misses
     for _, rows in table.groupby("label", sort=True):
         ranks = sorted(set(rows["rank"].astype(int)))
         if len(ranks) < 2:
@@ -374,13 +379,11 @@ def _inferred(kernels: pd.DataFrame, p2p: pd.Series) -> tuple[list[str], list[li
         key = f"inferred-{len(keys)}"
         keys.append(key)
         members.append(ranks)
-        channel_key.update({(int(r), int(s), int(k)): key for r, s, k in
-                            rows[["rank", "stream", "kind"]].itertuples(index=False)})
-    if channel_key:
-        found = pd.Series(channel_key)
-        at = pd.MultiIndex.from_arrays([kernels["rank"].astype("int64"), kernels["stream"].astype("int64"),
-                                        kernels["op"].astype("int64")])
-        kernels.loc[~p2p, "communicator"] = found.reindex(at).to_numpy()[~p2p.to_numpy()]
+        channel_key[rows.index.to_numpy()] = key
+    if keys:
+        communicator = kernels["communicator"].to_numpy(object).copy()
+        communicator[coll[order]] = np.repeat(channel_key, np.diff(np.r_[first, len(order)]))
+        kernels["communicator"] = communicator
     sends = kernels[p2p]
     pairs = parallel.infer_p2p_pairs(*(sends[c].to_numpy(np.int64) for c in ("rank", "start_aligned_ns",
                                                                               "end_aligned_ns")))
