@@ -373,12 +373,18 @@ def _run_dask(args: list[tuple], options: dict, jobs: int | None, folder: str, l
                                     threads_per_worker=1, dashboard_address=None)
     results: list = [None] * len(args)
     with client:
-        futures = client.map(_map_files, [[a] for a in args], spill=folder, pure=False)
-        index = {f.key: i for i, f in enumerate(futures)}
-        done = distributed.as_completed(futures)
-        for fut in progress.iterate(done, total=len(futures), desc="dask"):
-            (results[index[fut.key]],) = _unspill(*fut.result(), lazy=lazy)
+        # several files a task, as the pool's (ten thousand tasks of one cost the scheduler and this client more than
+        # the workers' maps leave them of the machine)
+        tasks = task_sizes(len(args), max(1, sum(client.nthreads().values())))
+        futures = client.map(_map_files, [args[first:first + size] for first, size in tasks], spill=folder, pure=False)
+        first_of = {f.key: first for f, (first, _) in zip(futures, tasks, strict=True)}
+        bar = progress.Counter(total=len(args), desc="dask")
+        for fut in distributed.as_completed(futures):
+            done = _unspill(*fut.result(), lazy=lazy)
+            results[first_of[fut.key]:first_of[fut.key] + len(done)] = done
+            bar.advance(len(done))
             fut.release()
+        bar.close()
     return results
 
 
