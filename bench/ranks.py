@@ -158,7 +158,7 @@ def write_results(results: Path, meta: dict, rows: list[dict]) -> None:
              f"{WORKERS} `nsys-recipe dask-worker --nthreads 1` on 127.0.0.1. Time: the whole command, its report page "
              "included (the writing of the set apart). Memory: each process's own peak resident memory, the largest "
              "of each kind (client: the command and the notebook kernel it starts). Page: report.html, without the "
-             "plotly.js file beside it.", "",
+             "plotly.js file beside it. Synth: the seconds the set took to write (—: written by an earlier run).", "",
              "What grows with ranks: the client's reduce holds every cell's columns (iterations.parquet's and a few "
              "more, as numbers), rank x iteration, and the NCCL kernels (one a cell here) while it infers the groups; "
              "the component rows (ten a cell) are read from the workers' files in passes over the ranks, a few "
