@@ -18,8 +18,8 @@ import pytest
 from conftest import MPI_SET, SAMPLES
 from export_variants import plant_memory
 
-from nsys_recipe_pack import allocator, inputs, nsys_tool, recipes, runner
-from nsys_recipe_pack.errors import BadInputError, UsageError
+from nsys_recipe_pack import allocator, inputs, nsys_tool, recipes, runner, spill
+from nsys_recipe_pack.errors import BadInputError, PackError, UsageError
 from nsys_recipe_pack.inputs import export, frames, loaded, rank_data, read_progress, readers
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "sync", "mpi"}
@@ -301,6 +301,66 @@ def test_a_task_s_arrow_tables_cross_the_spill_file_unchanged(nsys, tmp_path):
                 else:
                     assert repr(res[key]) == repr(value)
     assert tables == 6  # sync_summary's calls, nvtx_gpu_proj's ranges and their sums, of each report
+
+
+def test_a_lazy_recipe_gets_the_task_s_tables_as_references_read_from_its_file(nsys, tmp_path):
+    # a recipe whose reduce reads the maps' tables when it needs them (Recipe.lazy_tables) gets StoredTable: read
+    # back, whole or some columns, they are the tables a direct call gives; a file the client cannot see (a worker on
+    # another node writing outside a shared filesystem) is the pack's error, saying what to do
+    args = [(str(f), "straggler_heatmap", {}, None) for f in sorted(MPI_SET.glob("*.qdrep"))[:2]]
+    direct = [runner.map_file(*a) for a in args]
+    done, path = runner._map_files(args, str(tmp_path / "results"))
+    got = runner._unspill(done, path, lazy=True)
+    stored = 0
+    for want_file, got_file in zip(direct, got, strict=True):
+        for want, res in zip(want_file, got_file, strict=True):
+            for key, value in want.items():
+                if isinstance(value, pa.Table):
+                    assert isinstance(res[key], spill.StoredTable) and len(res[key]) == value.num_rows
+                    assert res[key].read().equals(value)
+                    assert spill.table_of(res[key], value.column_names[:2]).equals(value.select(value.column_names[:2]))
+                    stored += 1
+    assert stored == 2 * 4  # each rank's iterations, components, NCCL kernels and communicators
+    os.remove(path)
+    with pytest.raises(PackError, match="shared filesystem"):
+        got[0][0]["iterations"].read()
+    done, path = runner._map_files(args, str(tmp_path / "other"))
+    os.remove(path)
+    with pytest.raises(PackError, match="shared filesystem"):
+        runner._unspill(done, path)
+
+
+def test_a_run_of_workers_gives_a_lazy_recipe_the_tables_of_a_run_in_one_process(nsys, tmp_path):
+    # straggler_heatmap over the MPI set with worker processes (its tables read back from the workers' files) and
+    # in this process: the same tables, and no file of the workers' left in the output
+    outs = {mode: runner.run("straggler_heatmap", [str(MPI_SET)], str(tmp_path / mode), mode=mode, jobs=2,
+                             log=lambda m: None) for mode in ("none", "concurrent")}
+    names = sorted(p.name for p in outs["none"].glob("*.parquet"))
+    assert "iterations.parquet" in names and names == sorted(p.name for p in outs["concurrent"].glob("*.parquet"))
+    for name in names:
+        pdt.assert_frame_equal(pd.read_parquet(outs["concurrent"] / name), pd.read_parquet(outs["none"] / name))
+    assert not (outs["concurrent"] / runner.MAP_RESULTS).exists()
+    files = {mode: sorted(p.name.replace(mode, "OUT") for p in out.iterdir()) for mode, out in outs.items()}
+    assert files["concurrent"] == files["none"]  # hidden ones too
+
+
+def test_a_table_is_written_a_row_group_at_a_time_as_to_parquet_writes_it(monkeypatch, tmp_path):
+    import pyarrow.parquet as pq
+
+    df = pd.DataFrame({"rank": np.arange(10, dtype=np.int64), "cause": [None, "a", None, "b", "c", None, "d", None,
+                                                                         None, "e"],
+                       "none": [None] * 10, "gpu_ns": pd.array([1, None, 3, 4, None, 6, 7, 8, 9, 10], dtype="Int64"),
+                       "score": np.linspace(0, 1, 10), "flag": np.arange(10) % 3 == 0,
+                       "members": [[i, i + 1] for i in range(10)]})
+    monkeypatch.setattr(runner, "ROW_GROUP_ROWS", 3)
+    runner.write_frame(df, tmp_path / "t.parquet")
+    df.to_parquet(tmp_path / "whole.parquet")
+    assert pq.ParquetFile(tmp_path / "t.parquet").metadata.num_row_groups == 4
+    pdt.assert_frame_equal(pd.read_parquet(tmp_path / "t.parquet"), pd.read_parquet(tmp_path / "whole.parquet"))
+    pdt.assert_frame_equal(pd.read_parquet(tmp_path / "t.parquet"), df)
+    runner.write_frame(df.iloc[:0], tmp_path / "empty.parquet")
+    assert pd.read_parquet(tmp_path / "empty.parquet").dtypes.to_dict() == pd.read_parquet(
+        tmp_path / "whole.parquet").dtypes.to_dict()
 
 
 def test_a_column_of_one_chunk_is_taken_without_a_copy_and_chunks_are_joined():
