@@ -285,6 +285,7 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
 
 
 def _run_pool(args: list[tuple], jobs: int | None, folder: str, lazy: bool) -> list[list[dict]]:
+    """The maps in a pool of `jobs` worker processes, several files a task (task_sizes)."""
     workers = max(1, min(jobs or os.cpu_count() or 1, len(args)))
     results: list = [None] * len(args)
     with ProcessPoolExecutor(max_workers=workers) as pool:
