@@ -1,6 +1,7 @@
 """Which component explains a straggling cell: each component's excess over its cross-rank median per iteration
-(or per cohort of peers), and its own noise scale over the whole run, read and held a run of components at a time so
-that hundreds of millions of cells need not be held at once (straggler_heatmap's reduce)."""
+(or per cohort of peers), and its own noise scale over the whole run, the components read from the ranks' tables in
+passes, a few at a time, so that hundreds of millions of cell x component values are never held at once
+(straggler_heatmap's reduce)."""
 
 from __future__ import annotations
 
