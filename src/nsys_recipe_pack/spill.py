@@ -231,15 +231,15 @@ def _give_up(thread: ThreadPoolExecutor, path: str) -> None:
 
 @dataclass
 class RankedRows:
-    """One output table made of each rank's rows (an Arrow table, or SpilledRows) one after another, with a leading
-    `rank` column: written to Parquet a row group at a time, never held whole."""
+    """One output table made of each rank's rows (an Arrow table, a StoredTable or SpilledRows) one after another,
+    with a leading `rank` column: written to Parquet a row group at a time, never held whole."""
 
     schema: pa.Schema  # with the `rank` column first; its pandas metadata gives readers the pandas dtypes
     parts: list[tuple[int, object]] = field(default_factory=list)
 
     def tables(self) -> Iterator[pa.Table]:
         for rank, rows in self.parts:
-            for piece in (rows.batches() if isinstance(rows, SpilledRows) else [rows]):
+            for piece in (rows.batches() if isinstance(rows, SpilledRows) else [table_of(rows)]):
                 piece = piece.add_column(0, "rank", arrow_of(np.full(piece.num_rows, rank, np.int64)))
                 yield piece.select(self.schema.names).cast(self.schema)
 
