@@ -37,7 +37,7 @@ from .inputs import (
 )
 from .lazy import pd
 from .ranks import assign_ranks, programs
-from .spill import ROW_GROUP_ROWS, RankedRows, StoredTable, parquet_options, remove_spilled
+from .spill import ROW_GROUP_ROWS, RankedRows, StoredTable, check_seen, parquet_options, remove_spilled
 from .staging import staged_output
 
 # `file` is the input as named; `read_from` what was read for it: the report itself, or an export beside it
@@ -287,20 +287,25 @@ def run_pack_engine(recipe: str, files: list[Path], options: dict, mode: str, jo
 def _run_pool(args: list[tuple], jobs: int | None, folder: str, lazy: bool) -> list[list[dict]]:
     """The maps in a pool of `jobs` worker processes, several files a task (task_sizes)."""
     workers = max(1, min(jobs or os.cpu_count() or 1, len(args)))
-    results: list = [None] * len(args)
     with ProcessPoolExecutor(max_workers=workers) as pool:
         futures = {pool.submit(_map_files, args[first:first + size], folder): first
                    for first, size in task_sizes(len(args), workers)}
         # pandas takes about 0.3 s of CPU to import: the maps (reading exports included) work on Arrow and
         # NumPy only, so the parent imports it for the reduce while they run
         pd.DataFrame  # noqa: B018
-        bar = progress.Counter(total=len(args), desc=args[0][1])
-        for fut in as_completed(futures):
-            first = futures[fut]
-            done = _unspill(*fut.result(), lazy=lazy)
-            results[first:first + len(done)] = done
-            bar.advance(len(done))
-        bar.close()
+        return _gathered(((futures[fut], fut.result()) for fut in as_completed(futures)), len(args), args[0][1],
+                         lazy)
+
+
+def _gathered(finished, total: int, desc: str, lazy: bool) -> list[list[dict]]:
+    """Each file's results in input order, from (first file, _map_files' result) of each task as it finishes."""
+    results: list = [None] * total
+    bar = progress.Counter(total=total, desc=desc)
+    for first, task in finished:
+        done = _unspill(*task, lazy=lazy)
+        results[first:first + len(done)] = done
+        bar.advance(len(done))
+    bar.close()
     return results
 
 
@@ -344,9 +349,7 @@ def _unspill(done: list[list[dict]], path: str | None, lazy: bool = False) -> li
     """A task's results with their tables memory-mapped from its file, or with `lazy`, as StoredTable."""
     if path is None:
         return done
-    if not os.path.exists(path):
-        raise PackError(f"{path}: a worker wrote its results there, which this machine does not see; write the output "
-                        "to a folder every node sees (--output on a shared filesystem)")
+    check_seen(path)
     where = _slots(done, _Spilled)
     if lazy:
         for res, key in where:
@@ -372,21 +375,19 @@ def _run_dask(args: list[tuple], options: dict, jobs: int | None, folder: str, l
     else:
         client = distributed.Client(processes=True, n_workers=max(1, min(jobs or os.cpu_count() or 1, len(args))),
                                     threads_per_worker=1, dashboard_address=None)
-    results: list = [None] * len(args)
     with client:
         # several files a task, as the pool's (ten thousand tasks of one cost the scheduler and this client more than
         # the workers' maps leave them of the machine)
         tasks = task_sizes(len(args), max(1, sum(client.nthreads().values())))
         futures = client.map(_map_files, [args[first:first + size] for first, size in tasks], spill=folder, pure=False)
         first_of = {f.key: first for f, (first, _) in zip(futures, tasks, strict=True)}
-        bar = progress.Counter(total=len(args), desc="dask")
-        for fut in distributed.as_completed(futures):
-            done = _unspill(*fut.result(), lazy=lazy)
-            results[first_of[fut.key]:first_of[fut.key] + len(done)] = done
-            bar.advance(len(done))
-            fut.release()
-        bar.close()
-    return results
+
+        def finished():
+            for fut in distributed.as_completed(futures):
+                yield first_of[fut.key], fut.result()
+                fut.release()
+
+        return _gathered(finished(), len(args), "dask", lazy)
 
 
 def import_distributed():

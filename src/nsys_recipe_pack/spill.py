@@ -32,6 +32,14 @@ ROW_GROUP_ROWS = 1 << 20  # rows per Parquet row group of a table written in pie
 SPILLED_RANK = 0
 
 
+def check_seen(path: str) -> None:
+    """A file a worker wrote (a rank's results, or part of the output) must be where this process reads: a worker on
+    another node writes into the output folder, which only a shared filesystem shows here."""
+    if not os.path.exists(path):
+        raise PackError(f"{path}: a worker wrote it, and this machine does not see it; write the output to a folder "
+                        "every node sees (--output on a shared filesystem)")
+
+
 @dataclass
 class SpilledRows:
     """Rows in the order of an integer `key` column, in a file (of Arrow IPC batches, or with `output`, the Parquet
@@ -50,9 +58,7 @@ class SpilledRows:
                 and not self.late.num_rows)
 
     def batches(self) -> Iterator[pa.Table]:
-        if not os.path.exists(self.path):
-            raise PackError(f"{self.path}: a worker wrote this part of the output there, which this machine does not "
-                            "see; write the output to a folder every node sees (--output on a shared filesystem)")
+        check_seen(self.path)
         late_keys = numpy_of(self.late.column(self.key)) if self.late.num_rows else np.zeros(0, np.int64)
         taken = 0
         for rows in self._pieces():
@@ -284,9 +290,7 @@ class StoredTable:
         return self.num_rows
 
     def read(self, columns: list[str] | None = None) -> pa.Table:
-        if not os.path.exists(self.path):
-            raise PackError(f"{self.path}: a worker wrote a rank's results there, which this machine does not see; "
-                            "write the output to a folder every node sees (--output on a shared filesystem)")
+        check_seen(self.path)
         with pa.OSFile(self.path, "rb") as source:
             source.seek(self.offset)
             table = ipc.open_stream(source.read_buffer(self.size)).read_all()

@@ -129,9 +129,8 @@ def _binned_rows(df: pd.DataFrame, max_rows: int) -> tuple[np.ndarray, list[str]
         label.update(dict.fromkeys(members.tolist(), name))
         order.append(name)
     place = {name: i for i, name in enumerate(order)}
-    ranks = np.array(list(label), np.int64)
-    row_of = np.array([place[label[r]] for r in label.keys()], np.int64)[np.argsort(ranks)]
-    return row_of[np.searchsorted(np.sort(ranks), df["rank"].to_numpy())], order, len(flagged), bins
+    row = df["rank"].map(pd.Series({r: place[name] for r, name in label.items()})).to_numpy(np.int64)
+    return row, order, len(flagged), bins
 
 
 def straggler_bars(ranks: pd.DataFrame, top: int = 50) -> go.Figure:
