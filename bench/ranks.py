@@ -10,6 +10,9 @@ The page is then opened in headless Chromium with no network: every figure drawn
 
     .venv/bin/python bench/ranks.py --ranks 1024,4096 --work /tmp/nsys-recipe-ranks
     .venv/bin/python bench/ranks.py --ranks 10000 --keep     # rows of other sizes kept as the raw numbers hold them
+    .venv/bin/python bench/ranks.py --keep --recipes kernel_pace,comm_overlap --only-recipes   # those recipes only
+
+With --recipes, other recipes run over each set too, through the same scheduler and workers, without a report.
 """
 
 from __future__ import annotations
@@ -83,7 +86,8 @@ class Peaks:
         return {name: round(v / 2**20) for name, v in self.peak.items()}
 
 
-def run_one(work: Path, d: Path, n: int, log: Path) -> dict:
+def run_one(work: Path, d: Path, n: int, log: Path, recipe: str = "straggler_heatmap") -> dict:
+    """One recipe over the set through a fresh scheduler and workers; straggler_heatmap with its report."""
     port = _free_port()
     address = f"tcp://127.0.0.1:{port}"
     env = dict(os.environ)
@@ -97,9 +101,10 @@ def run_one(work: Path, d: Path, n: int, log: Path) -> dict:
                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_for_workers(address, WORKERS)
-        out = work / "out" / f"ranks-{n}"
-        cmd = [PACK, "run", "--name", "straggler_heatmap", "--mode", "dask-futures", "--dask-scheduler", address,
-               "--report", "--output", str(out), "--force-overwrite", str(d)]
+        report = recipe == "straggler_heatmap"
+        out = work / "out" / (f"ranks-{n}" if report else f"ranks-{n}-{recipe}")
+        cmd = [PACK, "run", "--name", recipe, "--mode", "dask-futures", "--dask-scheduler", address,
+               *(["--report"] if report else []), "--output", str(out), "--force-overwrite", str(d)]
         with log.open("a") as fh:
             fh.write(f"\n$ {shlex.join(cmd)}\n")
             fh.flush()
@@ -116,6 +121,10 @@ def run_one(work: Path, d: Path, n: int, log: Path) -> dict:
         for p in procs.values():
             p.wait(timeout=60)
     ok = client.returncode == 0
+    if not report:
+        return {"ranks": n, "recipe": recipe, "wall_s": round(wall, 1), "ok": ok, "exit": client.returncode,
+                "client_mb": mb["client"], "worker_mb": max(mb[f"worker {i}"] for i in range(WORKERS)),
+                "cmd": shlex.join(cmd)}
     page = out / "report.html"
     return {"ranks": n, "iterations": ITERATIONS, "wall_s": round(wall, 1), "ok": ok, "exit": client.returncode,
             "client_mb": mb["client"], "scheduler_mb": mb["scheduler"],
@@ -149,7 +158,7 @@ def opens_in_chromium(page: Path, work: Path) -> str:
     return f"yes, {expected} figures drawn ({took:.0f} s)"
 
 
-def write_results(results: Path, meta: dict, rows: list[dict]) -> None:
+def write_results(results: Path, meta: dict, rows: list[dict], others: list[dict]) -> None:
     lines = [BEGIN, f"## Thousands of ranks: SYNTHETIC ranks x {ITERATIONS:,} iterations through Dask", "",
              f"Written by `{meta['command']}` on {meta['date']} ({meta['cpu']}, {meta['cores']} cores, "
              f"{meta['memory_gb']} GB). Rerun with `make bench-ranks`.", "",
@@ -173,6 +182,15 @@ def write_results(results: Path, meta: dict, rows: list[dict]) -> None:
         lines.append(f"| {r['ranks']} | {synth_s} | {r['wall_s']:.1f} | {r['client_mb']} | {r['scheduler_mb']} | "
                      f"{r['worker_mb']} | {r['page_mb'] if r['page_mb'] is not None else '—'} | "
                      f"{r.get('chromium') or '—'} | {status} |")
+    if others:
+        lines += ["", "The other recipes over the same sets, through the same scheduler and workers (no report): each "
+                  "writes its per-rank and per-iteration tables a rank at a time, and its client holds what needs "
+                  "every rank (the ranks' sums, an iteration's earliest start, the NCCL kernels where it matches "
+                  "them).", "", "| ranks | recipe | run s | client MB | worker MB |", "|---:|---|---:|---:|---:|"]
+        for r in sorted(others, key=lambda r: (r["recipe"], r["ranks"])):
+            status = "" if r["ok"] else f" (failed, exit {r['exit']})"
+            lines.append(f"| {r['ranks']} | {r['recipe']}{status} | {r['wall_s']:.1f} | {r['client_mb']} | "
+                         f"{r['worker_mb']} |")
     lines += ["", f"Raw numbers: `{meta['raw']}`; commands and their output: `bench/results-ranks/commands.log`.",
               END]
     replace_section(results, BEGIN, END, "\n".join(lines))
@@ -185,6 +203,9 @@ def main() -> None:
     p.add_argument("--keep", action="store_true", help="keep the rows of other rank counts already measured")
     p.add_argument("--drop-sets", action="store_true", help="remove each set once measured (10,000 ranks: 16 GB)")
     p.add_argument("--write-only", action="store_true", help="only write the section again from the raw numbers")
+    p.add_argument("--recipes", default="", help="also these recipes over each set, without a report "
+                   "(comma-separated, e.g. kernel_pace,comm_overlap,sync_summary,nvtx_gpu_proj)")
+    p.add_argument("--only-recipes", action="store_true", help="run only --recipes, keeping straggler_heatmap's rows")
     args = p.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -193,18 +214,26 @@ def main() -> None:
     log, raw = results_dir / "commands.log", results_dir / "ranks.json"
     if args.write_only:
         saved = json.loads(raw.read_text())
-        write_results(ROOT / "bench" / "RESULTS.md", saved["meta"], saved["rows"])
+        write_results(ROOT / "bench" / "RESULTS.md", saved["meta"], saved["rows"], saved.get("others", []))
         return
     log.write_text("")
     sizes = [int(s) for s in args.ranks.split(",") if s]
-    rows = {r["ranks"]: r for r in json.loads(raw.read_text())["rows"]} if args.keep and raw.exists() else {}
+    saved = json.loads(raw.read_text()) if args.keep and raw.exists() else {}
+    rows = {r["ranks"]: r for r in saved.get("rows", [])}
+    others = {(r["ranks"], r["recipe"]): r for r in saved.get("others", [])}
+    recipes = [r for r in args.recipes.split(",") if r]
     for n in sizes:
         d, synth_s = synth(work, n, log)
-        row = run_one(work, d, n, log)
-        row["synth_s"] = synth_s if synth_s is not None else rows.get(n, {}).get("synth_s")
-        rows[n] = row
-        print(f"{n:>6} ranks: {row['wall_s']:7.1f} s, client {row['client_mb']} MB, workers {row['worker_mb']} MB, "
-              f"page {row['page_mb']} MB, {row['found'] or 'failed'}", flush=True)
+        if not args.only_recipes:
+            row = run_one(work, d, n, log)
+            row["synth_s"] = synth_s if synth_s is not None else rows.get(n, {}).get("synth_s")
+            rows[n] = row
+            print(f"{n:>6} ranks: {row['wall_s']:7.1f} s, client {row['client_mb']} MB, workers {row['worker_mb']} "
+                  f"MB, page {row['page_mb']} MB, {row['found'] or 'failed'}", flush=True)
+        for recipe in recipes:
+            other = others[(n, recipe)] = run_one(work, d, n, log, recipe)
+            print(f"{n:>6} ranks, {recipe}: {other['wall_s']:7.1f} s, client {other['client_mb']} MB, workers "
+                  f"{other['worker_mb']} MB{'' if other['ok'] else ', failed'}", flush=True)
         if args.drop_sets:
             shutil.rmtree(d, ignore_errors=True)
     meta = {"command": "python bench/ranks.py " + shlex.join(sys.argv[1:]),
@@ -212,8 +241,8 @@ def main() -> None:
             "memory_gb": round(psutil.virtual_memory().total / 2**30), "raw": os.path.relpath(raw, ROOT),
             "cpu": next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
                          if ln.startswith("model name")), "")}
-    raw.write_text(json.dumps({"meta": meta, "rows": list(rows.values())}, indent=1))
-    write_results(ROOT / "bench" / "RESULTS.md", meta, list(rows.values()))
+    raw.write_text(json.dumps({"meta": meta, "rows": list(rows.values()), "others": list(others.values())}, indent=1))
+    write_results(ROOT / "bench" / "RESULTS.md", meta, list(rows.values()), list(others.values()))
 
 
 if __name__ == "__main__":

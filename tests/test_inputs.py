@@ -18,7 +18,7 @@ import pytest
 from conftest import MPI_SET, SAMPLES
 from export_variants import plant_memory
 
-from nsys_recipe_pack import allocator, inputs, nsys_tool, recipes, runner, spill
+from nsys_recipe_pack import allocator, inputs, nsys_tool, recipes, runner, spill, synth
 from nsys_recipe_pack.errors import BadInputError, PackError, UsageError
 from nsys_recipe_pack.inputs import export, frames, loaded, rank_data, read_progress, readers
 
@@ -330,13 +330,28 @@ def test_a_lazy_recipe_gets_the_task_s_tables_as_references_read_from_its_file(n
         runner._unspill(done, path)
 
 
-def test_a_run_of_workers_gives_a_lazy_recipe_the_tables_of_a_run_in_one_process(nsys, tmp_path):
-    # straggler_heatmap over the MPI set with worker processes (its tables read back from the workers' files) and
-    # in this process: the same tables, and no file of the workers' left in the output
-    outs = {mode: runner.run("straggler_heatmap", [str(MPI_SET)], str(tmp_path / mode), mode=mode, jobs=2,
+@pytest.fixture(scope="module")
+def memory_job(tmp_path_factory):
+    """SYNTHETIC NCCL job with CUDA memory events (one rank leaking), four ranks."""
+    return synth.write_synthetic(tmp_path_factory.mktemp("memory"), ranks=4, iterations=12, fmt="parquetdir",
+                                 job="nccl", seed=3, memory=synth.parse_memory("leak=1,iterations=4-7,big=2"))
+
+
+@pytest.mark.parametrize(("recipe", "table"), [
+    ("straggler_heatmap", "iterations"), ("sync_summary", "sync_calls"), ("kernel_pace", "pace"),
+    ("nvtx_gpu_proj", "ranges"), ("comm_overlap", "windows"), ("gpu_memory", "timeline")])
+def test_a_run_of_workers_gives_a_lazy_recipe_the_tables_of_a_run_in_one_process(nsys, tmp_path, memory_job, recipe,
+                                                                                  table):
+    # each recipe whose reduce writes its tables a rank at a time (spill.RankedRows), reading the maps' tables then
+    # (Recipe.lazy_tables) or not, with worker processes (the tables read back from the workers' files) and in this
+    # process: the same tables, and no file of the workers' left in the output; the ranks given out of order
+    inputs = sorted(memory_job.glob("*_pqtdir"), reverse=True) if recipe in ("comm_overlap", "gpu_memory") else \
+        sorted(MPI_SET.glob("*.qdrep"), reverse=True)
+    outs = {mode: runner.run(recipe, [str(f) for f in inputs], str(tmp_path / mode), mode=mode, jobs=2,
                              log=lambda m: None) for mode in ("none", "concurrent")}
     names = sorted(p.name for p in outs["none"].glob("*.parquet"))
-    assert "iterations.parquet" in names and names == sorted(p.name for p in outs["concurrent"].glob("*.parquet"))
+    assert f"{table}.parquet" in names and names == sorted(p.name for p in outs["concurrent"].glob("*.parquet"))
+    assert len(pd.read_parquet(outs["none"] / f"{table}.parquet")["rank"].unique()) == len(inputs)
     for name in names:
         pdt.assert_frame_equal(pd.read_parquet(outs["concurrent"] / name), pd.read_parquet(outs["none"] / name))
     assert not (outs["concurrent"] / runner.MAP_RESULTS).exists()
@@ -361,6 +376,43 @@ def test_a_table_is_written_a_row_group_at_a_time_as_to_parquet_writes_it(monkey
     runner.write_frame(df.iloc[:0], tmp_path / "empty.parquet")
     assert pd.read_parquet(tmp_path / "empty.parquet").dtypes.to_dict() == pd.read_parquet(
         tmp_path / "whole.parquet").dtypes.to_dict()
+
+
+def test_rows_made_a_rank_at_a_time_read_back_as_the_table_written_whole(monkeypatch, tmp_path):
+    # each rank's names coded against its own words (other orders, other sets, nulls), its rows made as they are
+    # written (RankedRows.made), row groups across ranks: as pandas' dtypes (spill.output_schema), they read back
+    # as the frame written whole by to_parquet; kept as dictionaries, as the one table of them all written as before
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(spill, "ROW_GROUP_ROWS", 7)
+    rng = np.random.default_rng(8)
+    pool = ["allreduce", "", "é", "sync", "x" * 30]
+    per_rank = []
+    for rank in rng.permutation(6):
+        words = list(rng.permutation(pool)[:int(rng.integers(1, len(pool) + 1))])
+        codes = rng.integers(-1, len(words), int(rng.integers(0, 9)))
+        per_rank.append({"rank": int(rank), "calls": pa.table({"name": inputs.dictionary_column(codes, words),
+                                                               "start_ns": rng.integers(0, 99, len(codes))})})
+
+    def made(rank, at):
+        calls = per_rank[at]["calls"]
+        return calls.append_column("late_ns", pa.array(calls["start_ns"].to_numpy() + 1000 * rank))
+
+    parts = [(r["rank"], at) for at, r in enumerate(per_rank)]
+    spill.RankedRows(spill.output_schema({"rank": "int64", "name": "str", "start_ns": "int64", "late_ns": "int64"}),
+                     parts, made).write_parquet(tmp_path / "text.parquet")
+    whole = pd.concat([pd.DataFrame({"rank": np.int64(r["rank"]), "name": pd.Series(
+        r["calls"]["name"].to_pylist(), dtype="str"), "start_ns": r["calls"]["start_ns"].to_numpy(),
+        "late_ns": r["calls"]["start_ns"].to_numpy() + 1000 * r["rank"]}) for r in per_rank], ignore_index=True)
+    whole.to_parquet(tmp_path / "whole.parquet")
+    assert pq.ParquetFile(tmp_path / "text.parquet").metadata.num_row_groups > 1
+    pdt.assert_frame_equal(pd.read_parquet(tmp_path / "text.parquet"), pd.read_parquet(tmp_path / "whole.parquet"))
+    coded = pa.schema([("rank", pa.int64()), ("name", pa.dictionary(pa.int32(), pa.large_string())),
+                       ("start_ns", pa.int64())])
+    spill.RankedRows(coded, [(r["rank"], r["calls"]) for r in per_rank]).write_parquet(tmp_path / "coded.parquet")
+    pq.write_table(inputs.ranked_tables(per_rank, "calls"), tmp_path / "before.parquet", store_schema=False)
+    pdt.assert_frame_equal(pd.read_parquet(tmp_path / "coded.parquet"), pd.read_parquet(tmp_path / "before.parquet"))
+    assert pd.read_parquet(tmp_path / "coded.parquet")["name"].dtype == "str"
 
 
 def test_a_column_of_one_chunk_is_taken_without_a_copy_and_chunks_are_joined():

@@ -244,14 +244,14 @@ WARMUP_RULE = (f"on each rank, the iterations from its first on that each last m
                "median iteration of the run (all ranks); the first shorter one ends them")
 
 
-def warmup(rank: np.ndarray, iteration: np.ndarray, duration: np.ndarray) -> np.ndarray:
+def warmup(rank: np.ndarray, iteration: np.ndarray, duration: np.ndarray, median: float | None = None) -> np.ndarray:
     """Which rows are warm-up iterations (WARMUP_RULE): CUDA context and library start-up, autotuning and first
     allocations make a job's first steps many times its usual one, and steadiness measured over them measures
-    the start-up."""
+    the start-up. median: the run's median iteration, where these rows are some ranks of it (theirs otherwise)."""
     n = len(duration)
     if not n:
         return np.zeros(0, bool)
-    steady = duration <= WARMUP_FACTOR * np.median(duration)
+    steady = duration <= WARMUP_FACTOR * (np.median(duration) if median is None else median)
     order = np.lexsort((iteration, rank))
     r, s = rank[order], steady[order].astype(np.int64)
     first = np.r_[True, r[1:] != r[:-1]]

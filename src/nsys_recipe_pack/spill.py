@@ -12,7 +12,7 @@ import shutil
 import tempfile
 import weakref
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -25,11 +25,20 @@ import pyarrow.parquet as pq
 from .errors import PackError
 from .inputs.frames import arrow_of, numpy_of, one_array
 from .inputs.readers import read_ahead
+from .lazy import pd
 
 ROW_GROUP_ROWS = 1 << 20  # rows per Parquet row group of a table written in pieces
 # a run of one report gives its process this rank unless the report names another: what a spill written as the output
 # itself holds (SpillWriter's `output`)
 SPILLED_RANK = 0
+
+
+def output_schema(dtypes: dict) -> pa.Schema:
+    """The Arrow schema pandas writes for a frame of these dtypes (its metadata gives readers them back): a table
+    written a rank at a time reads back as the frame written whole would. A row of each, as an empty text column of
+    dtype object would have no type."""
+    return pa.Schema.from_pandas(pd.DataFrame({c: pd.Series(["" if d in ("str", "object") else 0], dtype=d)
+                                               for c, d in dtypes.items()}), preserve_index=False)
 
 
 def check_seen(path: str) -> None:
@@ -238,26 +247,35 @@ def _give_up(thread: ThreadPoolExecutor, path: str) -> None:
 @dataclass
 class RankedRows:
     """One output table made of each rank's rows (an Arrow table, a StoredTable or SpilledRows) one after another,
-    with a leading `rank` column: written to Parquet a row group at a time, never held whole."""
+    with a leading `rank` column: written to Parquet a row group at a time, never held whole. With `made`, a part
+    is what made(rank, part) turns into the rank's rows (an Arrow table) as they are written: rows that need what
+    every rank gave (an iteration's earliest start) are then made a rank at a time too."""
 
     schema: pa.Schema  # with the `rank` column first; its pandas metadata gives readers the pandas dtypes
     parts: list[tuple[int, object]] = field(default_factory=list)
+    made: Callable | None = None
 
     def tables(self) -> Iterator[pa.Table]:
         for rank, rows in self.parts:
+            if self.made is not None:
+                rows = self.made(rank, rows)
             for piece in (rows.batches() if isinstance(rows, SpilledRows) else [table_of(rows)]):
                 piece = piece.add_column(0, "rank", arrow_of(np.full(piece.num_rows, rank, np.int64)))
                 yield piece.select(self.schema.names).cast(self.schema)
 
     def _row_groups(self) -> Iterator[pa.Table]:
+        """Row groups of about ROW_GROUP_ROWS, each text column's dictionaries (a rank's names each) one: the writer
+        takes a row group's codes as they are where its dictionary does not change."""
         held: list[pa.Table] = []
+        coded = any(pa.types.is_dictionary(f.type) for f in self.schema)
         for piece in self.tables():
             held.append(piece)
             if sum(t.num_rows for t in held) >= ROW_GROUP_ROWS:
-                yield pa.concat_tables(held)
+                yield pa.concat_tables(held).unify_dictionaries() if coded else pa.concat_tables(held)
                 held = []
         if held or not self.parts:
-            yield pa.concat_tables(held) if held else self.schema.empty_table()
+            rows = pa.concat_tables(held) if held else self.schema.empty_table()
+            yield rows.unify_dictionaries() if coded else rows
 
     def write_parquet(self, path) -> None:
         """The next row group is read back (a spill's LZ4 undone) and put together in a thread of its own while
@@ -270,7 +288,9 @@ class RankedRows:
             shutil.copymode(path, self.parts[0][1].path)
             shutil.move(self.parts[0][1].path, path)
             return
-        with pq.ParquetWriter(str(path), self.schema, **parquet_options(self.schema)) as writer:
+        # text kept as Arrow dictionaries is written without the Arrow schema, to read back as plain text
+        coded = any(pa.types.is_dictionary(f.type) for f in self.schema)
+        with pq.ParquetWriter(str(path), self.schema, store_schema=not coded, **parquet_options(self.schema)) as writer:
             for rows in read_ahead(self._row_groups()):
                 writer.write_table(rows, row_group_size=ROW_GROUP_ROWS)
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from .. import collective_match, parallel, waiting
 from ..collective_match import KIND_OF_OP, KINDS
@@ -35,6 +36,7 @@ from ..driver import fold_rank
 from ..errors import BadInputError, NotApplicableError
 from ..gpu import call_key, key_places, launched_ops
 from ..groups import Vocabulary, factorize
+from ..inputs import arrow_of, dictionary_column
 from ..inputs.chunks import END_OF_TIME
 from ..inputs.frames import column_codes
 from ..intervals import overlay, split_into_windows, union_lengths, union_segments_by_group
@@ -44,6 +46,7 @@ from ..iterations import Delimiter, Iterations, range_arrays
 from ..lazy import pd
 from ..nvtx import innermost_of
 from ..phases import child_ranges, launching_child
+from ..spill import RankedRows, output_schema, table_of
 from . import Metric, Recipe, indented, iteration_and_parallel_options, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "runtime"}
@@ -52,10 +55,6 @@ WHOLE_CAPTURE = {"kind": "capture", "name": "whole capture", "domain": None,
                  "source": "no repeating NVTX range or kernel: the capture is one window"}
 WINDOW_COLUMNS = ["iteration", "device", "start_ns", "end_ns", "busy_ns", "compute_ns", "comm_ns",
                   "overlapped_ns", "exposed_comm_ns", "exposed_compute_ns"]
-KIND_COLUMNS = ["iteration", "device", "kind", "kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
-PHASE_COLUMNS = ["iteration", "device", "phase", "kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
-CHANNEL_COLUMNS = ["iteration", "device", "stream", "op", "comm_id", "kernels", "comm_ns", "overlapped_ns",
-                   "exposed_ns"]
 NCCL_DOMAIN = "NCCL"
 
 
@@ -263,7 +262,18 @@ def map_result(it: Iterations, pieces: list[dict], names) -> dict:
     name_place = np.array([place.get(w, -1) for w in labels], np.int64)[label_at.reshape(-1)]
     order = np.lexsort((name_place, by_phase["device"], by_phase["iteration"]))
     out["by_phase"] = {c: v[order] for c, v in by_phase.items()}
+    # as Arrow tables, which a worker writes to a file of its own and the reduce reads a rank at a time
+    out = {table: pa.Table.from_arrays([_arrow(v) for v in columns.values()], names=list(columns))
+           for table, columns in out.items()}
     return {**out, "delimiter": it.delimiter.as_dict(), "start_ns": it.start_ns}
+
+
+def _arrow(values: np.ndarray) -> pa.Array:
+    """A column of the map's tables as Arrow; its labels (kinds, phases) coded against their few words."""
+    if values.dtype != object:
+        return arrow_of(values)
+    words, codes = np.unique(values, return_inverse=True)
+    return dictionary_column(codes.reshape(-1), words.tolist())
 
 
 STREAM = sliced_stream(window_rows, map_result, NEEDS, whole_capture=True, nccl=True)
@@ -278,38 +288,52 @@ def _rows(per_key: dict, devices: np.ndarray, key: str, labels: np.ndarray, firs
             **{c: per_key[c] for c in ("kernels", "comm_ns", "overlapped_ns", "exposed_ns")}}
 
 
-def _ranked(per_rank: list[dict], key: str, columns: list[str]) -> pd.DataFrame:
-    parts = [pd.DataFrame({"rank": np.full(len(r[key]["iteration"]), r["rank"], np.int64), **r[key]})
-             for r in per_rank]
-    frame = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=["rank", *columns])
-    return frame[["rank", *columns]].sort_values(["rank", *columns[:2]], kind="stable").reset_index(drop=True)
+SUMMED = ["busy_ns", "compute_ns", "comm_ns", "overlapped_ns", "exposed_comm_ns", "exposed_compute_ns"]
+RANK_COLUMNS = ["rank", "iterations", "wall_ns", *SUMMED, "exposed_comm_pct", "overlapped_of_comm_pct"]
+GROUP_SUMS = ["kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
+
+
+def _ranked(per_rank: list[dict], key: str, dtypes: dict) -> RankedRows:
+    """A map table of every rank as one output, written a rank at a time: each rank's rows by iteration and device,
+    in the map's order among equals."""
+    def made(rank: int, rows) -> pa.Table:
+        rows = table_of(rows)
+        return rows.take(np.lexsort((rows["device"].to_numpy(), rows["iteration"].to_numpy())))
+
+    return RankedRows(output_schema({"rank": "int64", **dtypes}), [(r["rank"], r[key]) for r in per_rank], made)
+
+
+def _ranks(per_rank: list[dict]) -> pd.DataFrame:
+    """ranks.parquet: each rank's windows added up, read a rank at a time (a rank without windows has no row)."""
+    rows = []
+    for r in per_rank:
+        windows = table_of(r["windows"], ["iteration", "start_ns", "end_ns", *SUMMED])
+        if not windows.num_rows:
+            continue
+        _, first = np.unique(windows["iteration"].to_numpy(), return_index=True)  # a window's rows share its times
+        wall = windows["end_ns"].to_numpy()[first] - windows["start_ns"].to_numpy()[first]
+        rows.append([r["rank"], len(first), int(wall.sum()), *(int(pc.sum(windows[c]).as_py()) for c in SUMMED)])
+    ranks = pd.DataFrame(rows, columns=RANK_COLUMNS[:-2], dtype="int64")
+    ranks["exposed_comm_pct"] = 100.0 * ranks["exposed_comm_ns"] / ranks["wall_ns"].where(ranks["wall_ns"] > 0)
+    ranks["overlapped_of_comm_pct"] = 100.0 * ranks["overlapped_ns"] / ranks["comm_ns"].where(ranks["comm_ns"] > 0)
+    return ranks
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
-    windows = _ranked(per_rank, "windows", WINDOW_COLUMNS).astype({c: "int64" for c in WINDOW_COLUMNS})
-    if not windows["comm_ns"].sum():
+    per_rank = sorted(per_rank, key=lambda r: r["rank"])  # every output in rank order, made a rank at a time
+    ranks = _ranks(per_rank)
+    if not ranks["comm_ns"].sum():
         raise NotApplicableError(
             f"comm_overlap does not apply: none of the {len(per_rank)} rank(s) ran communication kernels on the GPU "
             "(NCCL's ncclKernel*/ncclDevKernel*, or kernels launched inside NCCL's NVTX ranges); collectives run by "
             "the host (gloo, MPI) have no GPU time to overlap")
-    by_kind = _ranked(per_rank, "by_kind", KIND_COLUMNS)
-    by_kind = by_kind.astype({c: "int64" for c in KIND_COLUMNS if c != "kind"})
-    by_kind["kind"] = by_kind["kind"].astype(str)
-    by_phase = _ranked(per_rank, "by_phase", PHASE_COLUMNS)
-    by_phase = by_phase.astype({c: "int64" for c in PHASE_COLUMNS if c != "phase"})
-    by_phase["phase"] = by_phase["phase"].astype(object)
-    ranks = windows.groupby("rank")[["busy_ns", "compute_ns", "comm_ns", "overlapped_ns", "exposed_comm_ns",
-                                     "exposed_compute_ns"]].sum()
-    wall = (windows.drop_duplicates(["rank", "iteration"]).assign(wall_ns=lambda d: d["end_ns"] - d["start_ns"])
-            .groupby("rank")["wall_ns"].sum())
-    ranks["iterations"] = windows.groupby("rank")["iteration"].nunique()
-    ranks["wall_ns"] = wall
-    ranks["exposed_comm_pct"] = 100.0 * ranks["exposed_comm_ns"] / ranks["wall_ns"].where(ranks["wall_ns"] > 0)
-    ranks["overlapped_of_comm_pct"] = 100.0 * ranks["overlapped_ns"] / ranks["comm_ns"].where(ranks["comm_ns"] > 0)
-    ranks = ranks.reset_index()[["rank", "iterations", "wall_ns", "busy_ns", "compute_ns", "comm_ns", "overlapped_ns",
-                                 "exposed_comm_ns", "exposed_compute_ns", "exposed_comm_pct",
-                                 "overlapped_of_comm_pct"]]
-    tables = {"windows": windows, "collectives": by_kind, "phases": by_phase, "ranks": ranks}
+    sums = dict.fromkeys(GROUP_SUMS, "int64")
+    tables = {"windows": _ranked(per_rank, "windows", dict.fromkeys(WINDOW_COLUMNS, "int64")),
+              "collectives": _ranked(per_rank, "by_kind", {"iteration": "int64", "device": "int64", "kind": "str",
+                                                           **sums}),
+              "phases": _ranked(per_rank, "by_phase", {"iteration": "int64", "device": "int64", "phase": "object",
+                                                       **sums}),
+              "ranks": ranks}
     matched = collective_match.match(per_rank, options)
     if parallel.is_parallel(matched.groups):
         tables.update(_by_group(per_rank, matched, ranks))
@@ -323,10 +347,10 @@ def _with_waiting(per_rank: list[dict], split, ranks: pd.DataFrame) -> pd.DataFr
     """ranks.parquet with each rank's NCCL kernels' time split into waiting for the last member and transfer, what
     its peers waited for it, and its exposed communication split the same way: exposure that is waiting belongs to
     the rank waited for, not to the network."""
-    rank = np.concatenate([np.full(len(r["exposed"]["start_ns"]), r["rank"], np.int64) for r in per_rank])
-    offset = np.concatenate([np.full(len(r["exposed"]["start_ns"]), r["offset_ns"], np.int64) for r in per_rank])
-    start, end = (np.concatenate([r["exposed"][c] for r in per_rank]).astype(np.int64) + offset
-                  for c in ("start_ns", "end_ns"))
+    exposed = [table_of(r["exposed"]) for r in per_rank]
+    rank = np.concatenate([np.full(t.num_rows, r["rank"], np.int64) for r, t in zip(per_rank, exposed, strict=True)])
+    start, end = (np.concatenate([t[c].to_numpy() + r["offset_ns"] for r, t in zip(per_rank, exposed, strict=True)])
+                  .astype(np.int64) for c in ("start_ns", "end_ns"))
     exposed_waiting = waiting.exposed_waiting(split, rank, start, end)
     out = ranks.merge(split.ranks, on="rank", how="left")
     for c in waiting.COLUMNS[1:]:
@@ -340,19 +364,31 @@ def _by_group(per_rank: list[dict], matched, ranks: pd.DataFrame) -> dict:
     """A job with tensor or pipeline parallel groups: the communication of each group kind (tp, pp, dp, other), its
     overlapped and exposed time, per rank and iteration (`groups_exposure`) and per rank (exposed_<kind>_ns): TP
     exposure and DP exposure have different fixes. A channel's kernels are a group kind's; a rank's channels of one
-    kind are added up (their kernels seldom run at once)."""
-    channels = _ranked(per_rank, "by_channel", CHANNEL_COLUMNS).astype({c: "int64" for c in CHANNEL_COLUMNS})
-    joined = channels.merge(matched.channels, on=collective_match.CHANNEL_KEY, how="left")
-    joined["group"] = joined["group"].fillna("other").astype(str)
-    per_iteration = joined.groupby(["rank", "iteration", "group"], sort=True)[
-        ["kernels", "comm_ns", "overlapped_ns", "exposed_ns"]].sum().reset_index()
-    exposed = per_iteration.pivot_table(index="rank", columns="group", values="exposed_ns", aggfunc="sum",
-                                        fill_value=0)
+    kind are added up (their kernels seldom run at once). Made a rank at a time."""
+    kinds = matched.channels[[*collective_match.CHANNEL_KEY, "group"]]
+    of_rank = dict(iter(kinds.groupby("rank", sort=False)))
+
+    def joined(rank: int, by_channel) -> pd.DataFrame:
+        channels = table_of(by_channel).to_pandas()
+        channels.insert(0, "rank", np.int64(rank))
+        out = channels.merge(of_rank.get(rank, kinds.iloc[:0]), on=collective_match.CHANNEL_KEY, how="left")
+        out["group"] = out["group"].fillna("other").astype(str)
+        return out
+
+    def per_iteration(rank: int, by_channel) -> pa.Table:
+        rows = joined(rank, by_channel).groupby(["iteration", "group"], sort=True)[GROUP_SUMS].sum()
+        return pa.Table.from_pandas(rows.reset_index(), preserve_index=False)
+
+    with_rows = [r for r in per_rank if len(r["by_channel"])]
+    exposed = pd.DataFrame({r["rank"]: joined(r["rank"], r["by_channel"]).groupby("group")["exposed_ns"].sum()
+                            for r in with_rows}).T
     ranks = ranks.copy()
     for kind in ("tp", "pp", "dp"):
         ranks[f"exposed_{kind}_ns"] = ranks["rank"].map(exposed[kind] if kind in exposed else {}).fillna(0) \
             .astype("int64")
-    return {"groups_exposure": per_iteration, "ranks": ranks, "groups": matched.groups,
+    groups_exposure = RankedRows(output_schema({"rank": "int64", "iteration": "int64", "group": "str", **{
+        c: "int64" for c in GROUP_SUMS}}), [(r["rank"], r["by_channel"]) for r in with_rows], per_iteration)
+    return {"groups_exposure": groups_exposure, "ranks": ranks, "groups": matched.groups,
             "settings": {"groups_source": matched.source, "notes": matched.notes}}
 
 
@@ -407,7 +443,7 @@ def diff_metrics(ranks) -> pd.DataFrame | None:
         if rank_data.kernels is None or not len(rank_data.kernels):
             continue
         by_kind = map_rank(rank_data, {})["by_kind"]
-        parts.append(pd.DataFrame({"key": by_kind["kind"], "value": by_kind["exposed_ns"]}))
+        parts.append(pd.DataFrame({"key": by_kind["kind"].to_pylist(), "value": by_kind["exposed_ns"].to_numpy()}))
     if not parts:
         return None
     t = pd.concat(parts, ignore_index=True).groupby("key")["value"].sum()
@@ -425,6 +461,7 @@ RECIPE = Recipe(
     reduce=reduce,
     add_options=iteration_and_parallel_options,
     per_iteration=True,
+    lazy_tables=True,  # its windows and per-kind rows, a row per rank, iteration and device: read a rank at a time
     stream=STREAM,
     summary=summary,
     headline=headline,

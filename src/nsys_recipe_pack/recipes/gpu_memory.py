@@ -28,6 +28,7 @@ from ..iteration_scan import iterations_ahead
 from ..iterations import closed_range_view
 from ..lazy import pd
 from ..nvtx import innermost_of, op_name
+from ..spill import RankedRows, output_schema
 from . import Metric, Recipe, indented, iteration_options
 
 NEEDS = {"memory", "nvtx", "kernel", "runtime"}
@@ -425,8 +426,14 @@ RANK_COLUMNS = ["rank", "device", "kind", "peak_bytes", "peak_time_ns", "peak_it
                 "alloc_calls", "alloc_call_ns", "free_calls", "free_call_ns"]
 
 
+ITERATION_COLUMNS = ["iteration", "start_bytes", "end_bytes", "peak_bytes", *ITERATION_SUMS]
+RANGE_COLUMNS = ["alloc_bytes", "free_bytes", "net_bytes", "allocs", "frees", "peak_bytes"]
+
+
 def reduce(per_rank: list[dict], options: dict) -> dict:
-    ranks, timeline, iterations, by_range = [], [], [], []
+    """ranks.parquet and what findings need (each rank's allocations per iteration, as medians) from every rank
+    first; the per-event and per-iteration tables then made a rank at a time as they are written."""
+    ranks, churn = [], []
     for r in per_rank:
         for s in r["series"]:
             ranks.append({"rank": r["rank"], "device": s["device"], "kind": s["kind"],
@@ -434,41 +441,78 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
                                                "held_before_bytes", "held_at_end_bytes", "leaked_bytes",
                                                "leaked_allocs", "leaked_iterations")},
                           "total_bytes": int(r["gpu_bytes"].get(s["device"], 0)), **r["calls"]})
-            timeline.append(pd.DataFrame({"rank": r["rank"], "device": s["device"], "kind": s["kind"],
-                                          "time_ns": s["time_ns"], "time_aligned_ns": s["time_ns"] + r["offset_ns"],
-                                          "bytes_in_use": s["bytes_in_use"]}))
-            if s["kind"] == DEVICE and "iterations" in s:
-                iterations.append(pd.DataFrame({"rank": r["rank"], "device": s["device"], **s["iterations"]}))
-            if s["kind"] == DEVICE and len(s["ranges"]["name"]):
-                by_range.append(pd.DataFrame({"rank": r["rank"], "device": s["device"],
-                                              "range": op_name(pd.Series(s["ranges"]["name"], dtype=object)),
-                                              **{c: s["ranges"][c] for c in (*RANGE_SUMS, "peak_bytes")}}))
+        steps = _device_iterations(r)
+        if steps:
+            allocs, alloc_bytes = (np.concatenate([s["iterations"][c] for s in steps])
+                                   for c in ("allocs", "alloc_bytes"))
+            churn.append({"rank": r["rank"], "allocs": np.median(allocs), "alloc_bytes": np.median(alloc_bytes),
+                          "iterations": len(allocs)})
     ranks = pd.DataFrame(ranks, columns=[c for c in RANK_COLUMNS if c not in ("headroom_pct", "leak")])
     ranks["peak_iteration"] = ranks["peak_iteration"].astype("Int64")
     total = ranks["total_bytes"].where(ranks["total_bytes"] > 0)
     ranks["headroom_pct"] = 100.0 * (total - ranks["peak_bytes"]) / total
     ranks["leak"] = (ranks["kind"] == DEVICE) & (ranks["leaked_bytes"] > LEAK_SHARE * ranks["peak_bytes"])
     ranks = ranks[RANK_COLUMNS].sort_values(["kind", "rank", "device"], key=_device_first).reset_index(drop=True)
-    timeline = (pd.concat(timeline, ignore_index=True) if timeline else
-                pd.DataFrame(columns=["rank", "device", "kind", "time_ns", "time_aligned_ns", "bytes_in_use"]))
-    iterations = (pd.concat(iterations, ignore_index=True) if iterations else
-                  pd.DataFrame(columns=["rank", "device", "iteration", "start_bytes", "end_bytes", "peak_bytes",
-                                        *ITERATION_SUMS]))
-    iterations = iterations.astype("int64")
-    by_range = (pd.concat(by_range, ignore_index=True) if by_range else
-                pd.DataFrame(columns=["rank", "device", "range", *RANGE_SUMS, "peak_bytes"]))
-    # PyTorch's emit_nvtx numbers every op instance: an op's instances as one row (nvtx.op_name)
-    by_range = by_range.groupby(["rank", "device", "range"], as_index=False, sort=False).agg(
-        {**dict.fromkeys(RANGE_SUMS, "sum"), "peak_bytes": "max"})
-    by_range.insert(5, "net_bytes", by_range["alloc_bytes"] - by_range["free_bytes"])
-    by_range = by_range.sort_values(["rank", "device", "alloc_bytes"], ascending=[True, True, False],
-                                    kind="stable").reset_index(drop=True)
-    for c in ("rank", "device", "alloc_bytes", "free_bytes", "net_bytes", "allocs", "frees", "peak_bytes"):
-        by_range[c] = by_range[c].astype("int64")
-    return {"ranks": ranks, "timeline": timeline, "iterations": iterations, "by_range": by_range,
-            "findings": findings(ranks, iterations),
+    churn = pd.DataFrame(churn, columns=["rank", "allocs", "alloc_bytes", "iterations"]).set_index("rank").sort_index()
+    by_rank = sorted(per_rank, key=lambda r: r["rank"])
+    return {"ranks": ranks,
+            "timeline": RankedRows(output_schema({"rank": "int64", "device": "int64", "kind": "str", "time_ns": "int64",
+                                                  "time_aligned_ns": "int64", "bytes_in_use": "int64"}),
+                                   [(r["rank"], r) for r in per_rank if r["series"]], _timeline),
+            "iterations": RankedRows(output_schema({"rank": "int64", "device": "int64",
+                                                    **dict.fromkeys(ITERATION_COLUMNS, "int64")}),
+                                     [(r["rank"], r) for r in per_rank if _device_iterations(r)], _iterations),
+            "by_range": RankedRows(output_schema({"rank": "int64", "device": "int64", "range": "str",
+                                                  **dict.fromkeys(RANGE_COLUMNS, "int64")}),
+                                   [(r["rank"], r) for r in by_rank if _device_ranges(r)], _by_range),
+            "findings": findings(ranks, churn),
             "settings": {"leak_rule": f"a rank leaks when the device memory it allocated inside iterations and never "
                                       f"freed before the capture ends is above {LEAK_SHARE:.0%} of its peak"}}
+
+
+def _device_iterations(r: dict) -> list[dict]:
+    return [s for s in r["series"] if s["kind"] == DEVICE and "iterations" in s]
+
+
+def _device_ranges(r: dict) -> list[dict]:
+    return [s for s in r["series"] if s["kind"] == DEVICE and len(s["ranges"]["name"])]
+
+
+def _repeated(series: list[dict], key: str, counts: list[int]) -> np.ndarray:
+    return np.repeat(np.array([s[key] for s in series]), counts)
+
+
+def _timeline(rank: int, r: dict) -> pa.Table:
+    """A rank's memory in use after each event, each device and kind."""
+    series, counts = r["series"], [len(s["time_ns"]) for s in r["series"]]
+    time = np.concatenate([s["time_ns"] for s in series]).astype(np.int64)
+    return pa.table({"device": _repeated(series, "device", counts).astype(np.int64),
+                     "kind": pa.array(_repeated(series, "kind", counts), pa.large_string()), "time_ns": time,
+                     "time_aligned_ns": time + np.int64(r["offset_ns"]),
+                     "bytes_in_use": np.concatenate([s["bytes_in_use"] for s in series]).astype(np.int64)})
+
+
+def _iterations(rank: int, r: dict) -> pa.Table:
+    series = _device_iterations(r)
+    counts = [len(s["iterations"]["iteration"]) for s in series]
+    return pa.table({"device": _repeated(series, "device", counts).astype(np.int64),
+                     **{c: np.concatenate([s["iterations"][c] for s in series]).astype(np.int64)
+                        for c in ITERATION_COLUMNS}})
+
+
+def _by_range(rank: int, r: dict) -> pa.Table:
+    """A rank's device memory per NVTX range, most allocated first on each device."""
+    series = _device_ranges(r)
+    rows = pd.concat([pd.DataFrame({"device": s["device"],
+                                    "range": op_name(pd.Series(s["ranges"]["name"], dtype=object)),
+                                    **{c: s["ranges"][c] for c in (*RANGE_SUMS, "peak_bytes")}}) for s in series],
+                     ignore_index=True)
+    # PyTorch's emit_nvtx numbers every op instance: an op's instances as one row (nvtx.op_name)
+    rows = rows.groupby(["device", "range"], as_index=False, sort=False).agg(
+        {**dict.fromkeys(RANGE_SUMS, "sum"), "peak_bytes": "max"})
+    rows["net_bytes"] = rows["alloc_bytes"] - rows["free_bytes"]
+    rows = rows.sort_values(["device", "alloc_bytes"], ascending=[True, False], kind="stable")
+    return pa.Table.from_pandas(rows, preserve_index=False)
 
 
 def _device_first(column: pd.Series) -> pd.Series:
@@ -483,9 +527,10 @@ def gib(n) -> str:
     return f"{int(n)} B"
 
 
-def findings(ranks: pd.DataFrame, iterations: pd.DataFrame) -> pd.DataFrame:
+def findings(ranks: pd.DataFrame, churn: pd.DataFrame) -> pd.DataFrame:
     """One sentence each, the answer first: the rank closest to running out, the leaking ranks, allocation churn
-    inside steps, and how unevenly the ranks hold memory."""
+    inside steps (churn: per rank, its median allocations and bytes per iteration, and its iterations), and how
+    unevenly the ranks hold memory."""
     rows = []
     device = ranks[ranks["kind"] == DEVICE]
     if not len(device):
@@ -503,8 +548,6 @@ def findings(ranks: pd.DataFrame, iterations: pd.DataFrame) -> pd.DataFrame:
                                   f"{gib(r.leaked_bytes / max(r.leaked_iterations, 1))} each: {r.leaked_allocs} "
                                   "allocation(s) made inside iterations and never freed",
                      f"{r.leaked_bytes / max(r.peak_bytes, 1):.0%} of its peak"))
-    churn = iterations.groupby("rank").agg(allocs=("allocs", "median"), alloc_bytes=("alloc_bytes", "median"),
-                                           iterations=("iteration", "size"))
     churn = churn[churn["allocs"] > 0].sort_values("alloc_bytes", ascending=False)
     if len(churn):
         rank, c = int(churn.index[0]), churn.iloc[0]

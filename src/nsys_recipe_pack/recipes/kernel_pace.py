@@ -16,12 +16,13 @@ import pyarrow as pa
 from ..driver import fold_rank
 from ..errors import BadInputError
 from ..gpu import GPU_NEEDS
-from ..inputs import arrow_of, dictionary_column, numpy_of
+from ..inputs import arrow_of, numpy_of
 from ..inputs.chunks import Stream
 from ..intervals import split_into_windows
 from ..iteration_scan import find_iterations, iterations_ahead, no_windows_text
 from ..iterations import WARMUP_RULE, closest_names, iteration_error, warmup, warmup_option
 from ..lazy import pd
+from ..spill import RankedRows, output_schema
 from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
@@ -125,44 +126,46 @@ def _stats(d: np.ndarray, rank: int) -> dict:
     }
 
 
+PACE_DTYPES = {"rank": "int64", "iteration": "int64", "kernel": "str", "start_ns": "int64", "end_ns": "int64",
+               "start_aligned_ns": "int64", "duration_ns": "int64", "delta_ns": "Int64", "lag_ns": "int64",
+               "is_warmup": "bool"}
+
+
 def reduce(per_rank: list[dict], options: dict) -> dict:
+    """What needs every rank (each iteration's earliest start, the run's median iteration) from their few arrays
+    first; pace.parquet, a row per rank and iteration, then made a rank at a time as it is written."""
     per_rank = sorted(per_rank, key=lambda r: r["rank"])  # rows by rank, then iteration
-    counts = np.array([len(r["start_ns"]) for r in per_rank], np.int64)
-    start = np.concatenate([r["start_ns"] for r in per_rank]).astype(np.int64)
-    end = np.concatenate([r["end_ns"] for r in per_rank]).astype(np.int64)
-    first = np.cumsum(counts) - counts  # each rank's first row
-    iteration = np.arange(len(start)) - np.repeat(first, counts)
-    aligned = start + np.repeat([r["offset_ns"] for r in per_rank], counts).astype(np.int64)
-    earliest = np.full(int(iteration.max()) + 1 if len(iteration) else 0, np.iinfo(np.int64).max)
-    np.minimum.at(earliest, iteration, aligned)
-    prev_end = np.r_[np.int64(0), end[:-1]]
-    delta = pd.array(start - prev_end, dtype="Int64")
-    delta[first[counts > 0]] = pd.NA  # no previous instance on the rank
-    # the delimiter's name on every row, from the ranks' few names (no Python string per row)
-    names, name_of_rank = np.unique(np.array([r["delimiter"]["name"] for r in per_rank], dtype=object),
-                                    return_inverse=True)
-    kernel = dictionary_column(np.repeat(name_of_rank, counts), names).dictionary_decode()
-    rank = np.repeat([int(r["rank"]) for r in per_rank], counts).astype(np.int64)
-    duration = end - start
-    is_warmup = warmup(rank, iteration, duration)
-    pace = pd.DataFrame({
-        "rank": rank,
-        "iteration": iteration,
-        "kernel": pd.Series(kernel, dtype="str"),
-        "start_ns": start, "end_ns": end, "start_aligned_ns": aligned, "duration_ns": duration,
-        "delta_ns": delta, "lag_ns": aligned - earliest[iteration], "is_warmup": is_warmup,
-    })
+    durations = [(r["end_ns"] - r["start_ns"]).astype(np.int64) for r in per_rank]
+    earliest = np.full(max(map(len, durations), default=0), np.iinfo(np.int64).max)
+    for r in per_rank:
+        aligned = r["start_ns"].astype(np.int64) + np.int64(r["offset_ns"])
+        np.minimum(earliest[:len(aligned)], aligned, out=earliest[:len(aligned)])
+    every = np.concatenate(durations) if durations else np.zeros(0, np.int64)
+    median = float(np.median(every)) if len(every) else None
+    warm = [warmup(np.zeros(len(d), np.int64), np.arange(len(d)), d, median) for d in durations]
+
+    def pace(rank: int, at: int) -> pa.Table:
+        r, duration, is_warmup = per_rank[at], durations[at], warm[at]
+        start, end = r["start_ns"].astype(np.int64), r["end_ns"].astype(np.int64)
+        aligned = start + np.int64(r["offset_ns"])
+        delta = start - np.r_[np.int64(0), end[:-1]]
+        return pa.table({"iteration": np.arange(len(start), dtype=np.int64),
+                         "kernel": pa.repeat(pa.scalar(r["delimiter"]["name"], pa.large_string()), len(start)),
+                         "start_ns": start, "end_ns": end, "start_aligned_ns": aligned, "duration_ns": duration,
+                         "delta_ns": arrow_of(delta, valid=np.arange(len(start)) > 0),  # none before the first
+                         "lag_ns": aligned - earliest[:len(start)], "is_warmup": is_warmup})
+
     # steadiness without the start-up, unless asked (--keep-warmup); -1 is all ranks
-    counted = np.ones(len(duration), bool) if options.get("keep_warmup") else ~is_warmup
-    stats = [{**_stats(duration[lo:lo + n][counted[lo:lo + n]], int(r["rank"])),
-              "warmup_iterations": int(is_warmup[lo:lo + n].sum())}
-             for r, lo, n in zip(per_rank, first, counts, strict=True)]
-    stats.append({**_stats(duration[counted], -1), "warmup_iterations": int(is_warmup.sum())})
+    keep = options.get("keep_warmup")
+    stats = [{**_stats(d if keep else d[~w], int(r["rank"])), "warmup_iterations": int(w.sum())}
+             for r, d, w in zip(per_rank, durations, warm, strict=True)]
+    is_warmup = np.concatenate(warm) if warm else np.zeros(0, bool)
+    stats.append({**_stats(every if keep else every[~is_warmup], -1), "warmup_iterations": int(is_warmup.sum())})
     stats = pd.DataFrame(stats).astype({"rank": "int64", "count": "int64", "min_ns": "Int64", "max_ns": "Int64",
                                         "warmup_iterations": "int64"})
-    settings = {"warmup": {"rule": WARMUP_RULE, "left_out": not options.get("keep_warmup"),
-                           "iterations": int(is_warmup.sum())}}
-    return {"pace": pace, "stats": stats, "settings": settings}
+    settings = {"warmup": {"rule": WARMUP_RULE, "left_out": not keep, "iterations": int(is_warmup.sum())}}
+    rows = RankedRows(output_schema(PACE_DTYPES), [(int(r["rank"]), at) for at, r in enumerate(per_rank)], pace)
+    return {"pace": rows, "stats": stats, "settings": settings}
 
 
 def add_options(add, framework: bool = False) -> None:

@@ -35,7 +35,7 @@ from ..nvtx import (
     op_name,
     start_order,
 )
-from ..spill import RankedRows, SpillWriter, table_of
+from ..spill import RankedRows, SpillWriter, output_schema, table_of
 from . import Metric, Recipe, indented, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
@@ -125,19 +125,13 @@ def _sums_table(keys: np.ndarray, sums: list[np.ndarray], words: pa.Array) -> pa
                      **dict(zip(SUM_COLUMNS, map(arrow_of, sums), strict=True))})
 
 
-def _output_schema(dtypes: dict) -> pa.Schema:
-    """The Arrow schema pandas writes for a frame of these dtypes (its metadata gives readers them back)."""
-    return pa.Schema.from_pandas(pd.DataFrame({c: pd.Series(dtype=d) for c, d in dtypes.items()}),
-                                 preserve_index=False)
-
-
 def _ranges_schema() -> pa.Schema:
-    return _output_schema({"rank": "int64", **RANGE_DTYPES})
+    return output_schema({"rank": "int64", **RANGE_DTYPES})
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
     ranges = RankedRows(_ranges_schema(), [(r["rank"], r["ranges"]) for r in per_rank])
-    sums_schema = _output_schema({"name": "str", "domain": "str", **dict.fromkeys(SUM_COLUMNS, "int64")})
+    sums_schema = output_schema({"name": "str", "domain": "str", **dict.fromkeys(SUM_COLUMNS, "int64")})
     sums = ranked_tables([{"rank": r["rank"], "sums": table_of(r["sums"]).cast(sums_schema)} for r in per_rank], "sums")
     sums = sums.to_pandas()
     summary = sums.groupby(["rank", "name", "domain"], as_index=False)[SUM_COLUMNS].sum()

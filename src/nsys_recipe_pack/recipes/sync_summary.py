@@ -19,12 +19,13 @@ from ..driver import fold_rank
 from ..gpu import GPU_NEEDS, PAGEABLE
 from ..gpu import call_key as _call_key
 from ..groups import SortedGroups, Vocabulary, distinct, factorize, one_of, picked
-from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, ranked_tables, sorted_place
+from ..inputs import NameIds, arrow_of, dictionary_column, numpy_of, sorted_place
 from ..inputs.chunks import END_OF_TIME, Stream
 from ..intervals import covered_length, touching, union_segments
 from ..iterations import closed_range_view
 from ..lazy import pd
 from ..nvtx import innermost_of
+from ..spill import RankedRows
 from . import Recipe, indented, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime"}
@@ -414,6 +415,9 @@ def map_columns() -> list[str]:
 
 
 SUMMARY_COLUMNS = ["kind", "api", "count", "total_ns", "mean_ns", "max_ns"]
+# sync_calls.parquet: the map's columns after the rank, its names kept as the map's Arrow dictionaries
+CALLS_SCHEMA = pa.schema([("rank", pa.int64()), *((c, pa.dictionary(pa.int32(), pa.large_string()) if c in (
+    "api", "kind", "nvtx_range") else pa.int64()) for c in map_columns())])
 
 
 def _sort_pairs(key: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -509,7 +513,7 @@ def _findings(c: dict, wall_ns: int, flavour: str = "") -> list[tuple]:
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
     per_rank = sorted(per_rank, key=lambda r: r["rank"])
-    calls = ranked_tables(per_rank, "calls")
+    calls = RankedRows(CALLS_SCHEMA, [(r["rank"], r["calls"]) for r in per_rank])  # written a rank at a time
     wall = pd.Series({r["rank"]: r["wall_ns"] for r in per_rank})
     summary = pd.DataFrame({
         "rank": np.concatenate([np.full(len(r["summary"]["kind"]), r["rank"], np.int64) for r in per_rank]),
@@ -548,6 +552,7 @@ RECIPE = Recipe(
     map_rank=map_rank,
     reduce=reduce,
     stream=STREAM,
+    lazy_tables=True,  # its calls, a row per blocking call of every rank: read a rank at a time as they are written
     summary=summary,
     headline=headline,
     figures="nsys_recipe_pack.plots.sync_summary",
