@@ -161,7 +161,8 @@ def opens_in_chromium(page: Path, work: Path) -> str:
 def write_results(results: Path, meta: dict, rows: list[dict], others: list[dict]) -> None:
     lines = [BEGIN, f"## Thousands of ranks: SYNTHETIC ranks x {ITERATIONS:,} iterations through Dask", "",
              f"Written by `{meta['command']}` on {meta['date']} ({meta['cpu']}, {meta['cores']} cores, "
-             f"{meta['memory_gb']} GB). Rerun with `make bench-ranks`.", "",
+             f"{meta['memory_gb']} GB), rows measured before kept (`--keep`: each row's command is in the raw "
+             "numbers). Rerun with `make bench-ranks`.", "",
              "SYNTHETIC sets from `nsys-recipe synth --format parquetdir` (one straggler injected), not real profiles. "
              "`nsys-recipe run --name straggler_heatmap --report --mode dask-futures` against a `dask scheduler` and "
              f"{WORKERS} `nsys-recipe dask-worker --nthreads 1` on 127.0.0.1. Time: the whole command, its report page "
@@ -183,10 +184,12 @@ def write_results(results: Path, meta: dict, rows: list[dict], others: list[dict
                      f"{r['worker_mb']} | {r['page_mb'] if r['page_mb'] is not None else '—'} | "
                      f"{r.get('chromium') or '—'} | {status} |")
     if others:
-        lines += ["", "The other recipes over the same sets, through the same scheduler and workers (no report): each "
-                  "writes its per-rank and per-iteration tables a rank at a time, and its client holds what needs "
-                  "every rank (the ranks' sums, an iteration's earliest start, the NCCL kernels where it matches "
-                  "them).", "", "| ranks | recipe | run s | client MB | worker MB |", "|---:|---|---:|---:|---:|"]
+        lines += ["", "The other recipes over the same sets, through the same scheduler and workers (no report). Each "
+                  "writes its per-rank and per-iteration tables a rank at a time; what its client holds is what needs "
+                  "every rank: kernel_pace each iteration's start and end (its median and earliest start are over "
+                  "every rank), comm_overlap every NCCL kernel while it matches them across ranks (what grows "
+                  "here), sync_summary and nvtx_gpu_proj a few rows a rank.", "",
+                  "| ranks | recipe | run s | client MB | worker MB |", "|---:|---|---:|---:|---:|"]
         for r in sorted(others, key=lambda r: (r["recipe"], r["ranks"])):
             status = "" if r["ok"] else f" (failed, exit {r['exit']})"
             lines.append(f"| {r['ranks']} | {r['recipe']}{status} | {r['wall_s']:.1f} | {r['client_mb']} | "
@@ -216,7 +219,8 @@ def main() -> None:
         saved = json.loads(raw.read_text())
         write_results(ROOT / "bench" / "RESULTS.md", saved["meta"], saved["rows"], saved.get("others", []))
         return
-    log.write_text("")
+    if not args.keep:
+        log.write_text("")
     sizes = [int(s) for s in args.ranks.split(",") if s]
     saved = json.loads(raw.read_text()) if args.keep and raw.exists() else {}
     rows = {r["ranks"]: r for r in saved.get("rows", [])}
