@@ -37,6 +37,7 @@ KIND_OF_OP = {"allreduce": "all_reduce", "allgather": "all_gather", "reducescatt
                "sendrecv": "send_recv", "send": "send_recv", "recv": "send_recv", "broadcast": "broadcast",
                "reduce": "reduce", "alltoall": "all_to_all"}
 _OP_RE = re.compile(r"^ncc(?:l|lDev)Kernel_([A-Za-z]+)")
+KIND_LABELS = np.array(KINDS, dtype=object)
 SEND_RECV = KINDS.index("send_recv")
 KERNEL_COLUMNS = ("op", "stream", "start_ns", "end_ns", "comm_id", "bytes", "iteration")
 INIT_COLUMNS = ("comm_id", "nranks", "comm_rank")
@@ -245,7 +246,7 @@ def _members(kernels: pd.DataFrame, comms: pd.DataFrame, collectives: pd.DataFra
                          index=pd.MultiIndex.from_frame(collectives[["communicator", "op", "seq"]].astype(
                              {"seq": "int64"})))
     matched = kernels.loc[seq.index]
-    at = pd.MultiIndex.from_arrays([matched["communicator"], matched["op"].map(lambda o: KINDS[int(o)]),
+    at = pd.MultiIndex.from_arrays([matched["communicator"], KIND_LABELS[matched["op"].to_numpy(np.int64)],
                                     seq.astype("int64")])
     out = kernels[["rank", "iteration", "start_aligned_ns", "end_aligned_ns"]].astype("int64")
     group = kernels["communicator"].map(dict(zip(comms["communicator"], comms["group"], strict=True)))
@@ -267,6 +268,12 @@ def _channels(kernels: pd.DataFrame, comms: pd.DataFrame) -> pd.DataFrame:
     group = out["communicator"].map(group_of).astype(object)
     out = out.assign(group=group.where(group.notna(), "other"))
     return out[[*CHANNEL_KEY, "group"]].astype({c: "int64" for c in CHANNEL_KEY}).reset_index(drop=True)
+
+
+def communicator_keys(comm_id: np.ndarray) -> np.ndarray:
+    """NCCL's communicator ids as the keys the outputs show (16 hex digits), each distinct id formatted once."""
+    ids, at = np.unique(comm_id, return_inverse=True)
+    return np.array([f"{c & 0xFFFFFFFFFFFFFFFF:016x}" for c in ids.tolist()], dtype=object)[at.reshape(-1)]
 
 
 def _kernels(per_rank: list[dict]) -> pd.DataFrame:
@@ -292,8 +299,8 @@ def _communicators(per_rank: list[dict], kernels: pd.DataFrame, notes: list[str]
     p2p = kernels["op"] == SEND_RECV
     if len(inits) and (kernels["comm_id"] >= 0).any():
         inits = inits.drop_duplicates(["comm_id", "rank"])
-        kernels["communicator"] = kernels["comm_id"].map(lambda c: f"{c & 0xFFFFFFFFFFFFFFFF:016x}")
-        inits["communicator"] = inits["comm_id"].map(lambda c: f"{c & 0xFFFFFFFFFFFFFFFF:016x}")
+        kernels["communicator"] = communicator_keys(kernels["comm_id"].to_numpy(np.int64))
+        inits["communicator"] = communicator_keys(inits["comm_id"].to_numpy(np.int64))
         members, keys, sizes = [], [], []
         for key, rows in inits.sort_values("comm_rank").groupby("communicator", sort=True):
             keys.append(key)
@@ -458,8 +465,12 @@ def _instances(k: pd.DataFrame, key: list[str]) -> pd.DataFrame:
         return pd.DataFrame(columns=COLLECTIVE_COLUMNS)
     g = k.groupby(key, sort=True)
     last = k.loc[g["start_aligned_ns"].idxmax()].set_index(key)
+    sizes = g.size()
+    # each instance's ranks in order: one sort of all the kernels, not a sort per instance
+    rank = k["rank"].to_numpy(np.int64)[np.lexsort((k["rank"].to_numpy(np.int64), g.ngroup().to_numpy()))]
     out = pd.DataFrame({
-        "members": g["rank"].agg(lambda r: sorted(int(x) for x in r)),
+        "members": pd.Series([m.tolist() for m in np.split(rank, np.cumsum(sizes.to_numpy())[:-1])],
+                             index=sizes.index, dtype=object),
         "iteration": g["iteration"].max(),
         "bytes": g["bytes"].max(),
         "first_arrival_aligned_ns": g["start_aligned_ns"].min(),
@@ -470,7 +481,7 @@ def _instances(k: pd.DataFrame, key: list[str]) -> pd.DataFrame:
     out["wait_ns"] = g["start_aligned_ns"].size() * out["last_arrival_aligned_ns"] - g["start_aligned_ns"].sum()
     out["transfer_ns"] = (out["end_aligned_ns"] - out["last_arrival_aligned_ns"]).clip(lower=0)
     out = out.reset_index()
-    out["op"] = out["op"].map(lambda o: KINDS[int(o)])
+    out["op"] = KIND_LABELS[out["op"].to_numpy(np.int64)]
     out["bytes"] = out["bytes"].where(out["bytes"] >= 0)
     out["algbw_gbps"] = out["bytes"] / out["transfer_ns"].where(out["transfer_ns"] > 0)
     return out
