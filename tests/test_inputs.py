@@ -300,7 +300,7 @@ def test_a_task_s_arrow_tables_cross_the_spill_file_unchanged(nsys, tmp_path):
                     tables += 1
                 else:
                     assert repr(res[key]) == repr(value)
-    assert tables == 6  # sync_summary's calls, nvtx_gpu_proj's ranges and their sums, of each report
+    assert tables == 8  # sync_summary's calls, nvtx_gpu_proj's ranges and their sums, kernel_pace's times, of each
 
 
 def test_a_lazy_recipe_gets_the_task_s_tables_as_references_read_from_its_file(nsys, tmp_path):

@@ -22,7 +22,7 @@ from ..intervals import split_into_windows
 from ..iteration_scan import find_iterations, iterations_ahead, no_windows_text
 from ..iterations import WARMUP_RULE, closest_names, iteration_error, warmup, warmup_option
 from ..lazy import pd
-from ..spill import RankedRows, output_schema
+from ..spill import RankedRows, output_schema, table_of
 from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
 
 NEEDS = {"nvtx", "kernel", "memcpy", "memset"}
@@ -51,15 +51,22 @@ def map_rank(rank_data, options: dict) -> dict:
         sel = np.flatnonzero(codes == hit[0])
         start, end = k.values("start_ns")[sel], k.values("end_ns")[sel]
         order = np.argsort(start, kind="stable")
-        start, end = start[order], end[order]
         delimiter = {"kind": "kernel", "name": kernel, "domain": None, "source": "--kernel"}
-        return {"start_ns": start, "end_ns": end, "delimiter": delimiter}
+        return _result(start[order], end[order], delimiter)
     # the pace of the GPU work inside each iteration: the fold a long capture goes through span by span, over the
     # rank's tables as one span
     folded = fold_rank(STREAM, rank_data, options)
     if folded is None:  # no iterations, and no GPU work to say so of
         raise iteration_error(rank_data.file, no_windows_text(options, True))
-    return folded
+    return _result(folded["start_ns"], folded["end_ns"], folded["delimiter"])
+
+
+def _result(start: np.ndarray, end: np.ndarray, delimiter: dict) -> dict:
+    """Each iteration's start and end as an Arrow table, which a worker writes to a file of its own and the reduce
+    reads a rank at a time."""
+    times = pa.Table.from_arrays([arrow_of(start.astype(np.int64)), arrow_of(end.astype(np.int64))],
+                                 names=["start_ns", "end_ns"])
+    return {"times": times, "delimiter": delimiter}
 
 
 def _prepare(ahead, options: dict) -> dict:
@@ -135,10 +142,12 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     """What needs every rank (each iteration's earliest start, the run's median iteration) from their few arrays
     first; pace.parquet, a row per rank and iteration, then made a rank at a time as it is written."""
     per_rank = sorted(per_rank, key=lambda r: r["rank"])  # rows by rank, then iteration
-    durations = [(r["end_ns"] - r["start_ns"]).astype(np.int64) for r in per_rank]
-    earliest = np.full(max(map(len, durations), default=0), np.iinfo(np.int64).max)
+    earliest = np.full(max((r["times"].num_rows for r in per_rank), default=0), np.iinfo(np.int64).max)
+    durations = []
     for r in per_rank:
-        aligned = r["start_ns"].astype(np.int64) + np.int64(r["offset_ns"])
+        start, end = (numpy_of(c) for c in table_of(r["times"]).columns)
+        durations.append(end - start)
+        aligned = start + np.int64(r["offset_ns"])
         np.minimum(earliest[:len(aligned)], aligned, out=earliest[:len(aligned)])
     every = np.concatenate(durations) if durations else np.zeros(0, np.int64)
     median = float(np.median(every)) if len(every) else None
@@ -146,7 +155,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
 
     def pace(rank: int, at: int) -> pa.Table:
         r, duration, is_warmup = per_rank[at], durations[at], warm[at]
-        start, end = r["start_ns"].astype(np.int64), r["end_ns"].astype(np.int64)
+        start, end = (numpy_of(c) for c in table_of(r["times"]).columns)
         aligned = start + np.int64(r["offset_ns"])
         delta = start - np.r_[np.int64(0), end[:-1]]
         return pa.table({"iteration": np.arange(len(start), dtype=np.int64),
@@ -241,6 +250,7 @@ RECIPE = Recipe(
     reduce=reduce,
     add_options=add_options,
     per_iteration=True,
+    lazy_tables=True,  # each iteration's start and end, read a rank at a time
     needs_for=needs_for,
     rows_for=rows_for,
     summary=summary,
