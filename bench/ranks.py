@@ -186,9 +186,9 @@ def write_results(results: Path, meta: dict, rows: list[dict], others: list[dict
     if others:
         lines += ["", "The other recipes over the same sets, through the same scheduler and workers (no report). Each "
                   "writes its per-rank and per-iteration tables a rank at a time; what its client holds is what needs "
-                  "every rank: kernel_pace each iteration's start and end (its median and earliest start are over "
-                  "every rank), comm_overlap every NCCL kernel while it matches them across ranks (what grows "
-                  "here), sync_summary and nvtx_gpu_proj a few rows a rank.", "",
+                  "every rank: kernel_pace each iteration's duration (the run's median is over every one), "
+                  "comm_overlap every NCCL kernel while it matches them across ranks (what grows here), sync_summary "
+                  "and nvtx_gpu_proj a few rows a rank.", "",
                   "| ranks | recipe | run s | client MB | worker MB |", "|---:|---|---:|---:|---:|"]
         for r in sorted(others, key=lambda r: (r["recipe"], r["ranks"])):
             status = "" if r["ok"] else f" (failed, exit {r['exit']})"
