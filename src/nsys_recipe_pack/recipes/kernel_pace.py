@@ -139,7 +139,7 @@ PACE_DTYPES = {"rank": "int64", "iteration": "int64", "kernel": "str", "start_ns
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
-    """What needs every rank (each iteration's earliest start, the run's median iteration) from their few arrays
+    """What needs every rank (each iteration's earliest start, the run's median iteration) from the ranks' times read
     first; pace.parquet, a row per rank and iteration, then made a rank at a time as it is written."""
     per_rank = sorted(per_rank, key=lambda r: r["rank"])  # rows by rank, then iteration
     earliest = np.full(max((r["times"].num_rows for r in per_rank), default=0), np.iinfo(np.int64).max)
