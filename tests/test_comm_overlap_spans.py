@@ -29,7 +29,7 @@ def _same(path, options) -> list:
 def _differences(want, got) -> list:
     if isinstance(want, str) or isinstance(got, str):
         return [] if got == want else [(want, got)]
-    out = [k for k in ("delimiter",) if got[k] != want[k]]
+    out = [k for k in ("delimiter", "totals") if got[k] != want[k]]
     out += ["start_ns"] if not np.array_equal(got["start_ns"], want["start_ns"]) else []
     for table in ("windows", "by_kind", "by_phase", "by_channel"):
         out += [(table, c) for c in want[table].column_names if not want[table][c].equals(got[table][c])]

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from .. import collective_match, parallel, waiting
 from ..collective_match import KIND_OF_OP, KINDS
@@ -55,6 +54,9 @@ WHOLE_CAPTURE = {"kind": "capture", "name": "whole capture", "domain": None,
                  "source": "no repeating NVTX range or kernel: the capture is one window"}
 WINDOW_COLUMNS = ["iteration", "device", "start_ns", "end_ns", "busy_ns", "compute_ns", "comm_ns",
                   "overlapped_ns", "exposed_comm_ns", "exposed_compute_ns"]
+SUMMED = ["busy_ns", "compute_ns", "comm_ns", "overlapped_ns", "exposed_comm_ns", "exposed_compute_ns"]
+RANK_COLUMNS = ["rank", "iterations", "wall_ns", *SUMMED, "exposed_comm_pct", "overlapped_of_comm_pct"]
+GROUP_SUMS = ["kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
 NCCL_DOMAIN = "NCCL"
 
 
@@ -262,10 +264,21 @@ def map_result(it: Iterations, pieces: list[dict], names) -> dict:
     name_place = np.array([place.get(w, -1) for w in labels], np.int64)[label_at.reshape(-1)]
     order = np.lexsort((name_place, by_phase["device"], by_phase["iteration"]))
     out["by_phase"] = {c: v[order] for c, v in by_phase.items()}
+    totals = _totals(out["windows"])
     # as Arrow tables, which a worker writes to a file of its own and the reduce reads a rank at a time
     out = {table: pa.Table.from_arrays([_arrow(v) for v in columns.values()], names=list(columns))
            for table, columns in out.items()}
-    return {**out, "delimiter": it.delimiter.as_dict(), "start_ns": it.start_ns}
+    return {**out, "totals": totals, "delimiter": it.delimiter.as_dict(), "start_ns": it.start_ns}
+
+
+def _totals(windows: dict) -> list | None:
+    """The rank's row of ranks.parquet (its iterations, their wall time and the windows' sums; None without
+    windows), made where the windows are: the reduce then reads none of them for it."""
+    if not len(windows["iteration"]):
+        return None
+    _, first = np.unique(windows["iteration"], return_index=True)  # a window's rows share its times
+    wall = windows["end_ns"][first] - windows["start_ns"][first]
+    return [len(first), int(wall.sum()), *(int(windows[c].sum()) for c in SUMMED)]
 
 
 def _arrow(values: np.ndarray) -> pa.Array:
@@ -288,11 +301,6 @@ def _rows(per_key: dict, devices: np.ndarray, key: str, labels: np.ndarray, firs
             **{c: per_key[c] for c in ("kernels", "comm_ns", "overlapped_ns", "exposed_ns")}}
 
 
-SUMMED = ["busy_ns", "compute_ns", "comm_ns", "overlapped_ns", "exposed_comm_ns", "exposed_compute_ns"]
-RANK_COLUMNS = ["rank", "iterations", "wall_ns", *SUMMED, "exposed_comm_pct", "overlapped_of_comm_pct"]
-GROUP_SUMS = ["kernels", "comm_ns", "overlapped_ns", "exposed_ns"]
-
-
 def _ranked(per_rank: list[dict], key: str, dtypes: dict) -> RankedRows:
     """A map table of every rank as one output, written a rank at a time: each rank's rows by iteration and device,
     in the map's order among equals."""
@@ -304,15 +312,8 @@ def _ranked(per_rank: list[dict], key: str, dtypes: dict) -> RankedRows:
 
 
 def _ranks(per_rank: list[dict]) -> pd.DataFrame:
-    """ranks.parquet: each rank's windows added up, read a rank at a time (a rank without windows has no row)."""
-    rows = []
-    for r in per_rank:
-        windows = table_of(r["windows"], ["iteration", "start_ns", "end_ns", *SUMMED])
-        if not windows.num_rows:
-            continue
-        _, first = np.unique(windows["iteration"].to_numpy(), return_index=True)  # a window's rows share its times
-        wall = windows["end_ns"].to_numpy()[first] - windows["start_ns"].to_numpy()[first]
-        rows.append([r["rank"], len(first), int(wall.sum()), *(int(pc.sum(windows[c]).as_py()) for c in SUMMED)])
+    """ranks.parquet: each rank's windows added up, by its map (a rank without windows has no row)."""
+    rows = [[r["rank"], *r["totals"]] for r in per_rank if r["totals"] is not None]
     ranks = pd.DataFrame(rows, columns=RANK_COLUMNS[:-2], dtype="int64")
     ranks["exposed_comm_pct"] = 100.0 * ranks["exposed_comm_ns"] / ranks["wall_ns"].where(ranks["wall_ns"] > 0)
     ranks["overlapped_of_comm_pct"] = 100.0 * ranks["overlapped_ns"] / ranks["comm_ns"].where(ranks["comm_ns"] > 0)
