@@ -57,11 +57,13 @@ def synth(work: Path, n: int, log: Path) -> tuple[Path, float | None]:
 
 
 class Peaks:
-    """Each watched process tree's largest resident memory of any one process in it, sampled in a thread."""
+    """Each watched process tree's largest resident memory of any one process in it, and of its root process alone
+    and of the others alone (`NAME itself`, `NAME children`: the command and the notebook kernel it starts), sampled in
+    a thread."""
 
     def __init__(self, roots: dict[str, int]):
         self.roots = roots
-        self.peak = dict.fromkeys(roots, 0)
+        self.peak = {k: 0 for name in roots for k in (name, f"{name} itself", f"{name} children")}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
@@ -73,9 +75,12 @@ class Peaks:
                     root = psutil.Process(pid)
                     for p in [root, *root.children(recursive=True)]:
                         try:
-                            self.peak[name] = max(self.peak[name], p.memory_info().rss)
+                            rss = p.memory_info().rss
                         except psutil.Error:
-                            pass
+                            continue
+                        part = f"{name} itself" if p.pid == pid else f"{name} children"
+                        self.peak[name] = max(self.peak[name], rss)
+                        self.peak[part] = max(self.peak[part], rss)
                 except psutil.Error:
                     pass
             self._stop.wait(0.1)
@@ -127,8 +132,8 @@ def run_one(work: Path, d: Path, n: int, log: Path, recipe: str = "straggler_hea
                 "cmd": shlex.join(cmd)}
     page = out / "report.html"
     return {"ranks": n, "iterations": ITERATIONS, "wall_s": round(wall, 1), "ok": ok, "exit": client.returncode,
-            "client_mb": mb["client"], "scheduler_mb": mb["scheduler"],
-            "worker_mb": max(mb[f"worker {i}"] for i in range(WORKERS)),
+            "client_mb": mb["client"], "command_mb": mb["client itself"], "notebook_mb": mb["client children"],
+            "scheduler_mb": mb["scheduler"], "worker_mb": max(mb[f"worker {i}"] for i in range(WORKERS)),
             "page_mb": round(page.stat().st_size / 1e6, 1) if ok and page.exists() else None,
             "found": found_stragglers(out, d / "truth.json") if ok else "", "cmd": shlex.join(cmd),
             "chromium": opens_in_chromium(page, work) if ok and page.exists() else ""}
@@ -167,21 +172,24 @@ def write_results(results: Path, meta: dict, rows: list[dict], others: list[dict
              "`nsys-recipe run --name straggler_heatmap --report --mode dask-futures` against a `dask scheduler` and "
              f"{WORKERS} `nsys-recipe dask-worker --nthreads 1` on 127.0.0.1. Time: the whole command, its report page "
              "included (the writing of the set apart). Memory: each process's own peak resident memory, the largest "
-             "of each kind (client: the command and the notebook kernel it starts). Page: report.html, without the "
+             "of each kind (client: the command and the notebook kernel it starts, the larger; then each apart). "
+             "Page: report.html, without the "
              "plotly.js file beside it. Synth: the seconds the set took to write (—: written by an earlier run).", "",
-             "What grows with ranks: the client's reduce holds every cell's columns (iterations.parquet's and a few "
-             "more, as numbers), rank x iteration, and the NCCL kernels (one a cell here) while it infers the groups; "
-             "the component rows (ten a cell) are read from the workers' files in passes over the ranks, a few "
-             "columns over every cell at a time. The page's heatmap has 256 rows at most: the page does not grow.",
+             "What grows with ranks: the client's reduce holds a few numbers a cell (rank x iteration: four, and "
+             "while it compares them a few more; iterations.parquet's other columns are made a rank at a time as it "
+             "is written), and the NCCL kernels (one a cell here) while it infers the groups; the component rows "
+             "(ten a cell) are read from the workers' files in passes over the ranks, a few columns over every cell "
+             "at a time. The page's heatmap has 256 rows at most: the page does not grow.",
              "",
-             "| ranks | synth s | run s | client MB | scheduler MB | worker MB | page MB | headless Chromium | "
-             "injected straggler |",
-             "|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+             "| ranks | synth s | run s | client MB | command / notebook MB | scheduler MB | worker MB | page MB | "
+             "headless Chromium | injected straggler |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in sorted(rows, key=lambda r: r["ranks"]):
         status = r["found"] if r["ok"] else f"failed (exit {r['exit']})"
         synth_s = "—" if r.get("synth_s") is None else f"{r['synth_s']:.0f}"
-        lines.append(f"| {r['ranks']} | {synth_s} | {r['wall_s']:.1f} | {r['client_mb']} | {r['scheduler_mb']} | "
-                     f"{r['worker_mb']} | {r['page_mb'] if r['page_mb'] is not None else '—'} | "
+        parts = f"{r['command_mb']} / {r['notebook_mb']}" if "command_mb" in r else "—"
+        lines.append(f"| {r['ranks']} | {synth_s} | {r['wall_s']:.1f} | {r['client_mb']} | {parts} | "
+                     f"{r['scheduler_mb']} | {r['worker_mb']} | {r['page_mb'] if r['page_mb'] is not None else '—'} | "
                      f"{r.get('chromium') or '—'} | {status} |")
     if others:
         lines += ["", "The other recipes over the same sets, through the same scheduler and workers (no report). Each "

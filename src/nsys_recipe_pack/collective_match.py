@@ -25,7 +25,7 @@ import pyarrow as pa
 
 from . import parallel
 from .gpu import launched_ops
-from .inputs.frames import arrow_of
+from .inputs.frames import arrow_of, numpy_of
 from .iterations import NCCL_KERNEL_RE
 from .lazy import pd
 from .nvtx import innermost_of
@@ -191,7 +191,8 @@ def match(per_rank: list[dict], options: dict, only_parallel: bool = False) -> M
     hosts = {r["rank"]: r.get("identity", {}).get("host") for r in per_rank}
     layout = parallel.parse_parallel(options["parallel"]) if options.get("parallel") else None
     read = [r for r in per_rank if r.get("nccl_kernels") is not None]
-    kernels = _kernels(read) if read else pd.DataFrame(columns=["rank", *KERNEL_COLUMNS])
+    kernels, channel_rows = _kernels(read) if read else (pd.DataFrame(columns=["rank", *KERNEL_COLUMNS]),
+                                                          np.zeros(0, np.int64))
     notes: list[str] = []
     if len(read) < len(per_rank):
         notes.append(f"{len(per_rank) - len(read)} rank(s) were read as long captures, whose NCCL kernels are not "
@@ -220,7 +221,7 @@ def match(per_rank: list[dict], options: dict, only_parallel: bool = False) -> M
         source = "--parallel"
     groups["host"] = groups["rank"].map(hosts)
     groups = groups[parallel.GROUP_COLUMNS].reset_index(drop=True)
-    channels = _channels(kernels, comms)
+    channels = _channels(kernels, comms, channel_rows)
     if not len(kernels) or not len(comms) or (only_parallel and not parallel.is_parallel(groups)):
         return Matched(groups, source, comms, pd.DataFrame(columns=COLLECTIVE_COLUMNS),
                        pd.DataFrame(columns=["host", "offset_ns", "collectives"]), notes, channels,
@@ -259,12 +260,13 @@ def _members(kernels: pd.DataFrame, comms: pd.DataFrame, collectives: pd.DataFra
 CHANNEL_KEY = ["rank", "stream", "op", "comm_id"]
 
 
-def _channels(kernels: pd.DataFrame, comms: pd.DataFrame) -> pd.DataFrame:
-    """Each (rank, stream, op, comm_id) of NCCL kernels and the group kind of its communicator ("other": none)."""
+def _channels(kernels: pd.DataFrame, comms: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
+    """Each (rank, stream, op, comm_id) of NCCL kernels and the group kind of its communicator ("other": none); rows:
+    the first kernel of each, in order (_kernels)."""
     if not len(kernels) or "communicator" not in kernels:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in CHANNEL_KEY}).assign(group=pd.Series(dtype=object))
     group_of = dict(zip(comms["communicator"], comms["group"], strict=True))
-    out = kernels[[*CHANNEL_KEY, "communicator"]].drop_duplicates(CHANNEL_KEY)
+    out = kernels[[*CHANNEL_KEY, "communicator"]].iloc[rows]
     group = out["communicator"].map(group_of).astype(object)
     out = out.assign(group=group.where(group.notna(), "other"))
     return out[[*CHANNEL_KEY, "group"]].astype({c: "int64" for c in CHANNEL_KEY}).reset_index(drop=True)
@@ -276,13 +278,28 @@ def communicator_keys(comm_id: np.ndarray) -> np.ndarray:
     return np.array([f"{c & 0xFFFFFFFFFFFFFFFF:016x}" for c in ids.tolist()], dtype=object)[at.reshape(-1)]
 
 
-def _kernels(per_rank: list[dict]) -> pd.DataFrame:
-    """Every rank's NCCL kernels in one table, with its rank and its times on aligned clocks."""
-    out = _ranked(per_rank, "nccl_kernels")
-    offset = np.repeat([r["offset_ns"] for r in per_rank], [r["nccl_kernels"].num_rows for r in per_rank])
-    out["start_aligned_ns"] = out["start_ns"] + offset
-    out["end_aligned_ns"] = out["end_ns"] + offset
-    return out
+def _kernels(per_rank: list[dict]) -> tuple[pd.DataFrame, np.ndarray]:
+    """Every rank's NCCL kernels in one table, with its rank and its times on aligned clocks, filled a rank's table at
+    a time: ten thousand ranks have millions, which one Arrow table of them all, then pandas', would hold twice. And
+    the first kernel of each channel (CHANNEL_KEY), in order: a rank has a few."""
+    counts = [r["nccl_kernels"].num_rows for r in per_rank]
+    held = [c for c in KERNEL_COLUMNS if c not in ("start_ns", "end_ns")]
+    columns = {c: np.empty(sum(counts), np.int64) for c in (*held, "rank", "start_aligned_ns", "end_aligned_ns")}
+    at = 0
+    channel_rows = [np.zeros(0, np.int64)]
+    for r, count in zip(per_rank, counts, strict=True):
+        rows = table_of(r["nccl_kernels"])
+        for c in held:
+            columns[c][at:at + count] = numpy_of(rows.column(c))
+        columns["rank"][at:at + count] = r["rank"]
+        if count:
+            key = np.stack([columns[c][at:at + count] for c in CHANNEL_KEY if c != "rank"], axis=1)
+            channel_rows.append(np.sort(np.unique(key, axis=0, return_index=True)[1]) + at)
+        for c in ("start", "end"):
+            columns[f"{c}_aligned_ns"][at:at + count] = numpy_of(rows.column(f"{c}_ns"))
+            columns[f"{c}_aligned_ns"][at:at + count] += r["offset_ns"]
+        at += count
+    return pd.DataFrame(columns, copy=False), np.concatenate(channel_rows)
 
 
 def _ranked(per_rank: list[dict], table: str) -> pd.DataFrame:
@@ -367,16 +384,25 @@ def _inferred(kernels: pd.DataFrame, p2p: pd.Series) -> tuple[list[str], list[li
     # each channel's kernels in order of start, as arrays: ten thousand ranks have millions, and a frame per channel
     # would copy them all twice
     coll = np.flatnonzero(~p2p.to_numpy())
-    rank, stream, op = (kernels[c].to_numpy(np.int64)[coll] for c in ("rank", "stream", "op"))
-    start, end = (kernels[c].to_numpy(np.int64)[coll] for c in ("start_aligned_ns", "end_aligned_ns"))
-    order = np.lexsort((start, op, stream, rank))
-    rank, stream, op, start, end = (a[order] for a in (rank, stream, op, start, end))
-    first = np.flatnonzero(np.r_[True, (rank[1:] != rank[:-1]) | (stream[1:] != stream[:-1]) | (op[1:] != op[:-1])]
-                           if len(order) else np.zeros(0, bool))
-    table = pd.DataFrame({"rank": rank[first], "stream": stream[first], "kind": op[first]})
-    ends, durations = np.split(end, first[1:]), np.split(end - start, first[1:])
+    some = slice(None) if len(coll) == len(kernels) else coll  # every kernel (a job without SendRecv): no copies
+    order = coll[np.lexsort([kernels[c].to_numpy(np.int64)[some]
+                             for c in ("start_aligned_ns", "op", "stream", "rank")])]
+    # each column in that order one at a time: no more of them held at once than needed
+    new_channel = np.zeros(len(order), bool)
+    for c in ("rank", "stream", "op"):
+        values = kernels[c].to_numpy(np.int64)[order]
+        new_channel[1:] |= values[1:] != values[:-1]
+    del values
+    first = np.flatnonzero(np.r_[True, new_channel[1:]] if len(order) else new_channel)
+    del new_channel
+    table = pd.DataFrame({"rank": kernels["rank"].to_numpy(np.int64)[order[first]],
+                          "stream": kernels["stream"].to_numpy(np.int64)[order[first]],
+                          "kind": kernels["op"].to_numpy(np.int64)[order[first]]})
+    end = kernels["end_aligned_ns"].to_numpy(np.int64)[order]
+    duration = end - kernels["start_aligned_ns"].to_numpy(np.int64)[order]
+    ends, durations = np.split(end, first[1:]), np.split(duration, first[1:])
     labels = parallel.infer_collective_channels(table, ends, durations) if len(table) else np.zeros(0, np.int64)
-    del start, end, ends, durations
+    del end, duration, ends, durations
     table["label"] = labels
     channel_key = np.full(len(table), np.nan, dtype=object)  # a channel of no communicator: as a lookup misses
     for _, rows in table.groupby("label", sort=True):
@@ -389,7 +415,7 @@ def _inferred(kernels: pd.DataFrame, p2p: pd.Series) -> tuple[list[str], list[li
         channel_key[rows.index.to_numpy()] = key
     if keys:
         communicator = kernels["communicator"].to_numpy(object).copy()
-        communicator[coll[order]] = np.repeat(channel_key, np.diff(np.r_[first, len(order)]))
+        communicator[order] = np.repeat(channel_key, np.diff(np.r_[first, len(order)]))
         kernels["communicator"] = communicator
     sends = kernels[p2p]
     pairs = parallel.infer_p2p_pairs(*(sends[c].to_numpy(np.int64) for c in ("rank", "start_aligned_ns",

@@ -263,6 +263,10 @@ class RankedRows:
                 piece = piece.add_column(0, "rank", arrow_of(np.full(piece.num_rows, rank, np.int64)))
                 yield piece.select(self.schema.names).cast(self.schema)
 
+    def to_pandas(self) -> pd.DataFrame:
+        """The whole table as its Parquet file reads back (a few ranks' rows: tests, small runs)."""
+        return pa.concat_tables([self.schema.empty_table(), *self.tables()]).to_pandas()
+
     def _row_groups(self) -> Iterator[pa.Table]:
         """Row groups of about ROW_GROUP_ROWS, each text column's dictionaries (a rank's names each) one: the writer
         takes a row group's codes as they are where its dictionary does not change."""

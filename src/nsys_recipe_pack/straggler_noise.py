@@ -11,7 +11,6 @@ import pyarrow as pa
 from .groups import runs_of_about
 from .inputs import numpy_of
 from .iterations import DEFAULT_SYNC_RE
-from .lazy import pd
 from .spill import table_of
 
 MAD_TO_SIGMA = 1.4826
@@ -19,9 +18,8 @@ Q90_TO_SIGMA = 1.645  # the 90th percentile of |N(0, 1)|
 EXPLAINS = 0.5  # a component must account for this share of the excess to flag on its own noise
 
 
-def robust_scale(x: pd.Series) -> float:
-    x = x.dropna()
-    if x.empty:
+def robust_scale(x: np.ndarray) -> float:
+    if not len(x):
         return 0.0
     return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
 
@@ -89,8 +87,8 @@ class ComponentRows:
 def component_causes(cell_iteration: np.ndarray, comps: ComponentRows, sync_names: set, cell_excess: np.ndarray,
                      typical: float, sigma: float) -> tuple[np.ndarray, ...]:
     """For each cell (rank, iteration): whether one component accounts for its excess and stands out of
-    that component's own noise, the component furthest above its cross-rank median (None if none is), and
-    whether that is host time or GPU time ("host", "gpu").
+    that component's own noise, the component furthest above its cross-rank median (a code into the names given
+    next, their count where none is), the components' names and whether each is GPU time (else host time).
 
     Over a cell x component table, 0 where a cell lacks a component, never held whole: a component most cells have
     as a column over every cell (a few at a time, DENSE_BYTES), the others from their rows alone, a run of them at a
@@ -114,21 +112,14 @@ def component_causes(cell_iteration: np.ndarray, comps: ComponentRows, sync_name
     for group in (columns[i:i + step] for i in range(0, len(columns), step)):
         values, has = comps.dense(_local(len(words), codes[group]), len(group), n_cells)
         for j, col in enumerate(group.tolist()):
-            excess, scale = by_cohort.excess(values[j])
-            cells = np.flatnonzero(has[j])
-            causes.add(cells, np.full(len(cells), col), excess[cells], np.full(len(cells), scale))
+            causes.add_column(col, *by_cohort.excess(values[j]), has[j])
     columns = np.flatnonzero(~dense)
     for low, high in runs_of_about(comps.counts[codes[columns]], EXCESS_CHUNK_ROWS):
         run = columns[low:high]
         cell, col, ns = comps.rows(_local(len(words), codes[run]))
         cell, col, excess, scale = _excess_by_component(cell_iteration, cell * len(run) + col, ns, len(run))
         causes.add(cell, run[col], excess, scale[col])
-    cause = np.full(n_cells, None, dtype=object)
-    cause_side = np.full(n_cells, None, dtype=object)
-    has = causes.first_col < len(names)
-    cause[has] = names[causes.first_col[has]]
-    cause_side[has] = np.where(on_gpu[causes.first_col[has]], "gpu", "host")
-    return causes.noise_ok, cause, cause_side
+    return causes.noise_ok, causes.first_col, names, on_gpu
 
 
 def _local(n_codes: int, codes: np.ndarray) -> np.ndarray:
@@ -146,7 +137,22 @@ class _Causes:
         self.cell_excess, self.floor, self.sigma, self.n_names = cell_excess, floor, sigma, n_names
         self.noise_ok = np.zeros(n_cells, bool)
         self.top = np.full(n_cells, -np.inf)
-        self.first_col = np.full(n_cells, n_names)
+        self.first_col = np.full(n_cells, n_names, np.int32)
+
+    def add_column(self, col: int, excess: np.ndarray, scale: float, has: np.ndarray) -> None:
+        """A column's excess in every cell, its noise scale, and which cells have it: as `add` of the rows of the cells
+        that have it, without a row's index arrays (ten million cells: 80 MB each)."""
+        explains = excess >= EXPLAINS * self.cell_excess
+        explains &= excess / max(scale, self.floor) > self.sigma
+        explains &= has
+        self.noise_ok |= explains
+        del explains
+        better = excess > self.top
+        better |= (excess == self.top) & (col < self.first_col)
+        better &= excess > 0
+        better &= has
+        self.top[better] = excess[better]
+        self.first_col[better] = col
 
     def add(self, cell: np.ndarray, col: np.ndarray, excess: np.ndarray, scale: np.ndarray) -> None:
         """The excess of these (cell, column) rows, and the noise scale of each row's column (before its floor)."""
@@ -169,22 +175,24 @@ class _Cohorts:
     """The cells by cohort (`cell_iteration`: the cells compared with one another), for a column's median per cohort."""
 
     def __init__(self, cell_iteration: np.ndarray):
-        self.code, self.of_cell = np.unique(cell_iteration, return_inverse=True)
-        self.of_cell = self.of_cell.reshape(-1)
+        present = np.bincount(cell_iteration) > 0  # cohort codes are small numbers (peers.cohorts): no sort
+        self.code = np.flatnonzero(present)
+        self.of_cell = (np.cumsum(present) - 1)[cell_iteration]
         self.order = np.argsort(self.of_cell, kind="stable")
-        self.grouped = self.of_cell[self.order]
-        size = np.bincount(self.of_cell, minlength=len(self.code))
-        self.first = np.cumsum(size) - size
-        self.middle = [self.first + (size - 1) // 2, self.first + size // 2]
+        self.size = np.bincount(self.of_cell, minlength=len(self.code))
+        self.first = np.cumsum(self.size) - self.size
 
     def excess(self, values: np.ndarray) -> tuple[np.ndarray, float]:
         """A column's excess over its cohort's median in every cell, and its noise scale over them all (as
-        _excess_by_component gives them: the same to the last bit)."""
-        in_order = values[self.order]
-        sorted_values = in_order[group_order(self.grouped, in_order, 1)]
-        del in_order
-        median = np.median(np.stack([sorted_values[m] for m in self.middle]), axis=0)
-        del sorted_values
+        _excess_by_component gives them: the same to the last bit). The medians a run of cohorts at a time
+        (EXCESS_CHUNK_ROWS cells about): sorting every cell's value at once would hold four copies of the column."""
+        median = np.empty(len(self.code))
+        for low, high in runs_of_about(self.size, EXCESS_CHUNK_ROWS):
+            size = self.size[low:high]
+            part = values[self.order[self.first[low]:self.first[high - 1] + size[-1]]]
+            part = part[group_order(np.repeat(np.arange(high - low), size), part, 1)]
+            first = np.cumsum(size) - size
+            median[low:high] = np.median(np.stack([part[first + (size - 1) // 2], part[first + size // 2]]), axis=0)
         excess = values - median[self.of_cell]
         deviation = np.abs(excess - np.median(excess))
         scale = max(MAD_TO_SIGMA * np.median(deviation), np.quantile(deviation, 0.90) / Q90_TO_SIGMA)

@@ -26,7 +26,7 @@ from .. import collective_match, microbatches, parallel, peers
 from ..driver import fold_rank
 from ..gpu import call_key, collective_ops, gpu_frames, gpu_intervals, launched_ops
 from ..groups import SortedGroups
-from ..inputs import Frame, arrow_of, dictionary_column, sorted_place
+from ..inputs import arrow_of, dictionary_column, sorted_place
 from ..inputs.chunks import END_OF_TIME
 from ..intervals import covered_length, split_into_windows, union_lengths, union_segments
 from ..iteration_scan import find_iterations
@@ -42,7 +42,8 @@ from ..iterations import (
 )
 from ..lazy import pd
 from ..phases import child_ranges, launching_child
-from ..spill import table_of
+from ..spill import RankedRows
+from ..straggler_cells import Verdicts, cell_schema, group_medians, rank_rows, read_cells
 from ..straggler_noise import ComponentRows, component_causes, group_order, robust_scale
 from ..straggler_verdicts import incidental, most_frequent, pattern, recurrence, verdicts
 from . import Metric, Recipe, comma_list, indented, iteration_options, ms_cell, parallel_option
@@ -333,86 +334,85 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     # the cells are read
     matched = collective_match.match(per_rank, options, only_parallel=True)
     parallel_job = parallel.is_parallel(matched.groups)
-    read = {c: t for c, t in ITERATION_DTYPES.items() if c != "end_ns"}  # its duration says as much
-    iters = Frame(pa.concat_tables([table_of(r["iterations"], list(read)) for r in per_rank]), read).to_pandas()
-    counts = np.array([r["iterations"].num_rows for r in per_rank], np.int64)
-    iters.insert(0, "rank", np.repeat(np.array([r["rank"] for r in per_rank], np.int64), counts))
-    offset = np.repeat(np.array([r["offset_ns"] for r in per_rank], np.int64), counts)
-    comps = ComponentRows([(r["components"], first) for r, first in zip(per_rank, np.cumsum(counts) - counts,
-                                                                        strict=True)])
+    cells = read_cells(per_rank, with_start=parallel_job)
+    comps = ComponentRows([(r["components"], first) for r, first in zip(per_rank, cells.first, strict=True)])
+    n = len(cells.iteration)
 
     # a rank is compared with the ranks of its own pipeline stage (all ranks, in a job without one)
-    iters["stage"] = peers.stages(matched.groups, iters["rank"].to_numpy()) if parallel_job else 0
-    iters["cohort"] = peers.cohorts(iters["iteration"].to_numpy(), iters["stage"].to_numpy())
-
-    iters["start_aligned_ns"] = iters["start_ns"] + offset
-    arrival_aligned = iters.pop("arrival_ns") + offset
-    del offset
-    iters["arrival_skew_ns"] = (arrival_aligned - arrival_aligned.groupby(iters["iteration"]).transform("min"))
-    iters["arrival_skew_ns"] = iters["arrival_skew_ns"].astype("Int64")
-    del arrival_aligned
-
-    med_busy = iters.groupby("cohort")["busy_ns"].transform("median")
-    iters["excess_ns"] = (iters["busy_ns"] - med_busy).round().astype("int64")
-    iters["score"] = np.where(med_busy > 0, iters["busy_ns"] / med_busy.where(med_busy > 0, 1), 1.0)
+    stage = peers.stages(matched.groups, cells.ranks) if parallel_job else np.zeros(len(cells.ranks), np.int64)
+    cohort = peers.cohorts(cells.iteration, np.repeat(stage, cells.counts))
+    n_cohorts = int(cohort.max()) + 1 if n else 0
+    median_busy = group_medians(cohort, cells.busy_ns, n_cohorts)
+    # the excess as a float: whole numbers, as exact as int64 below 2**53 ns
+    excess = np.round(cells.busy_ns - median_busy[cohort])
     # an iteration that is warm-up on any rank (start-up, not straggling) is not compared, nor sets the noise scale
-    warm = warmup(iters["rank"].to_numpy(), iters["iteration"].to_numpy(), iters["duration_ns"].to_numpy())
-    iters["is_warmup"] = np.isin(iters["iteration"].to_numpy(), np.unique(iters["iteration"].to_numpy()[warm]))
-    compared = ~iters["is_warmup"] if not options.get("keep_warmup") else pd.Series(True, index=iters.index)
-    typical = float(np.median(med_busy)) if len(med_busy) else 0.0
+    n_iterations = int(cells.iteration.max()) + 1 if n else 0
+    is_warmup = np.zeros(n_iterations, bool)
+    is_warmup[cells.iteration[warmup(np.repeat(cells.ranks, cells.counts), cells.iteration, cells.duration_ns)]] = True
+    compared = ~is_warmup[cells.iteration] if not options.get("keep_warmup") else np.ones(n, bool)
+    typical = float(np.median(median_busy[cohort])) if n else 0.0
     floor = max(1000.0, 0.005 * typical)
-    busy_scale = max(robust_scale(iters["excess_ns"][compared]), floor)
-    z_busy = iters["excess_ns"] / busy_scale
+    busy_scale = max(robust_scale(excess[compared]), floor)
 
-    n_ranks = iters.groupby("cohort")["rank"].transform("nunique")
+    peers_in = np.bincount(cohort, minlength=n_cohorts)  # ranks per cohort: a rank has one cell an iteration
     # an iteration of one rank is every component's median itself: no excess, no cause and never flagged (below),
     # so where no iteration has two ranks (one long capture) the cell x component work is skipped
-    if comps.counts.sum() and (n_ranks >= 2).any():
-        noise_ok, cause, cause_side = component_causes(iters["cohort"].to_numpy(), comps, sync_names,
-                                                        iters["excess_ns"].to_numpy(dtype=float), typical, sigma)
+    if comps.counts.sum() and (peers_in >= 2).any():
+        noise_ok, cause, names, on_gpu = component_causes(cohort, comps, sync_names, excess, typical, sigma)
     else:
-        noise_ok = np.zeros(len(iters), bool)
-        cause = cause_side = np.full(len(iters), None, dtype=object)
-    iters["cause"] = pd.Series(cause, index=iters.index, dtype=object)
-    iters["cause_side"] = pd.Series(cause_side, index=iters.index, dtype=object)
-    iters["noise_z"] = z_busy.astype("float64")
-    del cause, cause_side
-    med_duration = iters.groupby("iteration")["duration_ns"].transform("median")
-    iters["is_straggler"] = (iters["excess_ns"] > threshold * med_duration) & (
+        noise_ok, cause, names, on_gpu = np.zeros(n, bool), np.zeros(n, np.int32), np.zeros(0, object), \
+            np.zeros(0, bool)
+    z_busy = excess / busy_scale
+    med_duration = group_medians(cells.iteration, cells.duration_ns, n_iterations)
+    is_straggler = (excess > threshold * med_duration[cells.iteration]) & (
         (z_busy > sigma) | (noise_ok & (z_busy > COMPONENT_BUSY_SIGMA * sigma)))
-    iters.loc[(n_ranks < 2) | ~compared, "is_straggler"] = False
+    del z_busy, noise_ok  # ten thousand ranks: 80 MB each
+    is_straggler[peers_in[cohort] < 2] = False
+    is_straggler[~compared] = False
     # a cell whose excess is its long micro-batches' (uneven micro-batches on ranks not slow throughout) is no straggler
-    micro = _uneven_microbatches(matched, iters, compared.to_numpy(), threshold) if parallel_job else None
-    if micro is not None and len(micro.finding):
-        explained = (iters["excess_ns"] - micro.cell_excess_ns).to_numpy() <= threshold * med_duration.to_numpy()
-        iters.loc[explained & (micro.cell_excess_ns > 0), "is_straggler"] = False
-    del z_busy, n_ranks, noise_ok, med_duration  # ten thousand ranks: 80 MB each
+    micro = iters = None
+    if parallel_job:
+        iters = pd.DataFrame({"rank": np.repeat(cells.ranks, cells.counts), "iteration": cells.iteration,
+                              "stage": np.repeat(stage, cells.counts), "start_aligned_ns": cells.start_aligned_ns,
+                              "duration_ns": cells.duration_ns, "busy_ns": cells.busy_ns})
+        micro = _uneven_microbatches(matched, iters, compared, threshold)
+        if len(micro.finding):
+            explained = excess - micro.cell_excess_ns <= threshold * med_duration[cells.iteration]
+            is_straggler[explained & (micro.cell_excess_ns > 0)] = False
+    del excess
+    flagged = np.flatnonzero(is_straggler)
+    recoverable = _recoverable(cohort, cells.busy_ns, cells.wait_ns, flagged, median_busy)
+    width = int(stage[cells.counts > 0].max()) + 1 if n else 1  # as peers.cohorts codes them
+    found = Verdicts(width, median_busy, is_warmup, busy_scale, is_straggler, cause,
+                     pa.array(names.tolist(), pa.string()), np.r_[on_gpu, False].astype(bool), flagged, recoverable,
+                     stage if parallel_job else None)
 
-    cols = ["rank", "iteration", "start_ns", "start_aligned_ns", "duration_ns", "wait_ns", "busy_ns",
-            "gpu_busy_ns", "arrival_skew_ns", "score", "is_straggler", "cause", "cause_side", "excess_ns", "noise_z",
-            "is_warmup", *(["stage"] if parallel_job else [])]
-    # the ranks in order, each one's iterations in order: the cells are in the output's order (rank, iteration)
-    iterations = iters[cols].reset_index(drop=True)
-    for c in ["rank", "iteration", "start_ns", "start_aligned_ns", "duration_ns", "wait_ns", "busy_ns",
-              "excess_ns"]:
-        iterations[c] = iterations[c].astype("int64")
-    iterations["gpu_busy_ns"] = iterations["gpu_busy_ns"].astype("Int64")
-    iterations["is_straggler"] = iterations["is_straggler"].astype(bool)
-
-    iterations["recoverable_ns"] = _recoverable(iterations, iters["cohort"].to_numpy(),
-                                                med_busy.to_numpy(float)).astype("int64")
-    del med_busy
-    stragglers = iterations[iterations["is_straggler"]].reset_index(drop=True)
-    g = iterations.groupby("rank")
+    score = median_busy[cohort]
+    del cohort
+    score = np.where(score > 0, cells.busy_ns / np.where(score > 0, score, 1), 1.0)
+    position = cells.position()
+    has = cells.counts > 0  # a rank without an iteration has no row
     ranks = pd.DataFrame({
-        "iterations": g.size(),
-        "straggler_iterations": g["is_straggler"].sum().astype("int64"),
-        "median_score": g["score"].median(),
-        "worst_score": g["score"].max(),
-    })
-    flagged = stragglers.groupby("rank")
-    ranks["top_cause"] = flagged["cause"].agg(most_frequent)
-    ranks["excess_total_ns"] = flagged["excess_ns"].sum().reindex(ranks.index).fillna(0).astype("int64")
+        "iterations": cells.counts[has],
+        "straggler_iterations": np.bincount(position[flagged], minlength=len(has))[has].astype(np.int64),
+        "median_score": group_medians(position, score, len(has))[has],
+        "worst_score": np.maximum.reduceat(score, cells.first[has]) if n else np.zeros(0),
+    }, index=pd.Index(cells.ranks[has], name="rank"))
+    del score
+    # iterations.parquet made a rank at a time as it is written; stragglers.parquet, the flagged cells' rows, now
+    iterations = RankedRows(cell_schema(parallel_job), [(int(r), at) for at, r in enumerate(cells.ranks)],
+                            lambda _, at: rank_rows(cells, found, at))
+    stragglers = pa.concat_tables([iterations.schema.empty_table(), *(
+        rows.filter(rows.column("is_straggler")) for rows in RankedRows(
+            iterations.schema, [(int(cells.ranks[at]), at) for at in np.unique(position[flagged])],
+            iterations.made).tables())]).to_pandas()
+    del position
+    for c in ("cause", "cause_side"):  # text or None, as the output's other text columns
+        stragglers[c] = stragglers[c].astype(object).where(stragglers[c].notna(), None)
+
+    by_rank = stragglers.groupby("rank")
+    ranks["top_cause"] = by_rank["cause"].agg(most_frequent)
+    ranks["excess_total_ns"] = by_rank["excess_ns"].sum().reindex(ranks.index).fillna(0).astype("int64")
     ranks["top_cause"] = ranks["top_cause"].astype(object).where(ranks["top_cause"].notna(), None)
     top_cause = stragglers["rank"].map(ranks["top_cause"])
     of_top = stragglers[top_cause.notna().to_numpy() & (stragglers["cause"].to_numpy() == top_cause.to_numpy())]
@@ -422,7 +422,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
         ["straggler_iterations", "excess_total_ns", "median_score"], ascending=False, kind="mergesort"
     ).reset_index(drop=True)
     ranks["incidental"] = incidental(ranks, stragglers)
-    run_ns = int(iterations.groupby("iteration")["duration_ns"].median().sum())
+    run_ns = int(med_duration[np.bincount(cells.iteration, minlength=n_iterations) > 0].sum())
     ranks["recoverable_ns"] = ranks["rank"].map(stragglers.groupby("rank")["recoverable_ns"].sum()).fillna(0) \
         .astype("int64")
     ranks["recoverable_pct"] = 100.0 * ranks["recoverable_ns"] / max(run_ns, 1)
@@ -434,11 +434,10 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
                 "sync_time_ns": {name: int(t) for name, t in zip(SYNC_SOURCES, used_ns, strict=True) if t},
                 "run_ns": run_ns, "pattern": pattern(ranks),
                 "warmup": {"rule": WARMUP_RULE, "left_out": not options.get("keep_warmup"),
-                           "iterations": sorted(int(i) for i in iterations.loc[iterations["is_warmup"], "iteration"]
-                                                .unique())}}
+                           "iterations": np.flatnonzero(is_warmup).tolist()}}
     tables = {"iterations": iterations, "ranks": ranks, "stragglers": stragglers, "settings": settings}
     if parallel_job:
-        tables.update(_parallel_tables(tables, matched, iters, compared.to_numpy(), threshold, micro))
+        tables.update(_parallel_tables(tables, matched, iters, compared, threshold, micro))
     return tables
 
 
@@ -478,8 +477,26 @@ def _parallel_tables(tables: dict, matched, iters: pd.DataFrame, compared: np.nd
     return out
 
 
-def _of_the_others(group: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """For each row, the largest value among the other rows of its group (-inf when it is alone)."""
+def _recoverable(cohort: np.ndarray, busy: np.ndarray, wait: np.ndarray, flagged: np.ndarray,
+                 median_busy: np.ndarray) -> np.ndarray:
+    """For each flagged cell, the time the whole iteration would have been shorter had the rank's busy time been the
+    median peer's: its busy time above the busiest of its other peers (or the median, if higher), and no more than
+    they waited beyond its own wait (the least-waiting other peer). cohort: each cell's peers (its stage's ranks in the
+    iteration); median_busy: per cohort, their median busy time."""
+    mark = np.zeros(len(median_busy), bool)
+    mark[cohort[flagged]] = True
+    peer = np.flatnonzero(mark[cohort])  # the cells of the flagged cells' cohorts, in order
+    at = np.searchsorted(peer, flagged)
+    cohort, busy, wait = cohort[peer], busy[peer].astype(float), wait[peer].astype(float)
+    busy_other, wait_other = _of_the_others(cohort, busy, at), -_of_the_others(cohort, -wait, at)
+    above = busy[at] - np.maximum(median_busy[cohort[at]], busy_other)
+    waited_more = wait_other - wait[at]  # the least-waiting other rank's wait, beyond this rank's
+    saving = np.clip(np.minimum(above, np.where(np.isfinite(waited_more), waited_more, 0.0)), 0.0, None)
+    return np.round(saving).astype(np.int64)
+
+
+def _of_the_others(group: np.ndarray, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """For each of these rows, the largest value among the other rows of its group (-inf when it is alone)."""
     n = len(values)
     order = group_order(group, -values)  # by group, then largest first (among equals any first: the same result)
     g, v = group[order], values[order]
@@ -490,19 +507,7 @@ def _of_the_others(group: np.ndarray, values: np.ndarray) -> np.ndarray:
     at = np.cumsum(first) - 1
     out = np.empty(n)
     out[order] = np.where(first, second[at], v[head][at])
-    return out
-
-
-def _recoverable(iterations: pd.DataFrame, cohort: np.ndarray, med_busy: np.ndarray) -> np.ndarray:
-    """For each flagged cell, the time the whole iteration would have been shorter had the rank's busy time been
-    the median peer's: its busy time above the busiest of its other peers (or the median, if higher), and no more
-    than they waited beyond its own wait (the least-waiting other peer). 0 for cells not flagged. cohort, med_busy:
-    each cell's peers (its stage's ranks in the iteration) and their median busy time."""
-    busy, wait = iterations["busy_ns"].to_numpy(float), iterations["wait_ns"].to_numpy(float)
-    above = busy - np.maximum(med_busy, _of_the_others(cohort, busy))
-    waited_more = -_of_the_others(cohort, -wait) - wait  # the least-waiting other rank's wait, beyond this rank's
-    saving = np.clip(np.minimum(above, np.where(np.isfinite(waited_more), waited_more, 0.0)), 0.0, None)
-    return np.round(np.where(iterations["is_straggler"].to_numpy(), saving, 0.0))
+    return out[rows]
 
 
 def add_options(add, framework: bool = False) -> None:
