@@ -11,6 +11,7 @@ import pyarrow.parquet as pq
 
 from ..escape import plotly_text
 from ..recipes.straggler_heatmap import GPU_COMPONENTS
+from ..straggler_cells import group_medians
 from . import table
 
 MAX_HEATMAP_ROWS = 256
@@ -51,7 +52,9 @@ def read_cells(out) -> pd.DataFrame:
     """The columns of iterations.parquet the figures show (those the output has: `stage` only a pipeline job's)."""
     path = Path(out) / "iterations.parquet"
     have = set(pq.read_schema(path).names)
-    return pd.read_parquet(path, columns=[c for c in CELL_COLUMNS if c in have])
+    # as pd.read_parquet reads it, each column's Arrow buffers let go of as it is converted: not held twice
+    return pq.read_table(path, columns=[c for c in CELL_COLUMNS if c in have]).to_pandas(self_destruct=True,
+                                                                                      split_blocks=True)
 
 
 def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
@@ -171,16 +174,24 @@ def causes(stragglers: pd.DataFrame) -> go.Figure:
 
 
 def arrival_skew(it: pd.DataFrame) -> go.Figure:
-    arrived = it[["iteration", "rank", "arrival_skew_ns"]].dropna(subset=["arrival_skew_ns"])
-    g = arrived.groupby("iteration")
-    worst = arrived.sort_values("arrival_skew_ns").groupby("iteration").tail(1)
-    worst = worst.set_index("iteration").sort_index()
+    """Per iteration, the latest rank's arrival after the earliest (the last in rank order among ties) and the median
+    rank's: from the cells' columns as arrays (ten thousand ranks have tens of millions of cells)."""
+    skew = it["arrival_skew_ns"]
+    arrived = np.flatnonzero(skew.notna().to_numpy())
+    iteration = it["iteration"].to_numpy(np.int64)[arrived]
+    value = skew.to_numpy(np.int64, na_value=0)[arrived]
+    order = np.lexsort((value, iteration))  # by iteration, then skew, then rank: each iteration's latest rank last
+    last = order[np.r_[iteration[order][1:] != iteration[order][:-1], True]] if len(order) else order
+    del order
+    worst = pd.DataFrame({"arrival_skew_ns": value[last], "rank": it["rank"].to_numpy()[arrived[last]]},
+                         index=pd.Index(iteration[last], name="iteration"))
+    present = np.bincount(iteration) > 0 if len(iteration) else np.zeros(0, bool)
+    med = pd.Series(group_medians(iteration, value, len(present))[present], index=np.flatnonzero(present))
     fig = go.Figure()
     fig.add_trace(go.Scatter(x=worst.index, y=_ms(worst["arrival_skew_ns"]), mode="lines+markers",
                              name="latest rank", customdata=worst["rank"],
                              hovertemplate="iteration %{x}<br>%{y:.2f} ms after the first<br>rank %{customdata}"
                                            "<extra></extra>"))
-    med = g["arrival_skew_ns"].median()
     fig.add_trace(go.Scatter(x=med.index, y=_ms(med), mode="lines", name="median rank",
                              hovertemplate="iteration %{x}<br>median %{y:.2f} ms<extra></extra>"))
     fig.update_layout(title="Arrival at the iteration's last collective, after the earliest rank",
