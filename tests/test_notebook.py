@@ -159,3 +159,14 @@ def test_heatmap_and_arrival_skew_put_each_iteration_at_the_same_place():
     a, b = plots.heatmap(it).layout, plots.arrival_skew(it).layout
     assert tuple(a.xaxis.range) == tuple(b.xaxis.range) == (2.5, 7.5)
     assert a.margin == b.margin
+
+
+def test_arrival_skew_shows_each_iterations_latest_rank_and_median_by_hand():
+    # three ranks, two iterations: iteration 0 arrivals 0, 5, 5 ms (a tie: the last rank of it shown), iteration 1
+    # arrivals 2 ms, none (no sync point on rank 1), 0 ms
+    ms = 1_000_000
+    it = pd.DataFrame({"rank": np.repeat([0, 1, 2], 2), "iteration": np.tile([0, 1], 3),
+                       "arrival_skew_ns": pd.array([0, 2 * ms, 5 * ms, None, 5 * ms, 0], dtype="Int64")})
+    latest, median = plots.arrival_skew(it).data
+    assert list(latest.x) == [0, 1] and list(latest.y) == [5.0, 2.0] and list(latest.customdata) == [2, 0]
+    assert list(median.x) == [0, 1] and list(median.y) == [5.0, 1.0]  # medians of (0, 5, 5) and (2, 0)

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..escape import plotly_text
@@ -52,9 +53,12 @@ def read_cells(out) -> pd.DataFrame:
     """The columns of iterations.parquet the figures show (those the output has: `stage` only a pipeline job's)."""
     path = Path(out) / "iterations.parquet"
     have = set(pq.read_schema(path).names)
-    # as pd.read_parquet reads it, each column's Arrow buffers let go of as it is converted: not held twice
-    return pq.read_table(path, columns=[c for c in CELL_COLUMNS if c in have]).to_pandas(self_destruct=True,
-                                                                                      split_blocks=True)
+    # as pd.read_parquet reads it, each column's Arrow buffers let go of as it is converted, and handed back to the
+    # system once all are: ten thousand ranks' cells are not held twice
+    cells = pq.read_table(path, columns=[c for c in CELL_COLUMNS if c in have]).to_pandas(self_destruct=True,
+                                                                                       split_blocks=True)
+    pa.default_memory_pool().release_unused()
+    return cells
 
 
 def heatmap(it: pd.DataFrame, max_rows: int = MAX_HEATMAP_ROWS) -> go.Figure:
@@ -177,13 +181,14 @@ def arrival_skew(it: pd.DataFrame) -> go.Figure:
     """Per iteration, the latest rank's arrival after the earliest (the last in rank order among ties) and the median
     rank's: from the cells' columns as arrays (ten thousand ranks have tens of millions of cells)."""
     skew = it["arrival_skew_ns"]
-    arrived = np.flatnonzero(skew.notna().to_numpy())
+    arrived = skew.notna().to_numpy()
+    arrived = slice(None) if arrived.all() else np.flatnonzero(arrived)  # every cell (most runs): no copies
     iteration = it["iteration"].to_numpy(np.int64)[arrived]
     value = skew.to_numpy(np.int64, na_value=0)[arrived]
     order = np.lexsort((value, iteration))  # by iteration, then skew, then rank: each iteration's latest rank last
     last = order[np.r_[iteration[order][1:] != iteration[order][:-1], True]] if len(order) else order
     del order
-    worst = pd.DataFrame({"arrival_skew_ns": value[last], "rank": it["rank"].to_numpy()[arrived[last]]},
+    worst = pd.DataFrame({"arrival_skew_ns": value[last], "rank": it["rank"].to_numpy()[arrived][last]},
                          index=pd.Index(iteration[last], name="iteration"))
     present = np.bincount(iteration) > 0 if len(iteration) else np.zeros(0, bool)
     med = pd.Series(group_medians(iteration, value, len(present))[present], index=np.flatnonzero(present))
