@@ -179,7 +179,8 @@ def write_results(results: Path, meta: dict, rows: list[dict], others: list[dict
              "while it compares them a few more; iterations.parquet's other columns are made a rank at a time as it "
              "is written), and the NCCL kernels (one a cell here) while it infers the groups; the component rows "
              "(ten a cell) are read from the workers' files in passes over the ranks, a few columns over every cell "
-             "at a time. The page's heatmap has 256 rows at most: the page does not grow.",
+             "at a time. The notebook kernel holds the columns its figures show of every cell (about 80 bytes a "
+             "cell). The page's heatmap has 256 rows at most: the page does not grow.",
              "",
              "| ranks | synth s | run s | client MB | command / notebook MB | scheduler MB | worker MB | page MB | "
              "headless Chromium | injected straggler |",
