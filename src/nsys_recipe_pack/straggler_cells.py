@@ -124,9 +124,9 @@ class Verdicts:
 def rank_rows(cells: Cells, found: Verdicts, at: int) -> pa.Table:
     """The rows of iterations.parquet of the rank at place `at` among the ranks, without the rank column."""
     low, high = int(cells.first[at]), int(cells.first[at] + cells.counts[at])
-    rows = table_of(cells.tables[at], ["iteration", "start_ns", "duration_ns", "wait_ns", "busy_ns", "gpu_busy_ns",
-                                       "arrival_ns"])
-    iteration, start, busy = (numpy_of(rows.column(c)) for c in ("iteration", "start_ns", "busy_ns"))
+    rows = table_of(cells.tables[at], ["start_ns", "gpu_busy_ns", "arrival_ns"])  # what the cells do not hold
+    iteration, busy = cells.iteration[low:high], cells.busy_ns[low:high]
+    start = numpy_of(rows.column("start_ns"))
     stage = 0 if found.stage is None else int(found.stage[at])
     median = found.median_busy_ns[iteration * found.cohort_width + stage]
     excess = np.round(busy - median).astype(np.int64)
@@ -140,9 +140,10 @@ def rank_rows(cells: Cells, found: Verdicts, at: int) -> pa.Table:
     mine = slice(*np.searchsorted(found.flagged, [low, high]))
     recoverable[found.flagged[mine] - low] = found.recoverable_ns[mine]
     columns = {
-        "iteration": rows.column("iteration"), "start_ns": rows.column("start_ns"),
-        "start_aligned_ns": arrow_of(start + cells.offsets[at]), "duration_ns": rows.column("duration_ns"),
-        "wait_ns": rows.column("wait_ns"), "busy_ns": rows.column("busy_ns"), "gpu_busy_ns": rows.column("gpu_busy_ns"),
+        "iteration": arrow_of(iteration), "start_ns": rows.column("start_ns"),
+        "start_aligned_ns": arrow_of(start + cells.offsets[at]), "duration_ns": arrow_of(cells.duration_ns[low:high]),
+        "wait_ns": arrow_of(cells.wait_ns[low:high]), "busy_ns": arrow_of(busy),
+        "gpu_busy_ns": rows.column("gpu_busy_ns"),
         "arrival_skew_ns": arrow_of(np.where(arrived, skew, 0), valid=arrived),
         "score": arrow_of(np.where(median > 0, busy / np.where(median > 0, median, 1), 1.0)),
         "is_straggler": arrow_of(found.is_straggler[low:high]),

@@ -138,6 +138,12 @@ PACE_DTYPES = {"rank": "int64", "iteration": "int64", "kernel": "str", "start_ns
                "is_warmup": "bool"}
 
 
+def _times(r: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A rank's iteration starts and ends, from its map's `times` (read from the worker's file where it is one)."""
+    start, end = (numpy_of(c) for c in table_of(r["times"]).columns)
+    return start, end
+
+
 def reduce(per_rank: list[dict], options: dict) -> dict:
     """What needs every rank (each iteration's earliest start, the run's median iteration) from the ranks' times read
     first; pace.parquet, a row per rank and iteration, then made a rank at a time as it is written."""
@@ -145,7 +151,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     earliest = np.full(max((r["times"].num_rows for r in per_rank), default=0), np.iinfo(np.int64).max)
     durations = []
     for r in per_rank:
-        start, end = (numpy_of(c) for c in table_of(r["times"]).columns)
+        start, end = _times(r)
         durations.append(end - start)
         aligned = start + np.int64(r["offset_ns"])
         np.minimum(earliest[:len(aligned)], aligned, out=earliest[:len(aligned)])
@@ -155,7 +161,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
 
     def pace(rank: int, at: int) -> pa.Table:
         r, duration, is_warmup = per_rank[at], durations[at], warm[at]
-        start, end = (numpy_of(c) for c in table_of(r["times"]).columns)
+        start, end = _times(r)
         aligned = start + np.int64(r["offset_ns"])
         delta = start - np.r_[np.int64(0), end[:-1]]
         return pa.table({"iteration": np.arange(len(start), dtype=np.int64),
