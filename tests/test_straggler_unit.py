@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nsys_recipe_pack import straggler_noise
+from nsys_recipe_pack import order_statistics, straggler_noise
 from nsys_recipe_pack.errors import BadInputError
 from nsys_recipe_pack.inputs import RankData
 from nsys_recipe_pack.iterations import Delimiter, Iterations, Ranges
@@ -176,34 +176,49 @@ def _tail_scale(x: pd.Series) -> float:
                float(np.quantile(dev, 0.90) / straggler_noise.Q90_TO_SIGMA))
 
 
-def _component_parts(cell_col: np.ndarray, ns: np.ndarray, n_names: int, n_cells: int, split: int) -> list:
+def _component_parts(cell_col: np.ndarray, ns: np.ndarray, n_names: int, n_cells: int, split: int,
+                     halved: np.ndarray | None = None) -> list:
     """The rows as two ranks' `components` tables (cells [0, split) and [split, n)), named in an order
-    of their own per rank (c00, c01, ...: in name order), on the host side."""
+    of their own per rank (c00, c01, ...: in name order), on the host side; halved: rows given as two, a word
+    named twice in the tables' words (as a child range named like a fixed component is)."""
     import pyarrow as pa
 
     parts = []
     for low, high in ((0, split), (split, n_cells)):
         rows = np.flatnonzero((cell_col // n_names >= low) & (cell_col // n_names < high))[::-1]
         words = [f"c{i:02d}" for i in range(n_names)][::-1]
+        code, value = n_names - 1 - cell_col[rows] % n_names, ns[rows].astype(np.int64)
+        if halved is not None and halved[rows].any():
+            two = rows[halved[rows]]
+            words.append(f"c{int(cell_col[two[0]] % n_names):02d}")  # its second code: only the rows of that word
+            two = two[cell_col[two] % n_names == cell_col[two[0]] % n_names]
+            half = ns[two].astype(np.int64) // 2
+            value[np.isin(rows, two)] -= half  # `two` in the order of `rows`
+            code, value = np.r_[code, np.full(len(two), n_names)], np.r_[value, half]
+            rows = np.r_[rows, two]
         table = pa.table({"iteration": pa.array(cell_col[rows] // n_names - low, pa.int64()),
-                          "component": pa.DictionaryArray.from_arrays(
-                              pa.array(n_names - 1 - cell_col[rows] % n_names, pa.int32()), pa.array(words)),
-                          "ns": pa.array(ns[rows].astype(np.int64)), "on_gpu": pa.array(np.zeros(len(rows), np.int64))})
+                          "component": pa.DictionaryArray.from_arrays(pa.array(code, pa.int32()), pa.array(words)),
+                          "ns": pa.array(value), "on_gpu": pa.array(np.zeros(len(rows), np.int64))})
         parts.append((table, low))
     return parts
 
 
-@pytest.mark.parametrize(("chunk_rows", "dense_share", "dense_bytes"), [
-    (3, 0, 1), (straggler_noise.EXCESS_CHUNK_ROWS, 0, 1), (3, 10**9, 1), (3, 10**9, 1 << 30), (3, 4, 1)])
+@pytest.mark.parametrize(("block_rows", "flush_rows", "hold_rows", "bins"), [
+    (3, 2, 2, 16), (straggler_noise.BLOCK_ROWS, straggler_noise.FLUSH_ROWS, order_statistics.HOLD_ROWS,
+                    order_statistics.HISTOGRAM_BINS), (1, 10**9, 1, 16), (10**9, 1, 3, 16)])
 def test_component_excess_noise_and_causes_from_the_cells_own_components_match_the_whole_table(
-        monkeypatch, chunk_rows, dense_share, dense_bytes):
-    # the cells' own components against the whole table: each cell's excess over its iteration's median, and
-    # each component's noise scale (_tail_scale over every cell, the cells lacking it at 0); then each cell's cause
-    # (its largest excess above 0, the first name among equals) and whether a component explains it, from two ranks'
-    # tables worked on a few components at a time, as columns over every cell (one or many a pass) or from their rows
-    monkeypatch.setattr(straggler_noise, "EXCESS_CHUNK_ROWS", chunk_rows)
-    monkeypatch.setattr(straggler_noise, "DENSE_SHARE", dense_share)
-    monkeypatch.setattr(straggler_noise, "DENSE_BYTES", dense_bytes)
+        monkeypatch, block_rows, flush_rows, hold_rows, bins):
+    # the cells' own components against the whole table: each component's noise scale (_tail_scale over every cell,
+    # the cells lacking it at 0, over each cell's excess over its iteration's median); then each cell's cause (its
+    # largest excess above 0, the first name among equals) and whether a component explains it, from two ranks'
+    # tables regrouped a few iterations at a time, the scales found in passes over them (a few values sorted at once)
+    monkeypatch.setattr(straggler_noise, "BLOCK_ROWS", block_rows)
+    monkeypatch.setattr(straggler_noise, "FLUSH_ROWS", flush_rows)
+    monkeypatch.setattr(order_statistics, "HOLD_ROWS", hold_rows)
+    monkeypatch.setattr(order_statistics, "HISTOGRAM_BINS", bins)
+    found = []
+    real = straggler_noise._ComponentExcess.scales
+    monkeypatch.setattr(straggler_noise._ComponentExcess, "scales", lambda self: found.append(real(self)) or found[-1])
     rng = np.random.default_rng(8)
     for _ in range(200):
         n_iter, n_names = int(rng.integers(1, 6)), int(rng.integers(1, 40))
@@ -216,21 +231,23 @@ def test_component_excess_noise_and_causes_from_the_cells_own_components_match_t
         table[cell_col] = ns
         table = pd.DataFrame(table.reshape(n_cells, n_names))
         want = table - table.groupby(cell_iteration).transform("median")
-        cell, col, excess, scale = straggler_noise._excess_by_component(cell_iteration, cell_col, ns, n_names)
-        np.testing.assert_array_equal(excess, want.to_numpy()[cell, col])
-        np.testing.assert_array_equal(scale, want.apply(_tail_scale).to_numpy())
+        scales = want.apply(_tail_scale).to_numpy()
 
+        halved = rng.random(len(cell_col)) < 0.3 if rng.random() < 0.3 else None
+        parts = _component_parts(cell_col, ns, n_names, n_cells, int(rng.integers(0, n_cells + 1)), halved)
+        if rng.random() < 0.5:  # cohort codes out of the cells' order, as a rank-major run's are
+            cell_iteration = rng.permutation(int(cell_iteration.max()) + 1)[cell_iteration]
+        rows = straggler_noise.ComponentRows(parts, cell_iteration)
         cell_excess = rng.integers(-20, 40, n_cells).astype(np.float64) * 1000
-        rows = straggler_noise.ComponentRows(_component_parts(cell_col, ns, n_names, n_cells,
-                                                              int(rng.integers(0, n_cells + 1))))
         noise_ok, code, names, on_gpu = straggler_noise.component_causes(cell_iteration, rows, set(), cell_excess,
                                                                          0.0, 2.0)
+        np.testing.assert_array_equal(found[-1], scales[[int(w[1:]) for w in names]])  # the components present
         cause = [names[c] if c < len(names) else None for c in code]
         side = [None if c >= len(names) else "gpu" if on_gpu[c] else "host" for c in code]
         has = np.zeros((n_cells, n_names), bool)
         has.flat[cell_col] = True
         x = np.where(has, want.to_numpy(), -np.inf)
-        scales = np.maximum(want.apply(_tail_scale).to_numpy(), 1000.0)
+        scales = np.maximum(scales, 1000.0)
         explains = has & (x >= 0.5 * cell_excess[:, None]) & (x / scales > 2.0)
         np.testing.assert_array_equal(noise_ok, explains.any(axis=1))
         top = np.where(x > 0, x, -np.inf)
@@ -248,7 +265,7 @@ def test_one_long_capture_skips_the_component_work_whose_causes_it_cannot_have(m
     n = res["iterations"].num_rows
     assert res["components"].num_rows > n  # several components per iteration
     noise_ok, cause, names, _ = straggler.component_causes(
-        np.arange(n), straggler.ComponentRows([(res["components"], 0)]), set(), np.zeros(n), 100.0 * MS,
+        np.arange(n), straggler.ComponentRows([(res["components"], 0)], np.arange(n)), set(), np.zeros(n), 100.0 * MS,
         straggler.DEFAULT_SIGMA)
     assert not noise_ok.any() and len(names) and (cause == len(names)).all()  # no cause: the count of names
 

@@ -191,16 +191,15 @@ def match(per_rank: list[dict], options: dict, only_parallel: bool = False) -> M
     hosts = {r["rank"]: r.get("identity", {}).get("host") for r in per_rank}
     layout = parallel.parse_parallel(options["parallel"]) if options.get("parallel") else None
     read = [r for r in per_rank if r.get("nccl_kernels") is not None]
-    kernels, channel_rows = _kernels(read) if read else (pd.DataFrame(columns=["rank", *KERNEL_COLUMNS]),
-                                                          np.zeros(0, np.int64))
+    seen = _seen(read)
     notes: list[str] = []
     if len(read) < len(per_rank):
         notes.append(f"{len(per_rank) - len(read)} rank(s) were read as long captures, whose NCCL kernels are not "
                      "matched: their groups come from --parallel, else the ranks are one group")
     comms = pd.DataFrame(columns=["communicator", "members", "size", "collective_calls", "p2p_calls", "group"])
     source = "one_group"
-    if len(kernels) and len(read) == len(per_rank):
-        comms, source = _communicators(read, kernels, notes)
+    if seen.n_kernels and len(read) == len(per_rank):
+        comms, source = _communicators(read, seen, notes)
     found = comms["group"].isin(["tp", "pp", "dp"]).any()
     if found and not (source == "inferred" and layout is not None):
         groups = parallel.groups_from_communicators(ranks, comms, source)
@@ -221,11 +220,12 @@ def match(per_rank: list[dict], options: dict, only_parallel: bool = False) -> M
         source = "--parallel"
     groups["host"] = groups["rank"].map(hosts)
     groups = groups[parallel.GROUP_COLUMNS].reset_index(drop=True)
-    channels = _channels(kernels, comms, channel_rows)
-    if not len(kernels) or not len(comms) or (only_parallel and not parallel.is_parallel(groups)):
+    channels = _channels(seen, comms)
+    if not seen.n_kernels or not len(comms) or (only_parallel and not parallel.is_parallel(groups)):
         return Matched(groups, source, comms, pd.DataFrame(columns=COLLECTIVE_COLUMNS),
                        pd.DataFrame(columns=["host", "offset_ns", "collectives"]), notes, channels,
                        pd.DataFrame(columns=MEMBER_COLUMNS))
+    kernels = _kernels(read, seen)
     clock = _clock_offsets(kernels, hosts, notes)
     collectives, seq = _matched(kernels, comms, notes)
     collectives = collectives.sort_values(["first_arrival_aligned_ns", "communicator"], kind="stable")
@@ -260,13 +260,70 @@ def _members(kernels: pd.DataFrame, comms: pd.DataFrame, collectives: pd.DataFra
 CHANNEL_KEY = ["rank", "stream", "op", "comm_id"]
 
 
-def _channels(kernels: pd.DataFrame, comms: pd.DataFrame, rows: np.ndarray) -> pd.DataFrame:
-    """Each (rank, stream, op, comm_id) of NCCL kernels and the group kind of its communicator ("other": none); rows:
-    the first kernel of each, in order (_kernels)."""
-    if not len(kernels) or "communicator" not in kernels:
+@dataclass
+class _Seen:
+    """What one pass over the ranks' NCCL kernels keeps of them, a few rows a rank: each channel (CHANNEL_KEY) with
+    its count of kernels and the place of its first among them all (`first`), a rank's in CHANNEL_KEY's order, and
+    `starts`: each rank's first channel; the collective kernels of each (rank, stream, operation), in order (`timed`:
+    rank, stream, kind, count), with the ends on aligned clocks and the durations of their sampled instances
+    (parallel.sampled_instances), what inferring groups from timing compares; and every SendRecv kernel (rank, start
+    and end on aligned clocks). Ten thousand ranks have millions of kernels, which a job without tensor or pipeline
+    groups then never holds."""
+    channels: pd.DataFrame
+    starts: list
+    timed: pd.DataFrame
+    ends: list
+    durations: list
+    sends: list
+    n_kernels: int
+
+
+def _seen(per_rank: list[dict]) -> _Seen:
+    channels, starts, timed, ends, durations = [], [], [], [], []
+    sends = [[np.zeros(0, np.int64)] for _ in range(3)]
+    at = n_channels = 0
+    for r in per_rank:
+        rows = table_of(r["nccl_kernels"], ["op", "stream", "start_ns", "end_ns", "comm_id"])
+        op, stream, comm = (numpy_of(rows.column(c)) for c in ("op", "stream", "comm_id"))
+        start, end = (numpy_of(rows.column(c)) + r["offset_ns"] for c in ("start_ns", "end_ns"))
+        starts.append(n_channels)
+        if len(op):
+            key, first, count = np.unique(np.stack([stream, op, comm], axis=1), axis=0, return_index=True,
+                                          return_counts=True)
+            channels.append(np.column_stack([np.full(len(key), r["rank"]), key, count, first + at]))
+            n_channels += len(key)
+            coll = np.flatnonzero(op != SEND_RECV)
+            order = coll[np.lexsort((start[coll], op[coll], stream[coll]))]
+            lead = np.flatnonzero(np.r_[True, (stream[order][1:] != stream[order][:-1]) |
+                                        (op[order][1:] != op[order][:-1])]) if len(order) else np.zeros(0, np.int64)
+            size = np.diff(np.r_[lead, len(order)])
+            for f, c in zip(lead.tolist(), size.tolist(), strict=True):  # a rank has a few channels
+                picked = order[f + parallel.sampled_instances(c)]
+                ends.append(end[picked])
+                durations.append(end[picked] - start[picked])
+            timed.append(np.column_stack([np.full(len(lead), r["rank"]), stream[order[lead]], op[order[lead]], size]))
+            p2p = np.flatnonzero(op == SEND_RECV)
+            for kept, values in zip(sends, (np.full(len(p2p), r["rank"]), start[p2p], end[p2p]), strict=True):
+                kept.append(values)
+        at += len(op)
+    channels = pd.DataFrame(np.concatenate(channels) if channels else np.zeros((0, 6), np.int64),
+                            columns=[*CHANNEL_KEY, "count", "first"]).astype("int64")
+    timed = pd.DataFrame(np.concatenate(timed) if timed else np.zeros((0, 4), np.int64),
+                         columns=["rank", "stream", "kind", "count"]).astype("int64")
+    # in order of rank, stream and operation, whatever the maps' order
+    order = np.lexsort((timed["kind"], timed["stream"], timed["rank"]))
+    timed = timed.iloc[order].reset_index(drop=True)
+    return _Seen(channels, starts, timed, [ends[i] for i in order], [durations[i] for i in order],
+                 [np.concatenate(s) for s in sends], at)
+
+
+def _channels(seen: _Seen, comms: pd.DataFrame) -> pd.DataFrame:
+    """Each (rank, stream, op, comm_id) of NCCL kernels, in order of its first kernel, and the group kind of its
+    communicator ("other": none)."""
+    if not seen.n_kernels or "communicator" not in seen.channels:
         return pd.DataFrame({c: pd.Series(dtype="int64") for c in CHANNEL_KEY}).assign(group=pd.Series(dtype=object))
     group_of = dict(zip(comms["communicator"], comms["group"], strict=True))
-    out = kernels[[*CHANNEL_KEY, "communicator"]].iloc[rows]
+    out = seen.channels.sort_values("first", kind="stable")
     group = out["communicator"].map(group_of).astype(object)
     out = out.assign(group=group.where(group.notna(), "other"))
     return out[[*CHANNEL_KEY, "group"]].astype({c: "int64" for c in CHANNEL_KEY}).reset_index(drop=True)
@@ -278,28 +335,30 @@ def communicator_keys(comm_id: np.ndarray) -> np.ndarray:
     return np.array([f"{c & 0xFFFFFFFFFFFFFFFF:016x}" for c in ids.tolist()], dtype=object)[at.reshape(-1)]
 
 
-def _kernels(per_rank: list[dict]) -> tuple[pd.DataFrame, np.ndarray]:
-    """Every rank's NCCL kernels in one table, with its rank and its times on aligned clocks, filled a rank's table at
-    a time: ten thousand ranks have millions, which one Arrow table of them all, then pandas', would hold twice. And
-    the first kernel of each channel (CHANNEL_KEY), in order: a rank has a few."""
+def _kernels(per_rank: list[dict], seen: _Seen) -> pd.DataFrame:
+    """Every rank's NCCL kernels in one table, with its rank, its times on aligned clocks and its channel's
+    communicator, filled a rank's table at a time: ten thousand ranks have millions, which one Arrow table of them
+    all, then pandas', would hold twice."""
     counts = [r["nccl_kernels"].num_rows for r in per_rank]
     held = [c for c in KERNEL_COLUMNS if c not in ("start_ns", "end_ns")]
     columns = {c: np.empty(sum(counts), np.int64) for c in (*held, "rank", "start_aligned_ns", "end_aligned_ns")}
+    channel = np.empty(sum(counts), np.int64)
     at = 0
-    channel_rows = [np.zeros(0, np.int64)]
-    for r, count in zip(per_rank, counts, strict=True):
+    for r, count, first in zip(per_rank, counts, seen.starts, strict=True):
         rows = table_of(r["nccl_kernels"])
         for c in held:
             columns[c][at:at + count] = numpy_of(rows.column(c))
         columns["rank"][at:at + count] = r["rank"]
         if count:
             key = np.stack([columns[c][at:at + count] for c in CHANNEL_KEY if c != "rank"], axis=1)
-            channel_rows.append(np.sort(np.unique(key, axis=0, return_index=True)[1]) + at)
+            channel[at:at + count] = first + np.unique(key, axis=0, return_inverse=True)[1].reshape(-1)
         for c in ("start", "end"):
             columns[f"{c}_aligned_ns"][at:at + count] = numpy_of(rows.column(f"{c}_ns"))
             columns[f"{c}_aligned_ns"][at:at + count] += r["offset_ns"]
         at += count
-    return pd.DataFrame(columns, copy=False), np.concatenate(channel_rows)
+    kernels = pd.DataFrame(columns, copy=False)
+    kernels["communicator"] = seen.channels["communicator"].to_numpy(object)[channel]
+    return kernels
 
 
 def _ranked(per_rank: list[dict], table: str) -> pd.DataFrame:
@@ -309,14 +368,15 @@ def _ranked(per_rank: list[dict], table: str) -> pd.DataFrame:
     return out
 
 
-def _communicators(per_rank: list[dict], kernels: pd.DataFrame, notes: list[str]) -> tuple[pd.DataFrame, str]:
-    """The communicators (members in communicator order, group label) and each kernel's communicator key (written
-    into kernels["communicator"]); how they were found."""
+def _communicators(per_rank: list[dict], seen: _Seen, notes: list[str]) -> tuple[pd.DataFrame, str]:
+    """The communicators (members in communicator order, group label) and each channel's communicator key (written
+    into seen.channels["communicator"]); how they were found."""
     inits = _ranked(per_rank, "nccl_inits")
-    p2p = kernels["op"] == SEND_RECV
-    if len(inits) and (kernels["comm_id"] >= 0).any():
+    channels = seen.channels
+    p2p = channels["op"] == SEND_RECV
+    if len(inits) and (channels["comm_id"] >= 0).any():
         inits = inits.drop_duplicates(["comm_id", "rank"])
-        kernels["communicator"] = communicator_keys(kernels["comm_id"].to_numpy(np.int64))
+        channels["communicator"] = communicator_keys(channels["comm_id"].to_numpy(np.int64))
         inits["communicator"] = communicator_keys(inits["comm_id"].to_numpy(np.int64))
         members, keys, sizes = [], [], []
         for key, rows in inits.sort_values("comm_rank").groupby("communicator", sort=True):
@@ -330,21 +390,21 @@ def _communicators(per_rank: list[dict], kernels: pd.DataFrame, notes: list[str]
                          "their collectives are matched among the ranks present")
         source = "nvtx_payload"
     else:
-        kernels["communicator"] = None
-        keys, members = _inferred(kernels, p2p)
+        channels["communicator"] = None
+        keys, members = _inferred(seen, p2p)
         source = "inferred"
-    comms = _table(kernels, p2p, keys, members)
+    comms = _table(channels, p2p, keys, members)
     if source == "inferred":
         # ranks that act at once in other groups end together: split by tensor-parallel place, then by stage
         for kind in ("tp", "pp"):
             place = {int(r): i for m in comms.loc[comms["group"] == kind, "members"] for i, r in enumerate(m)}
-            comms = _split(kernels, p2p, comms, place, kind)
+            comms = _split(channels, p2p, comms, place, kind)
     return comms, source
 
 
-def _split(kernels: pd.DataFrame, p2p: pd.Series, comms: pd.DataFrame, place: dict, kind: str) -> pd.DataFrame:
+def _split(channels: pd.DataFrame, p2p: pd.Series, comms: pd.DataFrame, place: dict, kind: str) -> pd.DataFrame:
     """Communicators not of `kind` split so that their members share one place in a `kind` communicator (Megatron's
-    groups are orthogonal); the kernels' communicator keys follow."""
+    groups are orthogonal); the channels' communicator keys follow."""
     new_key: dict = {}
     keys, members = [], []
     for key, m, group in comms[["communicator", "members", "group"]].itertuples(index=False):
@@ -357,55 +417,36 @@ def _split(kernels: pd.DataFrame, p2p: pd.Series, comms: pd.DataFrame, place: di
             new_key.update({(key, r): keys[-1] for r in part})
     if keys == comms["communicator"].tolist():  # none split (a job of one kind of group): every key stays
         return comms
-    kernels["communicator"] = _renamed(kernels, new_key)
-    return _table(kernels, p2p, keys, members)
+    channels["communicator"] = _renamed(channels, new_key)
+    return _table(channels, p2p, keys, members)
 
 
-def _renamed(kernels: pd.DataFrame, new_key: dict) -> np.ndarray:
-    """Each kernel's communicator after a split: new_key maps (old key, rank) to the new key."""
+def _renamed(channels: pd.DataFrame, new_key: dict) -> np.ndarray:
+    """Each channel's communicator after a split: new_key maps (old key, rank) to the new key."""
     found = pd.Series(new_key)
-    at = pd.MultiIndex.from_arrays([kernels["communicator"], kernels["rank"].astype("int64")])
-    looked = found.reindex(at).to_numpy() if len(found) else np.full(len(kernels), None, object)
-    return np.where(pd.isna(looked), kernels["communicator"].to_numpy(object), looked)
+    at = pd.MultiIndex.from_arrays([channels["communicator"], channels["rank"].astype("int64")])
+    looked = found.reindex(at).to_numpy() if len(found) else np.full(len(channels), None, object)
+    return np.where(pd.isna(looked), channels["communicator"].to_numpy(object), looked)
 
 
-def _table(kernels: pd.DataFrame, p2p: pd.Series, keys: list[str], members: list[list[int]]) -> pd.DataFrame:
+def _table(channels: pd.DataFrame, p2p: pd.Series, keys: list[str], members: list[list[int]]) -> pd.DataFrame:
     collective_calls, p2p_calls = [], []
-    counted = kernels.groupby(["communicator", p2p.rename("p2p")]).size()
+    counted = channels.groupby(["communicator", p2p.rename("p2p")])["count"].sum()
     for key, m in zip(keys, members, strict=True):
         collective_calls.append(int(counted.get((key, False), 0)) // max(len(m), 1))
         p2p_calls.append(int(counted.get((key, True), 0)) // max(len(m), 1))
     return parallel.communicator_table(members, keys, collective_calls, p2p_calls)
 
 
-def _inferred(kernels: pd.DataFrame, p2p: pd.Series) -> tuple[list[str], list[list[int]]]:
-    """Communicators inferred from the kernels (parallel.py), each kernel's written into kernels["communicator"]."""
+def _inferred(seen: _Seen, p2p: pd.Series) -> tuple[list[str], list[list[int]]]:
+    """Communicators inferred from the kernels' timing (parallel.py), each channel's written into
+    seen.channels["communicator"]."""
     keys, members = [], []
-    # each channel's kernels in order of start, as arrays: ten thousand ranks have millions, and a frame per channel
-    # would copy them all twice
-    coll = np.flatnonzero(~p2p.to_numpy())
-    some = slice(None) if len(coll) == len(kernels) else coll  # every kernel (a job without SendRecv): no copies
-    order = coll[np.lexsort([kernels[c].to_numpy(np.int64)[some]
-                             for c in ("start_aligned_ns", "op", "stream", "rank")])]
-    # each column in that order one at a time: no more of them held at once than needed
-    new_channel = np.zeros(len(order), bool)
-    for c in ("rank", "stream", "op"):
-        values = kernels[c].to_numpy(np.int64)[order]
-        new_channel[1:] |= values[1:] != values[:-1]
-    del values
-    first = np.flatnonzero(np.r_[True, new_channel[1:]] if len(order) else new_channel)
-    del new_channel
-    table = pd.DataFrame({"rank": kernels["rank"].to_numpy(np.int64)[order[first]],
-                          "stream": kernels["stream"].to_numpy(np.int64)[order[first]],
-                          "kind": kernels["op"].to_numpy(np.int64)[order[first]]})
-    end = kernels["end_aligned_ns"].to_numpy(np.int64)[order]
-    duration = end - kernels["start_aligned_ns"].to_numpy(np.int64)[order]
-    ends, durations = np.split(end, first[1:]), np.split(duration, first[1:])
-    labels = parallel.infer_collective_channels(table, ends, durations) if len(table) else np.zeros(0, np.int64)
-    del end, duration, ends, durations
-    table["label"] = labels
+    table = seen.timed
+    labels = parallel.infer_collective_channels(table, seen.ends, seen.durations) if len(table) else \
+        np.zeros(0, np.int64)
     channel_key = np.full(len(table), np.nan, dtype=object)  # a channel of no communicator: as a lookup misses
-    for _, rows in table.groupby("label", sort=True):
+    for _, rows in table.assign(label=labels).groupby("label", sort=True):
         ranks = sorted(set(rows["rank"].astype(int)))
         if len(ranks) < 2:
             continue
@@ -413,18 +454,20 @@ def _inferred(kernels: pd.DataFrame, p2p: pd.Series) -> tuple[list[str], list[li
         keys.append(key)
         members.append(ranks)
         channel_key[rows.index.to_numpy()] = key
-    if keys:
-        communicator = kernels["communicator"].to_numpy(object).copy()
-        communicator[order] = np.repeat(channel_key, np.diff(np.r_[first, len(order)]))
-        kernels["communicator"] = communicator
-    sends = kernels[p2p]
-    pairs = parallel.infer_p2p_pairs(*(sends[c].to_numpy(np.int64) for c in ("rank", "start_aligned_ns",
-                                                                              "end_aligned_ns")))
+    channels = seen.channels
+    if keys:  # each collective channel's communicator: that of its rank, stream and operation
+        of_timed = pd.Series(channel_key, index=pd.MultiIndex.from_frame(table[["rank", "stream", "kind"]]))
+        coll = ~p2p.to_numpy()
+        at = pd.MultiIndex.from_arrays([channels[c].to_numpy()[coll] for c in ("rank", "stream", "op")])
+        communicator = channels["communicator"].to_numpy(object).copy()
+        communicator[coll] = of_timed.reindex(at).to_numpy()
+        channels["communicator"] = communicator
+    pairs = parallel.infer_p2p_pairs(*seen.sends)
     for chain in parallel.chains(pairs):
         key = f"inferred-{len(keys)}"
         keys.append(key)
         members.append(chain)
-        kernels.loc[p2p & kernels["rank"].isin(chain), "communicator"] = key
+        channels.loc[p2p & channels["rank"].isin(chain), "communicator"] = key
     return keys, members
 
 

@@ -229,12 +229,17 @@ def tolerance(durations: np.ndarray) -> np.ndarray | int:
     return np.maximum(END_TOLERANCE_NS, TRANSFER_SHARE * np.asarray(durations))
 
 
+def sampled_instances(count: int) -> np.ndarray:
+    """Which of a channel's `count` kernels (in order) are compared across ranks: SAMPLED_INSTANCES spread evenly."""
+    return np.unique(np.linspace(0, count - 1, min(SAMPLED_INSTANCES, count)).round().astype(np.int64))
+
+
 def infer_collective_channels(channels: pd.DataFrame, ends: list[np.ndarray],
                               durations: list[np.ndarray]) -> np.ndarray:
-    """Which channels (one rank's kernels of one collective kind on one stream, rows of `channels` with `ends`
-    their kernels' ends on aligned clocks, in order) belong to one communicator: a label per channel, equal for
-    channels whose kernels are as many and end together (`tolerance`) in most of the sampled instances.
-    A channel matched with none keeps a label of its own."""
+    """Which channels (one rank's kernels of one collective kind on one stream: rows of `channels`, its `kind` and
+    `count` of kernels; `ends` and `durations` of its `sampled_instances`, ends on aligned clocks) belong to one
+    communicator: a label per channel, equal for channels whose kernels are as many and end together (`tolerance`)
+    in most of the sampled instances. A channel matched with none keeps a label of its own."""
     n = len(channels)
     parent = np.arange(n)
 
@@ -244,18 +249,18 @@ def infer_collective_channels(channels: pd.DataFrame, ends: list[np.ndarray],
             i = parent[i]
         return i
 
-    counts = np.array([len(e) for e in ends], np.int64)
+    counts = channels["count"].to_numpy(np.int64)
     kinds = channels["kind"].to_numpy()
     for key in {(k, c) for k, c in zip(kinds.tolist(), counts.tolist(), strict=True) if c > 0}:
         rows = np.flatnonzero((kinds == key[0]) & (counts == key[1]))
         if len(rows) < 2:
             continue
-        picks = np.unique(np.linspace(0, key[1] - 1, min(SAMPLED_INSTANCES, key[1])).round().astype(np.int64))
-        matrix = np.stack([ends[i][picks] for i in rows])  # channel x sampled instance
-        allowed = tolerance(np.stack([durations[i][picks] for i in rows]).min(axis=0))
+        matrix = np.stack([ends[i] for i in rows])  # channel x sampled instance
+        allowed = tolerance(np.stack([durations[i] for i in rows]).min(axis=0))
+        picked = matrix.shape[1]
         pairs, votes = np.unique(np.concatenate([_pairs_ending_together(matrix[:, j], allowed[j], len(rows))
-                                                 for j in range(len(picks))]), return_counts=True)
-        for code in pairs[votes >= AGREEING_SHARE * len(picks)].tolist():
+                                                 for j in range(picked)]), return_counts=True)
+        for code in pairs[votes >= AGREEING_SHARE * picked].tolist():
             ra, rb = find(rows[code // len(rows)]), find(rows[code % len(rows)])
             if ra != rb:
                 parent[max(ra, rb)] = min(ra, rb)

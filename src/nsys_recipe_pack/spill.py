@@ -339,3 +339,43 @@ def remove_spilled(mapped) -> None:
     elif isinstance(mapped, list | tuple):
         for value in mapped:
             remove_spilled(value)
+
+
+class ColumnFiles:
+    """NumPy columns too long to hold at once, appended a piece at a time to a file per (part, column) in a scratch
+    folder (beside the maps' tables in the output folder being written, where they are files; else TMPDIR) and read
+    back a part at a time: a reduce over ten thousand ranks regroups their rows by iteration this way. The folder
+    goes on close. columns: each column's dtype."""
+
+    def __init__(self, columns: dict, near: str | None = None):
+        self.folder = tempfile.mkdtemp(prefix=".nsys-recipe-columns-", dir=near if near and os.path.isdir(near)
+                                       else None)
+        self.dtypes = {c: np.dtype(d) for c, d in columns.items()}
+
+    def _path(self, part: int, column: str) -> str:
+        return os.path.join(self.folder, f"{part}.{column}")
+
+    def append(self, part: int, column: str, values: np.ndarray) -> None:
+        with open(self._path(part, column), "ab") as file:
+            np.ascontiguousarray(values, self.dtypes[column]).tofile(file)
+
+    def read(self, part: int, column: str) -> np.ndarray:
+        path = self._path(part, column)
+        return np.fromfile(path, self.dtypes[column]) if os.path.exists(path) else np.zeros(0, self.dtypes[column])
+
+    def drop(self, part: int, column: str) -> None:
+        _remove(self._path(part, column))
+
+    def close(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __enter__(self) -> ColumnFiles:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.close()
+
+
+def folder_of(tables) -> str | None:
+    """The folder of the first of these map tables that is in a file (spill.StoredTable), None where none is."""
+    return next((os.path.dirname(t.path) for t in tables if isinstance(t, StoredTable)), None)

@@ -14,8 +14,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .inputs import arrow_of, numpy_of
+from .iterations import warmup
 from .spill import output_schema, table_of
-from .straggler_noise import group_order
+from .straggler_noise import sorted_in_groups
 
 NONE = np.iinfo(np.int64).max  # an iteration where no rank arrived at a sync point
 HELD = ("iteration", "duration_ns", "wait_ns", "busy_ns")
@@ -40,10 +41,6 @@ class Cells:
 
     def __post_init__(self):
         self.first = np.cumsum(self.counts) - self.counts
-
-    def position(self) -> np.ndarray:
-        """Per cell, its rank's place among the ranks."""
-        return np.repeat(np.arange(len(self.ranks)), self.counts)
 
 
 def read_cells(per_rank: list[dict], with_start: bool = False) -> Cells:
@@ -74,11 +71,40 @@ def read_cells(per_rank: list[dict], with_start: bool = False) -> Cells:
                  held["busy_ns"], first_arrival, start)
 
 
+def warmup_iterations(cells: Cells) -> np.ndarray:
+    """Per iteration, whether it is warm-up on any rank (iterations.warmup, given the run's median iteration, a
+    rank at a time: over every cell at once it would sort them all and hold several columns of them)."""
+    n_iterations = int(cells.iteration.max()) + 1 if len(cells.iteration) else 0
+    is_warmup = np.zeros(n_iterations, bool)
+    median = float(np.median(cells.duration_ns)) if len(cells.iteration) else 0.0
+    for low, count in zip(cells.first.tolist(), cells.counts.tolist(), strict=True):
+        iteration = cells.iteration[low:low + count]
+        is_warmup[iteration[warmup(np.zeros(count, np.int64), iteration, cells.duration_ns[low:low + count],
+                                   median)]] = True
+    return is_warmup
+
+
+def rank_scores(cells: Cells, median_busy: np.ndarray, cohort: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Of each rank with cells, the median and the greatest score of its cells (busy time over its cohort's median, 1
+    where that is 0), a rank at a time: no column of every cell's scores."""
+    median, worst = [], []
+    for low, count in zip(cells.first.tolist(), cells.counts.tolist(), strict=True):
+        if count:
+            score = _score(cells.busy_ns[low:low + count], median_busy[cohort[low:low + count]])
+            median.append(np.median(score))
+            worst.append(score.max())
+    return np.array(median, np.float64), np.array(worst, np.float64)
+
+
+def _score(busy: np.ndarray, median: np.ndarray) -> np.ndarray:
+    """Busy time over the cohort's median busy time (1 where that is 0)."""
+    return np.where(median > 0, busy / np.where(median > 0, median, 1), 1.0)
+
+
 def group_medians(group: np.ndarray, values: np.ndarray, n_groups: int) -> np.ndarray:
     """Each group's median of `values` (group codes 0 to n_groups - 1; NaN for a group without values), as pandas'
     groupby median gives it: the mean of the middle two of an even count."""
-    values = np.asarray(values, np.float64)
-    in_order = values[group_order(group, values)]
+    in_order = sorted_in_groups(group, values, groups=False)[1]
     size = np.bincount(group, minlength=n_groups)
     first = np.cumsum(size) - size
     out = np.full(n_groups, np.nan)
@@ -145,7 +171,7 @@ def rank_rows(cells: Cells, found: Verdicts, at: int) -> pa.Table:
         "wait_ns": arrow_of(cells.wait_ns[low:high]), "busy_ns": arrow_of(busy),
         "gpu_busy_ns": rows.column("gpu_busy_ns"),
         "arrival_skew_ns": arrow_of(np.where(arrived, skew, 0), valid=arrived),
-        "score": arrow_of(np.where(median > 0, busy / np.where(median > 0, median, 1), 1.0)),
+        "score": arrow_of(_score(busy, median)),
         "is_straggler": arrow_of(found.is_straggler[low:high]),
         "cause": _coded(code, named, found.cause_names),
         "cause_side": _coded(side, named, _sides()),

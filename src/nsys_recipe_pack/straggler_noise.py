@@ -1,7 +1,7 @@
 """Which component explains a straggling cell: each component's excess over its cross-rank median per iteration
-(or per cohort of peers), and its own noise scale over the whole run, the components read from the ranks' tables in
-passes, a few at a time, so that hundreds of millions of cell x component values are never held at once
-(straggler_heatmap's reduce)."""
+(or per cohort of peers), and its own noise scale over the whole run. The components are read from the ranks' tables
+once, regrouped in files by cohort, and worked on a run of cohorts at a time, so that hundreds of millions of cell x
+component values are never held at once (straggler_heatmap's reduce)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pyarrow as pa
 from .groups import runs_of_about
 from .inputs import numpy_of
 from .iterations import DEFAULT_SYNC_RE
-from .spill import table_of
+from .order_statistics import order_statistics
+from .spill import ColumnFiles, folder_of, table_of
 
 MAD_TO_SIGMA = 1.4826
 Q90_TO_SIGMA = 1.645  # the 90th percentile of |N(0, 1)|
@@ -19,33 +20,41 @@ EXPLAINS = 0.5  # a component must account for this share of the excess to flag 
 
 
 def robust_scale(x: np.ndarray) -> float:
+    """The MAD scale of x, which it reorders and overwrites (ten million cells: no copies of them)."""
     if not len(x):
         return 0.0
-    return float(MAD_TO_SIGMA * np.median(np.abs(x - np.median(x))))
+    x -= np.median(x, overwrite_input=True)
+    np.abs(x, out=x)
+    return float(MAD_TO_SIGMA * np.median(x, overwrite_input=True))
 
 
-EXCESS_CHUNK_ROWS = 1_000_000  # component cells worked on at once, about (~170 B each at its peak)
-DENSE_SHARE = 4  # a component that at least one cell in this many has is worked on as a column over every cell
-DENSE_BYTES = 512 << 20  # the columns over every cell read in one pass over the ranks (9 B a cell each)
+BLOCK_ROWS = 1_000_000  # component rows worked on at once, about (~170 B each at their peak): a run of cohorts
+FLUSH_ROWS = 4_000_000  # component rows read from the ranks' tables before they are written out by cohort
 
 
 class ComponentRows:
     """Every rank's component rows (the maps' `components` tables: iteration, component, ns, on_gpu), read a rank at a
-    time whenever some of them are needed: a run of many ranks has hundreds of millions of them, more than memory
-    holds. Codes: a component's word times 2 plus its side (a range's host time and the GPU time of its work apart).
-    parts: (table or spill.StoredTable, the cell of its iteration 0)."""
+    time: a run of many ranks has hundreds of millions of them, more than memory holds. Codes: a component's word
+    times 2 plus its side (a range's host time and the GPU time of its work apart). parts: (table or
+    spill.StoredTable, the cell of its iteration 0); cohort: each cell's cohort (the cells compared with one
+    another), whose rows are counted as they are first read."""
 
     COLUMNS = ["iteration", "component", "ns", "on_gpu"]
 
-    def __init__(self, parts: list[tuple]):
+    def __init__(self, parts: list[tuple], cohort: np.ndarray):
         self.parts = parts
         index: dict = {}
         self.recode = []  # per part: its dictionary's codes as indices into self.words
         counts = []
-        for rows in self._tables():
+        self.merged = False  # a rank names two of its components alike (a child range named like a fixed one)
+        self.cohort_rows = np.zeros(int(cohort.max()) + 1 if len(cohort) else 0, np.int64)
+        for (_, first), rows in zip(parts, self._tables(), strict=True):
             words = rows.column("component").chunk(0).dictionary.to_pylist() if rows.num_rows else []
             self.recode.append(np.array([index.setdefault(w, len(index)) for w in words] or [0], np.int64))
+            self.merged |= len(set(words)) < len(words)
             counts.append(np.bincount(self._codes(rows, self.recode[-1]), minlength=2 * len(index)))
+            per_cell = np.bincount(numpy_of(rows.column("iteration"))) if rows.num_rows else np.zeros(0, np.int64)
+            self.cohort_rows[cohort[first:first + len(per_cell)]] += per_cell  # a rank's cells: cohorts apart
         self.words = np.array(list(index), dtype=object)
         self.counts = np.zeros(2 * len(index), np.int64)
         for c in counts:
@@ -61,38 +70,75 @@ class ComponentRows:
             return np.zeros(0, np.int64)
         return recode[numpy_of(rows.column("component").chunk(0).indices)] * 2 + numpy_of(rows.column("on_gpu"))
 
-    def _taken(self, local: np.ndarray):
-        """Per part: (its cells, the local column of each row, ns) of the rows whose code's `local` is 0 or more."""
-        for (_, first), rows, recode in zip(self.parts, self._tables(), self.recode, strict=True):
-            col = local[self._codes(rows, recode)]
-            take = np.flatnonzero(col >= 0)
-            yield numpy_of(rows.column("iteration"))[take] + first, col[take], numpy_of(rows.column("ns"))[take]
+    def by_block(self, local: np.ndarray, cohort: np.ndarray, blocks: Blocks) -> ColumnFiles:
+        """The rows whose code has a local column (`local`, -1: none) as (cell, col, ns) in files, a part per block."""
+        files = ColumnFiles({"cell": np.int64, "col": np.int32, "ns": np.int64, "excess": np.float64},
+                            folder_of(rows for rows, _ in self.parts))
+        held: list[tuple] = []
 
-    def rows(self, local: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(cell, local column, ns as float) of the rows whose code has a local column (`local`, -1: none)."""
-        parts = list(self._taken(local))
-        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                np.concatenate([p[2] for p in parts]).astype(np.float64))
+        def flush():
+            cell, col, ns = (np.concatenate([h[i] for h in held]) for i in range(3))
+            held.clear()
+            part = blocks.of(cohort[cell], col)
+            order = np.argsort(part, kind="stable")
+            bounds = np.r_[0, np.cumsum(np.bincount(part, minlength=len(blocks)))]
+            for i in np.flatnonzero(np.diff(bounds)).tolist():
+                at = order[bounds[i]:bounds[i + 1]]
+                for name, values in (("cell", cell), ("col", col), ("ns", ns)):
+                    files.append(i, name, values[at])
 
-    def dense(self, local: np.ndarray, width: int, n_cells: int) -> tuple[np.ndarray, np.ndarray]:
-        """The columns over every cell (0 where a cell lacks the component; a cell's rows of one summed) and which
-        cells have each, of the codes with a local column."""
-        values, has = np.zeros((width, n_cells)), np.zeros((width, n_cells), bool)
-        for cell, col, ns in self._taken(local):
-            np.add.at(values, (col, cell), ns)
-            has[col, cell] = True
-        return values, has
+        try:
+            rows_held = 0
+            for (_, first), rows, recode in zip(self.parts, self._tables(), self.recode, strict=True):
+                col = local[self._codes(rows, recode)]
+                take = np.flatnonzero(col >= 0)
+                held.append((numpy_of(rows.column("iteration"))[take] + first, col[take],
+                             numpy_of(rows.column("ns"))[take]))
+                rows_held += len(take)
+                if rows_held >= FLUSH_ROWS:
+                    flush()
+                    rows_held = 0
+            if held:
+                flush()
+        except BaseException:
+            files.close()
+            raise
+        return files
 
 
-def component_causes(cell_iteration: np.ndarray, comps: ComponentRows, sync_names: set, cell_excess: np.ndarray,
+class Blocks:
+    """The cell x component table cut into blocks of about BLOCK_ROWS rows: runs of cohorts (a cohort's cells are
+    compared with one another), each cut into runs of components where one cohort alone has more rows (with torch's
+    emit_nvtx a report can have tens of thousands of child range names). Block i * len(columns) + j: cohort run i,
+    component run j."""
+
+    def __init__(self, cohort_rows: np.ndarray, column_rows: np.ndarray):
+        self.cohorts = runs_of_about(cohort_rows, BLOCK_ROWS)
+        pieces = max(1, -(-int(cohort_rows.max(initial=0)) // BLOCK_ROWS))  # a cohort alone beyond a block
+        self.columns = runs_of_about(column_rows, -(-int(column_rows.sum()) // pieces))
+        self.cohort_run = np.zeros(len(cohort_rows), np.int64)
+        for i, (low, high) in enumerate(self.cohorts):
+            self.cohort_run[low:high] = i
+        self.column_run = np.zeros(len(column_rows), np.int64)
+        for j, (low, high) in enumerate(self.columns):
+            self.column_run[low:high] = j
+
+    def __len__(self) -> int:
+        return len(self.cohorts) * len(self.columns)
+
+    def of(self, cohort: np.ndarray, col: np.ndarray) -> np.ndarray:
+        return self.cohort_run[cohort] * len(self.columns) + self.column_run[col]
+
+
+def component_causes(cell_cohort: np.ndarray, comps: ComponentRows, sync_names: set, cell_excess: np.ndarray,
                      typical: float, sigma: float) -> tuple[np.ndarray, ...]:
     """For each cell (rank, iteration): whether one component accounts for its excess and stands out of
     that component's own noise, the component furthest above its cross-rank median (a code into the names given
     next, their count where none is), the components' names and whether each is GPU time (else host time).
 
-    Over a cell x component table, 0 where a cell lacks a component, never held whole: a component most cells have
-    as a column over every cell (a few at a time, DENSE_BYTES), the others from their rows alone, a run of them at a
-    time (EXCESS_CHUNK_ROWS rows about). With torch's emit_nvtx every op's range name carries its sequence number, so
+    Over a cell x component table, 0 where a cell lacks a component, never held whole: the rows are regrouped in
+    files a block at a time (Blocks), and each component's noise scale over every cell found in passes over them
+    (order_statistics.py). With torch's emit_nvtx every op's range name carries its sequence number, so
     a report can have tens of thousands of child range names; ten thousand ranks have hundreds of millions of
     rows. A component's excess and noise depend on its own cells only.
     """
@@ -103,35 +149,116 @@ def component_causes(cell_iteration: np.ndarray, comps: ComponentRows, sync_name
     codes = present[kept]
     names = np.asarray(words[codes], dtype=object)
     on_gpu = gpu_side[codes]
-    n_cells = len(cell_iteration)
-    causes = _Causes(n_cells, len(names), cell_excess, max(1000.0, 0.001 * typical), sigma)
-    dense = comps.counts[codes] * DENSE_SHARE >= n_cells
-    by_cohort = _Cohorts(cell_iteration) if dense.any() else None
-    columns = np.flatnonzero(dense)
-    step = max(1, DENSE_BYTES // (9 * max(n_cells, 1)))
-    for group in (columns[i:i + step] for i in range(0, len(columns), step)):
-        values, has = comps.dense(_local(len(words), codes[group]), len(group), n_cells)
-        for j, col in enumerate(group.tolist()):
-            causes.add_column(col, *by_cohort.excess(values[j]), has[j])
-    columns = np.flatnonzero(~dense)
-    for low, high in runs_of_about(comps.counts[codes[columns]], EXCESS_CHUNK_ROWS):
-        run = columns[low:high]
-        cell, col, ns = comps.rows(_local(len(words), codes[run]))
-        cell, col, excess, scale = _excess_by_component(cell_iteration, cell * len(run) + col, ns, len(run))
-        causes.add(cell, run[col], excess, scale[col])
-    return causes.noise_ok, causes.first_col, names, on_gpu
+    n_cells, n_names = len(cell_cohort), len(codes)
+    noise_ok, first_col = np.zeros(n_cells, bool), np.full(n_cells, n_names, np.int32)
+    if not n_names:
+        return noise_ok, first_col, names, on_gpu
+    local = np.full(len(words), -1)
+    local[codes] = np.arange(n_names)
+    blocks = Blocks(comps.cohort_rows, comps.counts[codes])
+    with comps.by_block(local, cell_cohort, blocks) as files:
+        scale = _ComponentExcess(files, cell_cohort, len(blocks), n_names, comps.merged).scales()
+        floor = max(1000.0, 0.001 * typical)
+        for i, (low, high) in enumerate(blocks.cohorts):
+            cells = np.flatnonzero((cell_cohort >= low) & (cell_cohort < high))
+            causes = _Causes(len(cells), n_names, cell_excess[cells], floor, sigma)
+            for part in range(i * len(blocks.columns), (i + 1) * len(blocks.columns)):
+                col = files.read(part, "col")
+                causes.add(np.searchsorted(cells, files.read(part, "cell")), col, files.read(part, "excess"),
+                           scale[col])
+            noise_ok[cells], first_col[cells] = causes.noise_ok, causes.first_col
+    return noise_ok, first_col, names, on_gpu
 
 
-def _local(n_codes: int, codes: np.ndarray) -> np.ndarray:
-    """Each code's place among `codes`, -1 for the others."""
-    local = np.full(n_codes, -1)
-    local[codes] = np.arange(len(codes))
-    return local
+class _ComponentExcess:
+    """Each component's excess over its cohort's median in every cell that has it (written to the run's files as
+    `excess`, beside the rows' cells and columns), the cells lacking it counting 0; and each component's noise scale:
+    the larger of the MAD scale and the 90th percentile of the absolute deviation read as a normal quantile, over
+    every cell (on a contended CPU a forward pass's time is heavy-tailed, and the MAD alone would call its ordinary
+    slow iterations outliers). Component times are never negative, so a component a cell lacks is at or below the
+    median there: it can neither explain a cell's excess nor be its cause. merged: a cell may have several rows of
+    one component (a child range named like a fixed component), which are added up."""
+
+    def __init__(self, blocks: ColumnFiles, cell_cohort: np.ndarray, n_blocks: int, n_names: int, merged: bool):
+        self.blocks, self.n_names, self.n_cells = blocks, n_names, len(cell_cohort)
+        cells_in = np.bincount(cell_cohort)
+        # per run: of each (cohort, component) with cells lacking it, its column, 0 minus its median, and those cells
+        self.lacking: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        covered, rows = np.zeros(n_names, np.int64), np.zeros(n_names, np.int64)
+        least, most = np.full(n_names, np.inf), np.full(n_names, -np.inf)
+        for i in range(n_blocks):
+            cell, col = blocks.read(i, "cell"), blocks.read(i, "col")
+            if merged:
+                cell, col, ns = _merged(cell, col, blocks.read(i, "ns"), n_names)
+                for c, values in (("cell", cell), ("col", col)):
+                    blocks.drop(i, c)
+                    blocks.append(i, c, values)
+            else:
+                ns = blocks.read(i, "ns").astype(np.float64)
+            blocks.drop(i, "ns")
+            excess, groups = _excess_in_cohorts(cell_cohort, cells_in, cell, col, ns, n_names)
+            blocks.append(i, "excess", excess)
+            group_col, group_least, group_most, median, lacking, cohort_cells = groups
+            covered += np.bincount(group_col, weights=cohort_cells, minlength=n_names).astype(np.int64)
+            rows += np.bincount(col, minlength=n_names)
+            np.minimum.at(least, group_col, group_least)
+            np.maximum.at(most, group_col, group_most)
+            some = lacking > 0
+            self.lacking.append((group_col[some], 0.0 - median[some], lacking[some]))
+            rows += np.bincount(group_col[some], minlength=n_names)
+            np.minimum.at(least, group_col[some], 0.0 - median[some])
+            np.maximum.at(most, group_col[some], 0.0 - median[some])
+        self.runs = n_blocks
+        # the cells of cohorts where no cell has the component: 0
+        self.absent = self.n_cells - covered
+        some = self.absent > 0
+        rows += some
+        least[some], most[some] = np.minimum(least[some], 0.0), np.maximum(most[some], 0.0)
+        self.bounds = (least, most, rows)
+
+    def values(self):
+        """Every component's excess over all cells: the cells that have it, those of the same cohorts that lack it
+        (0 minus the median), and those of cohorts where no cell has it (0), as (column, value, weight)."""
+        for i in range(self.runs):
+            yield self.blocks.read(i, "col"), self.blocks.read(i, "excess"), None
+            yield self.lacking[i]
+        some = np.flatnonzero(self.absent > 0)
+        yield some, np.zeros(len(some)), self.absent[some]
+
+    def scales(self) -> np.ndarray:
+        middle = [(self.n_cells - 1) // 2, self.n_cells // 2]
+        center = np.median(order_statistics(self.values, self.n_names, np.tile(middle, (self.n_names, 1)),
+                                            self.bounds), axis=1)
+
+        def deviations():
+            for col, x, weight in self.values():
+                deviation = x - center[col]
+                np.abs(deviation, out=deviation)
+                yield col, deviation, weight
+
+        least, most, rows = self.bounds
+        farthest = np.maximum(np.abs(least - center), np.abs(most - center))
+        q90 = (self.n_cells - 1) * 0.90  # where np.quantile finds it: between two values
+        around = [int(np.floor(q90)), min(int(np.floor(q90)) + 1, self.n_cells - 1)]
+        dev = order_statistics(deviations, self.n_names, np.tile(middle + around, (self.n_names, 1)),
+                               (np.zeros(self.n_names), farthest, rows)).T
+        # np.median and np.quantile on the values they would pick from the whole column: the same to the last bit
+        return np.maximum(MAD_TO_SIGMA * np.median(dev[:2], axis=0),
+                          np.quantile(dev[2:], q90 - np.floor(q90), axis=0) / Q90_TO_SIGMA)
+
+
+def _merged(cell: np.ndarray, col: np.ndarray, ns: np.ndarray, n_names: int) -> tuple[np.ndarray, ...]:
+    """Each (cell, column)'s rows added up into one."""
+    cell_col, at = np.unique(cell * n_names + col, return_inverse=True)
+    ns = np.bincount(at.reshape(-1), weights=ns.astype(np.float64))
+    cell, col = np.divmod(cell_col, max(n_names, 1))
+    return cell, col.astype(np.int32), ns
 
 
 class _Causes:
-    """Each cell's findings as the components' excesses come in, in any order: whether one explains the cell's excess
-    beyond its noise, and the component furthest above its median (the first in name order among equals)."""
+    """Each of a run's cells' findings as the components' excesses come in, a run of components after another: whether
+    one explains the cell's excess beyond its noise, and the component furthest above its median (the first in name
+    order among equals; n_names where none is above)."""
 
     def __init__(self, n_cells: int, n_names: int, cell_excess: np.ndarray, floor: float, sigma: float):
         self.cell_excess, self.floor, self.sigma, self.n_names = cell_excess, floor, sigma, n_names
@@ -139,141 +266,89 @@ class _Causes:
         self.top = np.full(n_cells, -np.inf)
         self.first_col = np.full(n_cells, n_names, np.int32)
 
-    def add_column(self, col: int, excess: np.ndarray, scale: float, has: np.ndarray) -> None:
-        """A column's excess in every cell, its noise scale, and which cells have it: as `add` of the rows of the cells
-        that have it, without a row's index arrays (ten million cells: 80 MB each)."""
-        explains = excess >= EXPLAINS * self.cell_excess
-        explains &= excess / max(scale, self.floor) > self.sigma
-        explains &= has
-        self.noise_ok |= explains
-        del explains
-        better = excess > self.top
-        better |= (excess == self.top) & (col < self.first_col)
-        better &= excess > 0
-        better &= has
-        self.top[better] = excess[better]
-        self.first_col[better] = col
-
     def add(self, cell: np.ndarray, col: np.ndarray, excess: np.ndarray, scale: np.ndarray) -> None:
-        """The excess of these (cell, column) rows, and the noise scale of each row's column (before its floor)."""
+        """The excess of these (cell: its place among the run's cells, column) rows, and the noise scale of each row's
+        column (before its floor)."""
         explains = (excess >= EXPLAINS * self.cell_excess[cell]) & (excess / np.maximum(scale, self.floor) > self.sigma)
         self.noise_ok[cell[explains]] = True
         above = excess > 0
-        cell, col, excess = cell[above], col[above], excess[above]
-        cells, at = np.unique(cell, return_inverse=True)
-        best = np.full(len(cells), -np.inf)
-        np.maximum.at(best, at, excess)
-        best_col = np.full(len(cells), self.n_names)
-        at_best = excess == best[at]
-        np.minimum.at(best_col, at[at_best], col[at_best])
-        top, first = self.top[cells], self.first_col[cells]
-        better = (best > top) | ((best == top) & (best_col < first))
-        self.top[cells[better]], self.first_col[cells[better]] = best[better], best_col[better]
+        best = np.full(len(self.top), -np.inf)
+        np.maximum.at(best, cell[above], excess[above])
+        above &= excess == best[cell]
+        best_col = np.full(len(self.top), self.n_names, np.int32)
+        np.minimum.at(best_col, cell[above], col[above])
+        better = (best > self.top) | ((best == self.top) & (best_col < self.first_col))
+        self.top[better], self.first_col[better] = best[better], best_col[better]
 
 
-class _Cohorts:
-    """The cells by cohort (`cell_iteration`: the cells compared with one another), for a column's median per cohort."""
-
-    def __init__(self, cell_iteration: np.ndarray):
-        present = np.bincount(cell_iteration) > 0  # cohort codes are small numbers (peers.cohorts): no sort
-        self.code = np.flatnonzero(present)
-        self.of_cell = (np.cumsum(present) - 1)[cell_iteration]
-        self.order = np.argsort(self.of_cell, kind="stable")
-        self.size = np.bincount(self.of_cell, minlength=len(self.code))
-        self.first = np.cumsum(self.size) - self.size
-
-    def excess(self, values: np.ndarray) -> tuple[np.ndarray, float]:
-        """A column's excess over its cohort's median in every cell, and its noise scale over them all (as
-        _excess_by_component gives them: the same to the last bit). The medians a run of cohorts at a time
-        (EXCESS_CHUNK_ROWS cells about): sorting every cell's value at once would hold four copies of the column."""
-        median = np.empty(len(self.code))
-        for low, high in runs_of_about(self.size, EXCESS_CHUNK_ROWS):
-            size = self.size[low:high]
-            part = values[self.order[self.first[low]:self.first[high - 1] + size[-1]]]
-            part = part[group_order(np.repeat(np.arange(high - low), size), part, 1)]
-            first = np.cumsum(size) - size
-            median[low:high] = np.median(np.stack([part[first + (size - 1) // 2], part[first + size // 2]]), axis=0)
-        excess = values - median[self.of_cell]
-        deviation = np.abs(excess - np.median(excess))
-        scale = max(MAD_TO_SIGMA * np.median(deviation), np.quantile(deviation, 0.90) / Q90_TO_SIGMA)
-        return excess, float(scale)
-
-
-def _excess_by_component(cell_iteration: np.ndarray, cell_col: np.ndarray, ns: np.ndarray, n_names: int):
-    """The cell x component table's excess over each iteration's median and each component's noise scale
-    (the larger of the MAD scale and the 90th percentile of the absolute deviation read as a normal
-    quantile, over every cell: on a contended CPU a forward pass's time is heavy-tailed, and the MAD alone
-    would call its ordinary slow iterations outliers), from the cells' own components only: (cell, component,
-    excess) of each component a cell has, and the scale of each component. Component times are never negative,
-    so a component a cell lacks is at or below the median there: it can neither explain a cell's excess nor be
-    its cause."""
-    n_cells = len(cell_iteration)
-    sorted_cell_col = np.sort(cell_col)
-    if (sorted_cell_col[1:] == sorted_cell_col[:-1]).any():  # a child range named like a fixed component
-        cell_col, at = np.unique(cell_col, return_inverse=True)
-        ns = np.bincount(at.reshape(-1), weights=ns)
-    cell, col = np.divmod(cell_col, max(n_names, 1))
-    del sorted_cell_col, cell_col  # millions of rows each: no more columns of their length at once than needed
-    # each (iteration, component)'s median over the iteration's cells, the cells without it counting 0
-    per_iteration = np.bincount(cell_iteration)
-    group_key = cell_iteration[cell] * n_names + col
-    order = group_order(group_key, ns, 1)
-    sorted_ns = ns[order]
-    first = np.flatnonzero(np.r_[True, group_key[order][1:] != group_key[order][:-1]]) if len(order) else \
-        np.zeros(0, np.int64)
-    size = np.diff(np.r_[first, len(order)])
-    cells_in = per_iteration[cell_iteration[cell[order[first]]]]
-    lacking = cells_in - size
+def _excess_in_cohorts(cell_cohort: np.ndarray, cells_in: np.ndarray, cell: np.ndarray, col: np.ndarray,
+                       ns: np.ndarray, n_names: int):
+    """The rows of whole cohorts (one per cell and column): each row's excess over its cohort's median of the
+    component (the cohort's cells without it counting 0); and per (cohort, component): its column, its least and
+    greatest excess, its median, the cells lacking it and the cells of its cohort. cells_in: cells per cohort."""
+    group_key = cell_cohort[cell] * n_names + col
+    sorted_key, sorted_ns = sorted_in_groups(group_key, ns)
+    first = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]]) if len(ns) else np.zeros(0, np.int64)
+    size = np.diff(np.r_[first, len(ns)])
+    keys = sorted_key[first]
+    del sorted_key
+    cohort_cells = cells_in[keys // n_names]
+    lacking = cohort_cells - size
 
     # the middle two of each group, its missing cells as zeros before its values
     median = np.median(np.stack([np.where(n < lacking, 0.0, sorted_ns[first + np.maximum(n - lacking, 0)])
-                                 for n in ((cells_in - 1) // 2, cells_in // 2)]), axis=0)
-    excess = np.empty(len(ns))
-    excess[order] = sorted_ns - np.repeat(median, size)
-    group_col = col[order[first]]
-    del order, sorted_ns, group_key, first, size
-    # each component's excess over all cells: the cells that have it, those of the same iterations that
-    # lack it (0 minus the median), and those of iterations where no cell has it (0)
-    covered = np.bincount(group_col, weights=cells_in, minlength=n_names).astype(np.int64)
-    x_col = np.concatenate([col, group_col, np.arange(n_names)])
-    x = np.concatenate([excess, 0.0 - median, np.zeros(n_names)])
-    weight = np.concatenate([np.ones(len(excess), np.int64), lacking, n_cells - covered])
-    middle = [(n_cells - 1) // 2, n_cells // 2]
-    deviation = x
-    deviation -= np.median(_order_stats(x_col, x, weight, n_cells, middle, 2), axis=0)[x_col]
-    np.abs(deviation, out=deviation)
-    del x
-    q90 = (n_cells - 1) * 0.90  # where np.quantile finds it: between two values
-    around = [int(np.floor(q90)), min(int(np.floor(q90)) + 1, n_cells - 1)]
-    dev = _order_stats(x_col, deviation, weight, n_cells, middle + around, 4)
-    # np.median and np.quantile on the values they would pick from the whole column: the same to the last bit
-    scale = np.maximum(MAD_TO_SIGMA * np.median(dev[:2], axis=0),
-                       np.quantile(dev[2:], q90 - np.floor(q90), axis=0) / Q90_TO_SIGMA)
-    return cell, col, excess, scale
+                                 for n in ((cohort_cells - 1) // 2, cohort_cells // 2)]), axis=0)
+    excess = ns - median[np.searchsorted(keys, group_key)]
+    groups = (keys % n_names, sorted_ns[first] - median, sorted_ns[first + size - 1] - median, median, lacking,
+              cohort_cells)
+    return excess, groups
 
 
-def _order_stats(col: np.ndarray, x: np.ndarray, weight: np.ndarray, n: int, positions: list[int],
-                 step: int) -> np.ndarray:
-    """The values at these positions of each column's sorted values, each value repeated `weight` times
-    (every column's weights add up to n)."""
-    order = group_order(col, x, step)
-    ends = np.cumsum(weight[order])
-    columns = np.arange(int(col.max()) + 1 if len(col) else 0) * n
-    return np.stack([x[order[np.searchsorted(ends, columns + p, side="right")]] for p in positions])
+PACK_CHUNK = 1 << 20  # values packed or unpacked at once: ten million cells' temporaries would be 80 MB each
 
 
-def group_order(group: np.ndarray, x: np.ndarray, step: int = 1) -> np.ndarray:
-    """The order that sorts by group, then by x within a group (ties in any order). Times in ns, and their
-    medians and deviations, are whole multiples of 1/step: then one sort of one packed integer key does it,
-    several times faster than np.lexsort on millions of rows."""
-    if len(x):
-        scaled = x * step
-        low = float(scaled.min())
-        span = int(scaled.max() - low) + 1
-        if span < 1 << 52 and (int(group.max()) + 1) * span < 1 << 62 and (scaled == np.floor(scaled)).all():
-            scaled -= low
-            key = scaled.astype(np.int64)
-            del scaled
-            key += group * span
-            return np.argsort(key)
-    return np.lexsort((x, group))
+def _packed(group: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, int, float] | None:
+    """Group and value as one integer key (group * span + x - low, its span and low) where the values are whole
+    numbers of a span that fits (times in ns, and their medians, are whole multiples of 1/2): one sort of it orders
+    by group, then value, several times quicker than np.lexsort on millions of rows. None where they are not."""
+    if not len(x):
+        return None
+    low = x.min()
+    span = int(x.max() - low) + 1
+    if span >= 1 << 52 or (int(group.max()) + 1) * span >= 1 << 62:
+        return None
+    key = np.empty(len(x), np.int64)
+    for at in range(0, len(x), PACK_CHUNK):
+        part = x[at:at + PACK_CHUNK]
+        if part.dtype.kind == "f" and not (part == np.floor(part)).all():
+            return None
+        key[at:at + PACK_CHUNK] = group[at:at + PACK_CHUNK] * span
+        key[at:at + PACK_CHUNK] += (part - low).astype(np.int64)
+    return key, span, float(low)
+
+
+def group_order(group: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The order that sorts by group, then by x within a group (ties in any order)."""
+    packed = _packed(group, x)
+    return np.argsort(packed[0]) if packed is not None else np.lexsort((x, group))
+
+
+def sorted_in_groups(group: np.ndarray, x: np.ndarray, groups: bool = True) -> tuple[np.ndarray | None, np.ndarray]:
+    """The groups (where asked for) and values (as floats) sorted by group, then value: where they pack into one key,
+    without the order itself (a sort of the keys alone is about twice as quick)."""
+    packed = _packed(group, x)
+    if packed is None:
+        order = np.lexsort((x, group))
+        return group[order] if groups else None, np.asarray(x, np.float64)[order]
+    key, span, low = packed
+    key.sort()
+    sorted_group = np.empty(len(key), np.int64) if groups else None
+    sorted_x = np.empty(len(key))
+    for at in range(0, len(key), PACK_CHUNK):
+        part = key[at:at + PACK_CHUNK]
+        of = part // span
+        sorted_x[at:at + PACK_CHUNK] = part - of * span
+        sorted_x[at:at + PACK_CHUNK] += low
+        if groups:
+            sorted_group[at:at + PACK_CHUNK] = of
+    return sorted_group, sorted_x

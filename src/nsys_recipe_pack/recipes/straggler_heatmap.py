@@ -37,13 +37,20 @@ from ..iterations import (
     SyncPoints,
     range_arrays,
     sync_points,
-    warmup,
     warmup_option,
 )
 from ..lazy import pd
 from ..phases import child_ranges, launching_child
 from ..spill import RankedRows
-from ..straggler_cells import Verdicts, cell_schema, group_medians, rank_rows, read_cells
+from ..straggler_cells import (
+    Verdicts,
+    cell_schema,
+    group_medians,
+    rank_rows,
+    rank_scores,
+    read_cells,
+    warmup_iterations,
+)
 from ..straggler_noise import ComponentRows, component_causes, group_order, robust_scale
 from ..straggler_verdicts import incidental, most_frequent, pattern, recurrence, verdicts
 from . import Metric, Recipe, comma_list, indented, iteration_options, ms_cell, parallel_option
@@ -54,6 +61,7 @@ DEFAULT_THRESHOLD = 0.10
 DEFAULT_SIGMA = 4.0
 COMPONENT_BUSY_SIGMA = 0.75  # ... and then the busy excess needs only this fraction of sigma
 GPU_COMPONENTS = ("gpu_compute", "memcpy")  # GPU work launched outside every child range
+CHUNK_CELLS = 1 << 20  # cells whose flags are worked out at once
 
 
 def _windowed_union(win_start, win_end, starts, ends, n) -> np.ndarray:
@@ -335,20 +343,19 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     matched = collective_match.match(per_rank, options, only_parallel=True)
     parallel_job = parallel.is_parallel(matched.groups)
     cells = read_cells(per_rank, with_start=parallel_job)
-    comps = ComponentRows([(r["components"], first) for r, first in zip(per_rank, cells.first, strict=True)])
     n = len(cells.iteration)
 
     # a rank is compared with the ranks of its own pipeline stage (all ranks, in a job without one)
     stage = peers.stages(matched.groups, cells.ranks) if parallel_job else np.zeros(len(cells.ranks), np.int64)
     cohort = peers.cohorts(cells.iteration, np.repeat(stage, cells.counts))
+    comps = ComponentRows([(r["components"], first) for r, first in zip(per_rank, cells.first, strict=True)], cohort)
     n_cohorts = int(cohort.max()) + 1 if n else 0
     median_busy = group_medians(cohort, cells.busy_ns, n_cohorts)
     # the excess as a float: whole numbers, as exact as int64 below 2**53 ns
     excess = np.round(cells.busy_ns - median_busy[cohort])
     # an iteration that is warm-up on any rank (start-up, not straggling) is not compared, nor sets the noise scale
-    n_iterations = int(cells.iteration.max()) + 1 if n else 0
-    is_warmup = np.zeros(n_iterations, bool)
-    is_warmup[cells.iteration[warmup(np.repeat(cells.ranks, cells.counts), cells.iteration, cells.duration_ns)]] = True
+    is_warmup = warmup_iterations(cells)
+    n_iterations = len(is_warmup)
     compared = ~is_warmup[cells.iteration] if not options.get("keep_warmup") else np.ones(n, bool)
     typical = float(np.median(median_busy[cohort])) if n else 0.0
     floor = max(1000.0, 0.005 * typical)
@@ -362,11 +369,14 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     else:
         noise_ok, cause, names, on_gpu = np.zeros(n, bool), np.zeros(n, np.int32), np.zeros(0, object), \
             np.zeros(0, bool)
-    z_busy = excess / busy_scale
     med_duration = group_medians(cells.iteration, cells.duration_ns, n_iterations)
-    is_straggler = (excess > threshold * med_duration[cells.iteration]) & (
-        (z_busy > sigma) | (noise_ok & (z_busy > COMPONENT_BUSY_SIGMA * sigma)))
-    del z_busy, noise_ok  # ten thousand ranks: 80 MB each
+    is_straggler = np.empty(n, bool)
+    for at in range(0, n, CHUNK_CELLS):  # a few columns of every cell at once would be 80 MB each
+        part = slice(at, at + CHUNK_CELLS)
+        z_busy = excess[part] / busy_scale
+        is_straggler[part] = (excess[part] > threshold * med_duration[cells.iteration[part]]) & (
+            (z_busy > sigma) | (noise_ok[part] & (z_busy > COMPONENT_BUSY_SIGMA * sigma)))
+    del noise_ok
     is_straggler[peers_in[cohort] < 2] = False
     is_straggler[~compared] = False
     # a cell whose excess is its long micro-batches' (uneven micro-batches on ranks not slow throughout) is no straggler
@@ -387,26 +397,22 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
                      pa.array(names.tolist(), pa.string()), np.r_[on_gpu, False].astype(bool), flagged, recoverable,
                      stage if parallel_job else None)
 
-    score = median_busy[cohort]
+    median_score, worst_score = rank_scores(cells, median_busy, cohort)
     del cohort
-    score = np.where(score > 0, cells.busy_ns / np.where(score > 0, score, 1), 1.0)
-    position = cells.position()
+    flagged_at = np.searchsorted(cells.first, flagged, side="right") - 1  # each flagged cell's rank's place
     has = cells.counts > 0  # a rank without an iteration has no row
     ranks = pd.DataFrame({
         "iterations": cells.counts[has],
-        "straggler_iterations": np.bincount(position[flagged], minlength=len(has))[has].astype(np.int64),
-        "median_score": group_medians(position, score, len(has))[has],
-        "worst_score": np.maximum.reduceat(score, cells.first[has]) if n else np.zeros(0),
+        "straggler_iterations": np.bincount(flagged_at, minlength=len(has))[has].astype(np.int64),
+        "median_score": median_score, "worst_score": worst_score,
     }, index=pd.Index(cells.ranks[has], name="rank"))
-    del score
     # iterations.parquet made a rank at a time as it is written; stragglers.parquet, the flagged cells' rows, now
     iterations = RankedRows(cell_schema(parallel_job), [(int(r), at) for at, r in enumerate(cells.ranks)],
                             lambda _, at: rank_rows(cells, found, at))
     stragglers = pa.concat_tables([iterations.schema.empty_table(), *(
         rows.filter(rows.column("is_straggler")) for rows in RankedRows(
-            iterations.schema, [(int(cells.ranks[at]), at) for at in np.unique(position[flagged])],
+            iterations.schema, [(int(cells.ranks[at]), at) for at in np.unique(flagged_at)],
             iterations.made).tables())]).to_pandas()
-    del position
     for c in ("cause", "cause_side"):  # text or None, as the output's other text columns
         stragglers[c] = stragglers[c].astype(object).where(stragglers[c].notna(), None)
 
