@@ -175,12 +175,13 @@ def write_results(results: Path, meta: dict, rows: list[dict], others: list[dict
              "of each kind (client: the command and the notebook kernel it starts, the larger; then each apart). "
              "Page: report.html, without the "
              "plotly.js file beside it. Synth: the seconds the set took to write (—: written by an earlier run).", "",
-             "What grows with ranks: the client's reduce holds a few numbers a cell (rank x iteration: four, and "
-             "while it compares them a few more; iterations.parquet's other columns are made a rank at a time as it "
-             "is written), and the NCCL kernels (one a cell here) while it infers the groups; the component rows "
-             "(ten a cell) are read from the workers' files in passes over the ranks, a few columns over every cell "
-             "at a time. The notebook kernel holds the columns its figures show of every cell (about 80 bytes a "
-             "cell). The page's heatmap has 256 rows at most: the page does not grow.",
+             "What grows with ranks: the client's reduce holds each cell's cause code (rank x iteration: four "
+             "bytes) and a few rows per rank; the cells and their component rows (ten a cell) are regrouped into "
+             "files a run of iterations at a time and compared a run at a time, the run-wide medians and noise "
+             "scales found in passes over those files, iterations.parquet made a rank at a time as it is written; "
+             "the NCCL kernels (one a cell here) infer the groups from a few sampled instances per rank. The "
+             "notebook kernel holds the columns its figures show of every cell (about 80 bytes a cell). The page's "
+             "heatmap has 256 rows at most: the page does not grow.",
              "",
              "| ranks | synth s | run s | client MB | command / notebook MB | scheduler MB | worker MB | page MB | "
              "headless Chromium | injected straggler |",

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nsys_recipe_pack import order_statistics, straggler_noise
+from nsys_recipe_pack import order_statistics, spill, straggler_noise
 from nsys_recipe_pack.errors import BadInputError
 from nsys_recipe_pack.inputs import RankData
 from nsys_recipe_pack.iterations import Delimiter, Iterations, Ranges
@@ -176,16 +176,17 @@ def _tail_scale(x: pd.Series) -> float:
                float(np.quantile(dev, 0.90) / straggler_noise.Q90_TO_SIGMA))
 
 
-def _component_parts(cell_col: np.ndarray, ns: np.ndarray, n_names: int, n_cells: int, split: int,
+def _component_parts(cell_col: np.ndarray, ns: np.ndarray, n_names: int, counts: np.ndarray, stages: np.ndarray,
                      halved: np.ndarray | None = None) -> list:
-    """The rows as two ranks' `components` tables (cells [0, split) and [split, n)), named in an order
-    of their own per rank (c00, c01, ...: in name order), on the host side; halved: rows given as two, a word
+    """The rows as ranks' `components` tables (rank r: the next counts[r] cells, its iterations 0 on), named in an
+    order of their own per rank (c00, c01, ...: in name order), on the host side; halved: rows given as two, a word
     named twice in the tables' words (as a child range named like a fixed component is)."""
     import pyarrow as pa
 
     parts = []
-    for low, high in ((0, split), (split, n_cells)):
-        rows = np.flatnonzero((cell_col // n_names >= low) & (cell_col // n_names < high))[::-1]
+    for low, count, stage in zip((np.cumsum(counts) - counts).tolist(), counts.tolist(), stages.tolist(),
+                                 strict=True):
+        rows = np.flatnonzero((cell_col // n_names >= low) & (cell_col // n_names < low + count))[::-1]
         words = [f"c{i:02d}" for i in range(n_names)][::-1]
         code, value = n_names - 1 - cell_col[rows] % n_names, ns[rows].astype(np.int64)
         if halved is not None and halved[rows].any():
@@ -199,49 +200,66 @@ def _component_parts(cell_col: np.ndarray, ns: np.ndarray, n_names: int, n_cells
         table = pa.table({"iteration": pa.array(cell_col[rows] // n_names - low, pa.int64()),
                           "component": pa.DictionaryArray.from_arrays(pa.array(code, pa.int32()), pa.array(words)),
                           "ns": pa.array(value), "on_gpu": pa.array(np.zeros(len(rows), np.int64))})
-        parts.append((table, low))
+        parts.append((table, low, stage))
     return parts
 
 
-@pytest.mark.parametrize(("block_rows", "flush_rows", "hold_rows", "bins"), [
-    (3, 2, 2, 16), (straggler_noise.BLOCK_ROWS, straggler_noise.FLUSH_ROWS, order_statistics.HOLD_ROWS,
-                    order_statistics.HISTOGRAM_BINS), (1, 10**9, 1, 16), (10**9, 1, 3, 16)])
+def _causes(parts: list, width: int, counts: np.ndarray, cell_excess: np.ndarray, typical: float, sigma: float):
+    """Every cell's findings as the reduce gets them, a run of iterations at a time: whether a component explains its
+    excess, its cause's code, the names, their sides and the components' noise scales."""
+    comps = straggler_noise.ComponentRows(parts, width)
+    codes, names, on_gpu = comps.columns(set())
+    cell_iteration = np.concatenate([np.arange(c) for c in counts])
+    cohort = cell_iteration * width + np.repeat([p[2] for p in parts], counts)
+    rows = np.bincount(cell_iteration, minlength=len(comps.iteration_rows))
+    rows[:len(comps.iteration_rows)] += comps.iteration_rows
+    blocks = straggler_noise.Blocks(rows, comps.counts[codes])
+    noise_ok, code = np.zeros(len(cohort), bool), np.full(len(cohort), len(names), np.int32)
+    causes = straggler_noise.ComponentCauses(comps, codes, blocks, np.bincount(cohort), len(cohort), None)
+    try:
+        for i, (low, high) in enumerate(blocks.iterations):
+            cells = np.flatnonzero((cell_iteration >= low) & (cell_iteration < high))
+            noise_ok[cells], code[cells] = causes.of_run(i, cells, cell_excess[cells], typical, sigma)
+    finally:
+        causes.close()
+    return noise_ok, code, names, on_gpu, causes.scale
+
+
+@pytest.mark.parametrize(("block_rows", "flush_bytes", "hold_rows", "bins", "rounds"), [
+    (3, 200, 2, 16, 40), (straggler_noise.BLOCK_ROWS, spill.COLUMN_FLUSH_BYTES, order_statistics.HOLD_ROWS,
+                        order_statistics.HISTOGRAM_BINS, 200), (1, 10**9, 1, 16, 20), (10**9, 1, 3, 16, 200)])
 def test_component_excess_noise_and_causes_from_the_cells_own_components_match_the_whole_table(
-        monkeypatch, block_rows, flush_rows, hold_rows, bins):
+        monkeypatch, block_rows, flush_bytes, hold_rows, bins, rounds):
     # the cells' own components against the whole table: each component's noise scale (_tail_scale over every cell,
-    # the cells lacking it at 0, over each cell's excess over its iteration's median); then each cell's cause (its
-    # largest excess above 0, the first name among equals) and whether a component explains it, from two ranks'
-    # tables regrouped a few iterations at a time, the scales found in passes over them (a few values sorted at once)
+    # the cells lacking it at 0, over each cell's excess over its cohort's median: its iteration's cells of its
+    # stage); then each cell's cause (its largest excess above 0, the first name among equals) and whether a
+    # component explains it, from ranks' tables regrouped a few iterations and components at a time, the scales
+    # found in passes over them (a few values sorted at once)
     monkeypatch.setattr(straggler_noise, "BLOCK_ROWS", block_rows)
-    monkeypatch.setattr(straggler_noise, "FLUSH_ROWS", flush_rows)
+    monkeypatch.setattr(spill, "COLUMN_FLUSH_BYTES", flush_bytes)
     monkeypatch.setattr(order_statistics, "HOLD_ROWS", hold_rows)
     monkeypatch.setattr(order_statistics, "HISTOGRAM_BINS", bins)
-    found = []
-    real = straggler_noise._ComponentExcess.scales
-    monkeypatch.setattr(straggler_noise._ComponentExcess, "scales", lambda self: found.append(real(self)) or found[-1])
     rng = np.random.default_rng(8)
-    for _ in range(200):
-        n_iter, n_names = int(rng.integers(1, 6)), int(rng.integers(1, 40))
-        cell_iteration = np.sort(rng.integers(0, n_iter, int(rng.integers(n_iter, 30))))
-        cell_iteration = np.unique(cell_iteration, return_inverse=True)[1].reshape(-1)
-        n_cells = len(cell_iteration)
+    for _ in range(rounds):
+        n_ranks, n_names = int(rng.integers(1, 6)), int(rng.integers(1, 40))
+        counts = rng.integers(1, 6, n_ranks)
+        stages = rng.integers(0, 2, n_ranks) if rng.random() < 0.5 else np.zeros(n_ranks, np.int64)
+        width = int(stages.max()) + 1
+        n_cells = int(counts.sum())
+        cohort = np.concatenate([np.arange(c) for c in counts]) * width + np.repeat(stages, counts)
         cell_col = rng.choice(n_cells * n_names, int(rng.integers(1, n_cells * n_names + 1)), replace=False)
         ns = rng.integers(0, 50, len(cell_col)).astype(np.float64) * rng.choice([1, 1000])
         table = np.zeros(n_cells * n_names)
         table[cell_col] = ns
         table = pd.DataFrame(table.reshape(n_cells, n_names))
-        want = table - table.groupby(cell_iteration).transform("median")
+        want = table - table.groupby(cohort).transform("median")
         scales = want.apply(_tail_scale).to_numpy()
 
         halved = rng.random(len(cell_col)) < 0.3 if rng.random() < 0.3 else None
-        parts = _component_parts(cell_col, ns, n_names, n_cells, int(rng.integers(0, n_cells + 1)), halved)
-        if rng.random() < 0.5:  # cohort codes out of the cells' order, as a rank-major run's are
-            cell_iteration = rng.permutation(int(cell_iteration.max()) + 1)[cell_iteration]
-        rows = straggler_noise.ComponentRows(parts, cell_iteration)
+        parts = _component_parts(cell_col, ns, n_names, counts, stages, halved)
         cell_excess = rng.integers(-20, 40, n_cells).astype(np.float64) * 1000
-        noise_ok, code, names, on_gpu = straggler_noise.component_causes(cell_iteration, rows, set(), cell_excess,
-                                                                         0.0, 2.0)
-        np.testing.assert_array_equal(found[-1], scales[[int(w[1:]) for w in names]])  # the components present
+        noise_ok, code, names, on_gpu, found = _causes(parts, width, counts, cell_excess, 0.0, 2.0)
+        np.testing.assert_array_equal(found, scales[[int(w[1:]) for w in names]])  # the components present
         cause = [names[c] if c < len(names) else None for c in code]
         side = [None if c >= len(names) else "gpu" if on_gpu[c] else "host" for c in code]
         has = np.zeros((n_cells, n_names), bool)
@@ -257,21 +275,20 @@ def test_component_excess_noise_and_causes_from_the_cells_own_components_match_t
 
 
 def test_one_long_capture_skips_the_component_work_whose_causes_it_cannot_have(monkeypatch):
-    # with one rank, each iteration's only cell is every component's median: component_causes, given what the
-    # reduce would give it, finds no cause and no component beyond its noise; the reduce then does not call it and
+    # with one rank, each iteration's only cell is every component's median: the component work, given what the
+    # reduce would give it, finds no cause and no component beyond its noise; the reduce then does not do it and
     # says the same (no cause, nothing flagged), while two ranks still go through it
     rank = make(cpu_rank({2: 30, 5: 40}, iterations=8))
     res = straggler.map_rank(rank, {})
     n = res["iterations"].num_rows
     assert res["components"].num_rows > n  # several components per iteration
-    noise_ok, cause, names, _ = straggler.component_causes(
-        np.arange(n), straggler.ComponentRows([(res["components"], 0)], np.arange(n)), set(), np.zeros(n), 100.0 * MS,
-        straggler.DEFAULT_SIGMA)
+    noise_ok, cause, names, _, _ = _causes([(res["components"], 0, 0)], 1, np.array([n]), np.zeros(n), 100.0 * MS,
+                                           straggler.DEFAULT_SIGMA)
     assert not noise_ok.any() and len(names) and (cause == len(names)).all()  # no cause: the count of names
 
     calls = []
-    real = straggler.component_causes
-    monkeypatch.setattr(straggler, "component_causes", lambda *a: calls.append(1) or real(*a))
+    real = straggler.ComponentCauses
+    monkeypatch.setattr(straggler, "ComponentCauses", lambda *a: calls.append(1) or real(*a))
     _, out = run([make(cpu_rank({2: 30, 5: 40}, iterations=8))])
     assert not calls
     it = out["iterations"]
@@ -345,11 +362,17 @@ def test_flagged_cells_that_no_component_explains_have_no_cause(monkeypatch, tmp
     from nsys_recipe_pack import runner
     from nsys_recipe_pack.recipes import straggler_heatmap as sh
 
-    def unexplained(cell_iteration, *args):
-        n = len(cell_iteration)
-        return np.ones(n, bool), np.zeros(n, np.int32), np.zeros(0, object), np.zeros(0, bool)  # no names, no cause
+    class Unexplained:  # every cell beyond its components' noise, and none the cause
+        def __init__(self, comps, codes, *_):
+            self.none = len(codes)
 
-    monkeypatch.setattr(sh, "component_causes", unexplained)
+        def of_run(self, i, cells, *_):
+            return np.ones(len(cells), bool), np.full(len(cells), self.none, np.int32)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(sh, "ComponentCauses", Unexplained)
     out = runner.run("straggler_heatmap", [str(SAMPLES / "h100_gloo_8rank")], str(tmp_path / "o"), engine="pack",
                      mode="none")
     ranks = pd.read_parquet(out / "ranks.parquet").set_index("rank")

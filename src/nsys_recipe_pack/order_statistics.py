@@ -92,19 +92,26 @@ class _Pass:
         for j in range(self.of_group.shape[1]):
             s = self.of_group[group, j]
             inside = (s >= 0) & (value >= self.low[s]) & (value <= self.high[s])
-            take = np.flatnonzero(inside)
-            if not len(take):
-                continue
-            s, v = s[take], value[take]
-            w = np.ones(len(take), np.int64) if weight is None else np.asarray(weight, np.int64)[take]
+            if inside.all():  # a first pass: no copies
+                v, w = value, weight
+            else:
+                take = np.flatnonzero(inside)
+                if not len(take):
+                    continue
+                s, v, w = s[take], value[take], None if weight is None else weight[take]
             kept = self.collect[s]
             if kept.any():
-                self.kept.append((s[kept], v[kept], w[kept]))
-                s, v, w = s[~kept], v[~kept], w[~kept]
+                self.kept.append((s[kept], v[kept], np.ones(int(kept.sum()), np.int64) if w is None else
+                                  np.asarray(w, np.int64)[kept]))
+                s, v, w = s[~kept], v[~kept], None if w is None else w[~kept]
+            if not len(s):
+                continue
             b = np.minimum(((v - self.origin[s]) * self.per_unit[s]).astype(np.int64), self.bins[s] - 1)
             at = self.first[s] + b
-            self.weight += np.bincount(at, weights=w, minlength=len(self.weight)).astype(np.int64)
-            self.rows += np.bincount(at, minlength=len(self.rows))
+            rows = np.bincount(at, minlength=len(self.rows))
+            self.rows += rows
+            self.weight += rows if w is None else np.bincount(at, weights=w, minlength=len(self.weight)).astype(
+                np.int64)
             np.minimum.at(self.least, at, v)
             np.maximum.at(self.most, at, v)
 

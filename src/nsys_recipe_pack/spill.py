@@ -341,6 +341,9 @@ def remove_spilled(mapped) -> None:
             remove_spilled(value)
 
 
+COLUMN_FLUSH_BYTES = 32 << 20  # what a ColumnFiles holds before it writes it out
+
+
 class ColumnFiles:
     """NumPy columns too long to hold at once, appended a piece at a time to a file per (part, column) in a scratch
     folder (beside the maps' tables in the output folder being written, where they are files; else TMPDIR) and read
@@ -351,6 +354,29 @@ class ColumnFiles:
         self.folder = tempfile.mkdtemp(prefix=".nsys-recipe-columns-", dir=near if near and os.path.isdir(near)
                                        else None)
         self.dtypes = {c: np.dtype(d) for c, d in columns.items()}
+        self._held: list[tuple[np.ndarray, dict]] = []
+        self._bytes = 0
+
+    def hold(self, part: np.ndarray, columns: dict) -> None:
+        """Rows for the parts each names (part: per row), written a part at a time once COLUMN_FLUSH_BYTES of them are
+        held (and by `flush`), each part's in the order they came."""
+        self._held.append((part, columns))
+        self._bytes += part.nbytes + sum(v.nbytes for v in columns.values())
+        if self._bytes >= COLUMN_FLUSH_BYTES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._held:
+            return
+        part = np.concatenate([h[0] for h in self._held])
+        columns = {c: np.concatenate([h[1][c] for h in self._held]) for c in self._held[0][1]}
+        self._held, self._bytes = [], 0
+        order = np.argsort(part, kind="stable")
+        bounds = np.r_[0, np.cumsum(np.bincount(part))]
+        for i in np.flatnonzero(np.diff(bounds)).tolist():
+            at = order[bounds[i]:bounds[i + 1]]
+            for c, values in columns.items():
+                self.append(i, c, values[at])
 
     def _path(self, part: int, column: str) -> str:
         return os.path.join(self.folder, f"{part}.{column}")

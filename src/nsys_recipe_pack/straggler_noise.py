@@ -1,7 +1,7 @@
 """Which component explains a straggling cell: each component's excess over its cross-rank median per iteration
 (or per cohort of peers), and its own noise scale over the whole run. The components are read from the ranks' tables
-once, regrouped in files by cohort, and worked on a run of cohorts at a time, so that hundreds of millions of cell x
-component values are never held at once (straggler_heatmap's reduce)."""
+once, regrouped in files a run of iterations at a time, and worked on a block at a time, so that hundreds of millions
+of cell x component values are never held at once (straggler_heatmap's reduce)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from .groups import runs_of_about
 from .inputs import numpy_of
 from .iterations import DEFAULT_SYNC_RE
 from .order_statistics import order_statistics
-from .spill import ColumnFiles, folder_of, table_of
+from .spill import ColumnFiles, table_of
 
 MAD_TO_SIGMA = 1.4826
 Q90_TO_SIGMA = 1.645  # the 90th percentile of |N(0, 1)|
@@ -28,40 +28,43 @@ def robust_scale(x: np.ndarray) -> float:
     return float(MAD_TO_SIGMA * np.median(x, overwrite_input=True))
 
 
-BLOCK_ROWS = 1_000_000  # component rows worked on at once, about (~170 B each at their peak): a run of cohorts
-FLUSH_ROWS = 4_000_000  # component rows read from the ranks' tables before they are written out by cohort
+BLOCK_ROWS = 1_000_000  # component rows worked on at once, about (~170 B each at their peak)
 
 
 class ComponentRows:
     """Every rank's component rows (the maps' `components` tables: iteration, component, ns, on_gpu), read a rank at a
     time: a run of many ranks has hundreds of millions of them, more than memory holds. Codes: a component's word
     times 2 plus its side (a range's host time and the GPU time of its work apart). parts: (table or
-    spill.StoredTable, the cell of its iteration 0); cohort: each cell's cohort (the cells compared with one
-    another), whose rows are counted as they are first read."""
+    spill.StoredTable, the cell of its iteration 0, its rank's stage); width: cohort codes per iteration (a cell's
+    cohort, the cells compared with one another: its iteration * width + its rank's stage). The rows of each
+    iteration are counted as they are first read (`iteration_rows`)."""
 
     COLUMNS = ["iteration", "component", "ns", "on_gpu"]
 
-    def __init__(self, parts: list[tuple], cohort: np.ndarray):
-        self.parts = parts
+    def __init__(self, parts: list[tuple], width: int):
+        self.parts, self.width = parts, width
         index: dict = {}
         self.recode = []  # per part: its dictionary's codes as indices into self.words
         counts = []
         self.merged = False  # a rank names two of its components alike (a child range named like a fixed one)
-        self.cohort_rows = np.zeros(int(cohort.max()) + 1 if len(cohort) else 0, np.int64)
-        for (_, first), rows in zip(parts, self._tables(), strict=True):
+        self.iteration_rows = np.zeros(0, np.int64)
+        for rows in self._tables():
             words = rows.column("component").chunk(0).dictionary.to_pylist() if rows.num_rows else []
             self.recode.append(np.array([index.setdefault(w, len(index)) for w in words] or [0], np.int64))
             self.merged |= len(set(words)) < len(words)
             counts.append(np.bincount(self._codes(rows, self.recode[-1]), minlength=2 * len(index)))
-            per_cell = np.bincount(numpy_of(rows.column("iteration"))) if rows.num_rows else np.zeros(0, np.int64)
-            self.cohort_rows[cohort[first:first + len(per_cell)]] += per_cell  # a rank's cells: cohorts apart
+            per = np.bincount(numpy_of(rows.column("iteration"))) if rows.num_rows else np.zeros(0, np.int64)
+            if len(per) > len(self.iteration_rows):
+                self.iteration_rows = np.r_[self.iteration_rows, np.zeros(len(per) - len(self.iteration_rows),
+                                                                          np.int64)]
+            self.iteration_rows[:len(per)] += per
         self.words = np.array(list(index), dtype=object)
         self.counts = np.zeros(2 * len(index), np.int64)
         for c in counts:
             self.counts[:len(c)] += c
 
     def _tables(self):
-        for rows, _ in self.parts:
+        for rows, *_ in self.parts:
             yield table_of(rows, self.COLUMNS).combine_chunks()
 
     @staticmethod
@@ -70,36 +73,32 @@ class ComponentRows:
             return np.zeros(0, np.int64)
         return recode[numpy_of(rows.column("component").chunk(0).indices)] * 2 + numpy_of(rows.column("on_gpu"))
 
-    def by_block(self, local: np.ndarray, cohort: np.ndarray, blocks: Blocks) -> ColumnFiles:
-        """The rows whose code has a local column (`local`, -1: none) as (cell, col, ns) in files, a part per block."""
-        files = ColumnFiles({"cell": np.int64, "col": np.int32, "ns": np.int64, "excess": np.float64},
-                            folder_of(rows for rows, _ in self.parts))
-        held: list[tuple] = []
+    def columns(self, sync_names: set) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The codes compared (every component but sync points), in name order as a pivot table's columns, their
+        names and whether each is GPU time (else host time)."""
+        words, gpu_side = np.repeat(self.words, 2), np.tile([False, True], len(self.words))
+        present = np.flatnonzero(self.counts)
+        present = present[np.argsort(words[present], kind="stable")]
+        kept = np.array([not (DEFAULT_SYNC_RE.search(str(w)) or w in sync_names) for w in words[present]], bool)
+        codes = present[kept]
+        return codes, np.asarray(words[codes], dtype=object), gpu_side[codes]
 
-        def flush():
-            cell, col, ns = (np.concatenate([h[i] for h in held]) for i in range(3))
-            held.clear()
-            part = blocks.of(cohort[cell], col)
-            order = np.argsort(part, kind="stable")
-            bounds = np.r_[0, np.cumsum(np.bincount(part, minlength=len(blocks)))]
-            for i in np.flatnonzero(np.diff(bounds)).tolist():
-                at = order[bounds[i]:bounds[i + 1]]
-                for name, values in (("cell", cell), ("col", col), ("ns", ns)):
-                    files.append(i, name, values[at])
-
+    def by_block(self, codes: np.ndarray, blocks: Blocks, near: str | None) -> ColumnFiles:
+        """The rows of these codes as (cell, cohort, col: the code's place among them, ns) in files, a part per
+        block."""
+        local = np.full(len(self.counts), -1)
+        local[codes] = np.arange(len(codes))
+        files = ColumnFiles({"cell": np.int64, "cohort": np.int64, "col": np.int32, "ns": np.int64,
+                             "excess": np.float64}, near)
         try:
-            rows_held = 0
-            for (_, first), rows, recode in zip(self.parts, self._tables(), self.recode, strict=True):
+            for (_, first, stage), rows, recode in zip(self.parts, self._tables(), self.recode, strict=True):
                 col = local[self._codes(rows, recode)]
                 take = np.flatnonzero(col >= 0)
-                held.append((numpy_of(rows.column("iteration"))[take] + first, col[take],
-                             numpy_of(rows.column("ns"))[take]))
-                rows_held += len(take)
-                if rows_held >= FLUSH_ROWS:
-                    flush()
-                    rows_held = 0
-            if held:
-                flush()
+                iteration = numpy_of(rows.column("iteration"))[take]
+                files.hold(blocks.of(iteration, col[take]), {
+                    "cell": iteration + first, "cohort": iteration * self.width + stage, "col": col[take],
+                    "ns": numpy_of(rows.column("ns"))[take]})
+            files.flush()
         except BaseException:
             files.close()
             raise
@@ -107,67 +106,60 @@ class ComponentRows:
 
 
 class Blocks:
-    """The cell x component table cut into blocks of about BLOCK_ROWS rows: runs of cohorts (a cohort's cells are
-    compared with one another), each cut into runs of components where one cohort alone has more rows (with torch's
-    emit_nvtx a report can have tens of thousands of child range names). Block i * len(columns) + j: cohort run i,
-    component run j."""
+    """The rank x iteration cells and their components cut into blocks of about BLOCK_ROWS rows: runs of iterations
+    (the cells compared with one another are of one iteration), each cut into runs of components where one iteration
+    alone has more rows (with torch's emit_nvtx a report can have tens of thousands of child range names). Block
+    i * len(columns) + j: iteration run i, component run j. iteration_rows: the rows of each iteration; column_rows:
+    of each component."""
 
-    def __init__(self, cohort_rows: np.ndarray, column_rows: np.ndarray):
-        self.cohorts = runs_of_about(cohort_rows, BLOCK_ROWS)
-        pieces = max(1, -(-int(cohort_rows.max(initial=0)) // BLOCK_ROWS))  # a cohort alone beyond a block
-        self.columns = runs_of_about(column_rows, -(-int(column_rows.sum()) // pieces))
-        self.cohort_run = np.zeros(len(cohort_rows), np.int64)
-        for i, (low, high) in enumerate(self.cohorts):
-            self.cohort_run[low:high] = i
-        self.column_run = np.zeros(len(column_rows), np.int64)
-        for j, (low, high) in enumerate(self.columns):
-            self.column_run[low:high] = j
+    def __init__(self, iteration_rows: np.ndarray, column_rows: np.ndarray):
+        self.iterations = runs_of_about(iteration_rows, BLOCK_ROWS)
+        pieces = max(1, -(-int(iteration_rows.max(initial=0)) // BLOCK_ROWS))  # an iteration alone beyond a block
+        self.columns = runs_of_about(column_rows, -(-int(column_rows.sum()) // pieces)) or [(0, 0)]
+        self.iteration_run = np.repeat(np.arange(len(self.iterations)), [h - lo for lo, h in self.iterations])
+        self.column_run = np.repeat(np.arange(len(self.columns)), [h - lo for lo, h in self.columns])
 
     def __len__(self) -> int:
-        return len(self.cohorts) * len(self.columns)
+        return len(self.iterations) * len(self.columns)
 
-    def of(self, cohort: np.ndarray, col: np.ndarray) -> np.ndarray:
-        return self.cohort_run[cohort] * len(self.columns) + self.column_run[col]
+    def of(self, iteration: np.ndarray, col: np.ndarray) -> np.ndarray:
+        return self.iteration_run[iteration] * len(self.columns) + self.column_run[col]
 
 
-def component_causes(cell_cohort: np.ndarray, comps: ComponentRows, sync_names: set, cell_excess: np.ndarray,
-                     typical: float, sigma: float) -> tuple[np.ndarray, ...]:
-    """For each cell (rank, iteration): whether one component accounts for its excess and stands out of
-    that component's own noise, the component furthest above its cross-rank median (a code into the names given
-    next, their count where none is), the components' names and whether each is GPU time (else host time).
+class ComponentCauses:
+    """Which component explains a cell's excess: each component's excess over its cohort's median in every cell, 0
+    where a cell lacks it, and its noise scale over the whole run (_ComponentExcess), from the rows regrouped in files
+    a block at a time; then, a run of iterations at a time (`of_run`), each cell's findings. With torch's emit_nvtx
+    every op's range name carries its sequence number, so a report can have tens of thousands of child range names;
+    ten thousand ranks have hundreds of millions of rows. A component's excess and noise depend on its own cells
+    only. cells_in: the cells of each cohort; near: where the files go (spill.ColumnFiles)."""
 
-    Over a cell x component table, 0 where a cell lacks a component, never held whole: the rows are regrouped in
-    files a block at a time (Blocks), and each component's noise scale over every cell found in passes over them
-    (order_statistics.py). With torch's emit_nvtx every op's range name carries its sequence number, so
-    a report can have tens of thousands of child range names; ten thousand ranks have hundreds of millions of
-    rows. A component's excess and noise depend on its own cells only.
-    """
-    words, gpu_side = np.repeat(comps.words, 2), np.tile([False, True], len(comps.words))
-    present = np.flatnonzero(comps.counts)
-    present = present[np.argsort(words[present], kind="stable")]  # columns in name order, as a pivot table's
-    kept = np.array([not (DEFAULT_SYNC_RE.search(str(w)) or w in sync_names) for w in words[present]], bool)
-    codes = present[kept]
-    names = np.asarray(words[codes], dtype=object)
-    on_gpu = gpu_side[codes]
-    n_cells, n_names = len(cell_cohort), len(codes)
-    noise_ok, first_col = np.zeros(n_cells, bool), np.full(n_cells, n_names, np.int32)
-    if not n_names:
-        return noise_ok, first_col, names, on_gpu
-    local = np.full(len(words), -1)
-    local[codes] = np.arange(n_names)
-    blocks = Blocks(comps.cohort_rows, comps.counts[codes])
-    with comps.by_block(local, cell_cohort, blocks) as files:
-        scale = _ComponentExcess(files, cell_cohort, len(blocks), n_names, comps.merged).scales()
-        floor = max(1000.0, 0.001 * typical)
-        for i, (low, high) in enumerate(blocks.cohorts):
-            cells = np.flatnonzero((cell_cohort >= low) & (cell_cohort < high))
-            causes = _Causes(len(cells), n_names, cell_excess[cells], floor, sigma)
-            for part in range(i * len(blocks.columns), (i + 1) * len(blocks.columns)):
-                col = files.read(part, "col")
-                causes.add(np.searchsorted(cells, files.read(part, "cell")), col, files.read(part, "excess"),
-                           scale[col])
-            noise_ok[cells], first_col[cells] = causes.noise_ok, causes.first_col
-    return noise_ok, first_col, names, on_gpu
+    def __init__(self, comps: ComponentRows, codes: np.ndarray, blocks: Blocks, cells_in: np.ndarray, n_cells: int,
+                 near: str | None):
+        self.blocks, self.n_names = blocks, len(codes)
+        self.files = comps.by_block(codes, blocks, near)
+        try:
+            self.scale = _ComponentExcess(self.files, cells_in, n_cells, len(blocks), self.n_names,
+                                          comps.merged).scales()
+        except BaseException:
+            self.files.close()
+            raise
+
+    def of_run(self, i: int, cells: np.ndarray, cell_excess: np.ndarray, typical: float,
+               sigma: float) -> tuple[np.ndarray, np.ndarray]:
+        """Of each cell of iteration run i (cells: theirs, in order; cell_excess: their busy excess): whether one
+        component accounts for its excess and stands out of that component's own noise, and the component furthest
+        above its cohort's median (a code into the names, their count where none is)."""
+        causes = _Causes(len(cells), self.n_names, cell_excess, max(1000.0, 0.001 * typical), sigma)
+        width = len(self.blocks.columns)
+        for part in range(i * width, (i + 1) * width):
+            col = self.files.read(part, "col")
+            causes.add(np.searchsorted(cells, self.files.read(part, "cell")), col, self.files.read(part, "excess"),
+                       self.scale[col])
+        return causes.noise_ok, causes.first_col
+
+    def close(self) -> None:
+        self.files.close()
 
 
 class _ComponentExcess:
@@ -179,24 +171,25 @@ class _ComponentExcess:
     median there: it can neither explain a cell's excess nor be its cause. merged: a cell may have several rows of
     one component (a child range named like a fixed component), which are added up."""
 
-    def __init__(self, blocks: ColumnFiles, cell_cohort: np.ndarray, n_blocks: int, n_names: int, merged: bool):
-        self.blocks, self.n_names, self.n_cells = blocks, n_names, len(cell_cohort)
-        cells_in = np.bincount(cell_cohort)
+    def __init__(self, blocks: ColumnFiles, cells_in: np.ndarray, n_cells: int, n_blocks: int, n_names: int,
+                 merged: bool):
+        self.blocks, self.n_names, self.n_cells = blocks, n_names, n_cells
         # per run: of each (cohort, component) with cells lacking it, its column, 0 minus its median, and those cells
         self.lacking: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         covered, rows = np.zeros(n_names, np.int64), np.zeros(n_names, np.int64)
         least, most = np.full(n_names, np.inf), np.full(n_names, -np.inf)
         for i in range(n_blocks):
-            cell, col = blocks.read(i, "cell"), blocks.read(i, "col")
+            cell, cohort, col = blocks.read(i, "cell"), blocks.read(i, "cohort"), blocks.read(i, "col")
             if merged:
-                cell, col, ns = _merged(cell, col, blocks.read(i, "ns"), n_names)
+                cell, cohort, col, ns = _merged(cell, cohort, col, blocks.read(i, "ns"), n_names)
                 for c, values in (("cell", cell), ("col", col)):
                     blocks.drop(i, c)
                     blocks.append(i, c, values)
             else:
                 ns = blocks.read(i, "ns").astype(np.float64)
-            blocks.drop(i, "ns")
-            excess, groups = _excess_in_cohorts(cell_cohort, cells_in, cell, col, ns, n_names)
+            for c in ("ns", "cohort"):
+                blocks.drop(i, c)
+            excess, groups = _excess_in_cohorts(cohort, cells_in, col, ns, n_names)
             blocks.append(i, "excess", excess)
             group_col, group_least, group_most, median, lacking, cohort_cells = groups
             covered += np.bincount(group_col, weights=cohort_cells, minlength=n_names).astype(np.int64)
@@ -247,12 +240,13 @@ class _ComponentExcess:
                           np.quantile(dev[2:], q90 - np.floor(q90), axis=0) / Q90_TO_SIGMA)
 
 
-def _merged(cell: np.ndarray, col: np.ndarray, ns: np.ndarray, n_names: int) -> tuple[np.ndarray, ...]:
+def _merged(cell: np.ndarray, cohort: np.ndarray, col: np.ndarray, ns: np.ndarray,
+            n_names: int) -> tuple[np.ndarray, ...]:
     """Each (cell, column)'s rows added up into one."""
-    cell_col, at = np.unique(cell * n_names + col, return_inverse=True)
+    cell_col, first, at = np.unique(cell * n_names + col, return_index=True, return_inverse=True)
     ns = np.bincount(at.reshape(-1), weights=ns.astype(np.float64))
     cell, col = np.divmod(cell_col, max(n_names, 1))
-    return cell, col.astype(np.int32), ns
+    return cell, cohort[first], col.astype(np.int32), ns
 
 
 class _Causes:
@@ -281,12 +275,12 @@ class _Causes:
         self.top[better], self.first_col[better] = best[better], best_col[better]
 
 
-def _excess_in_cohorts(cell_cohort: np.ndarray, cells_in: np.ndarray, cell: np.ndarray, col: np.ndarray,
-                       ns: np.ndarray, n_names: int):
-    """The rows of whole cohorts (one per cell and column): each row's excess over its cohort's median of the
-    component (the cohort's cells without it counting 0); and per (cohort, component): its column, its least and
-    greatest excess, its median, the cells lacking it and the cells of its cohort. cells_in: cells per cohort."""
-    group_key = cell_cohort[cell] * n_names + col
+def _excess_in_cohorts(cohort: np.ndarray, cells_in: np.ndarray, col: np.ndarray, ns: np.ndarray, n_names: int):
+    """The rows of whole cohorts (one per cell and column: its cohort, column and ns): each row's excess over its
+    cohort's median of the component (the cohort's cells without it counting 0); and per (cohort, component): its
+    column, its least and greatest excess, its median, the cells lacking it and the cells of its cohort. cells_in:
+    cells per cohort."""
+    group_key = cohort * n_names + col
     sorted_key, sorted_ns = sorted_in_groups(group_key, ns)
     first = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]]) if len(ns) else np.zeros(0, np.int64)
     size = np.diff(np.r_[first, len(ns)])

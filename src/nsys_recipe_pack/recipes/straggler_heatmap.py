@@ -41,17 +41,10 @@ from ..iterations import (
 )
 from ..lazy import pd
 from ..phases import child_ranges, launching_child
-from ..spill import RankedRows
-from ..straggler_cells import (
-    Verdicts,
-    cell_schema,
-    group_medians,
-    rank_rows,
-    rank_scores,
-    read_cells,
-    warmup_iterations,
-)
-from ..straggler_noise import ComponentRows, component_causes, group_order, robust_scale
+from ..spill import RankedRows, folder_of
+from ..straggler_cells import Verdicts, cell_frame, cell_schema, rank_rows, rank_scores, read_cells, warmup_iterations
+from ..straggler_compare import flags, median_iteration, medians
+from ..straggler_noise import Blocks, ComponentCauses, ComponentRows
 from ..straggler_verdicts import incidental, most_frequent, pattern, recurrence, verdicts
 from . import Metric, Recipe, comma_list, indented, iteration_options, ms_cell, parallel_option
 
@@ -59,9 +52,7 @@ NEEDS = {"nvtx", "kernel", "memcpy", "memset", "runtime", "mpi"}
 GROUP_NEEDS = {"payload"}  # NCCL's NVTX payloads: the groups (collective_match.py); a long capture reads none
 DEFAULT_THRESHOLD = 0.10
 DEFAULT_SIGMA = 4.0
-COMPONENT_BUSY_SIGMA = 0.75  # ... and then the busy excess needs only this fraction of sigma
 GPU_COMPONENTS = ("gpu_compute", "memcpy")  # GPU work launched outside every child range
-CHUNK_CELLS = 1 << 20  # cells whose flags are worked out at once
 
 
 def _windowed_union(win_start, win_end, starts, ends, n) -> np.ndarray:
@@ -336,79 +327,61 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
     """Cross-rank comparison. per_rank items: the map output plus rank and offset_ns (clock alignment)."""
     threshold = float(options.get("threshold", DEFAULT_THRESHOLD))
     sigma = float(options.get("sigma", DEFAULT_SIGMA))
-    sync_names = set(options.get("sync") or [])
     per_rank = sorted(per_rank, key=lambda r: r["rank"])  # the cells in the output's order: by rank, then iteration
-    # first: what it holds of every NCCL kernel while it matches them (ten thousand ranks: millions) is let go before
-    # the cells are read
     matched = collective_match.match(per_rank, options, only_parallel=True)
     parallel_job = parallel.is_parallel(matched.groups)
-    cells = read_cells(per_rank, with_start=parallel_job)
-    n = len(cells.iteration)
+    ranks_in = np.array([r["rank"] for r in per_rank], np.int64)
+    counts = np.array([len(r["iterations"]) for r in per_rank], np.int64)
+    # a rank is compared with the ranks of its own pipeline stage (all ranks, in a job without one): its cohort
+    stage = peers.stages(matched.groups, ranks_in) if parallel_job else np.zeros(len(ranks_in), np.int64)
+    width = int(stage[counts > 0].max()) + 1 if counts.sum() else 1  # as peers.cohorts codes them
+    comps = ComponentRows([(r["components"], first, s) for r, first, s in zip(
+        per_rank, np.cumsum(counts) - counts, stage.tolist(), strict=True)], width)
+    codes, names, on_gpu = comps.columns(set(options.get("sync") or []))
+    n_iterations = int(counts.max(initial=0))
+    iteration_rows = np.bincount(counts, minlength=n_iterations + 1)[::-1].cumsum()[::-1][1:]  # cells
+    iteration_rows[:len(comps.iteration_rows)] += comps.iteration_rows
+    blocks = Blocks(iteration_rows, comps.counts[codes])
+    near = folder_of(r["iterations"] for r in per_rank)
+    cells = read_cells(per_rank, stage, width, blocks.iteration_run, near)
+    causes = None
+    try:
+        # an iteration that is warm-up on any rank (start-up, not straggling) is not compared, nor sets the noise scale
+        is_warmup = warmup_iterations(cells, median_iteration(cells, len(blocks.iterations)))
+        found = medians(cells, blocks.iterations, ~is_warmup if not options.get("keep_warmup") else
+                        np.ones(n_iterations, bool))
+        busy_scale = max(found.busy_scale, max(1000.0, 0.005 * found.typical_ns))
+        # an iteration of one rank is every component's median itself: no excess, no cause and never flagged, so
+        # where no iteration has two ranks (one long capture) the cell x component work is skipped
+        if len(codes) and (found.peers >= 2).any():
+            causes = ComponentCauses(comps, codes, blocks, found.peers, cells.n, near)
+        else:
+            names, on_gpu = np.zeros(0, object), np.zeros(0, bool)
+        micro = iters = None
+        if parallel_job:
+            iters = cell_frame(cells)
+            micro = _uneven_microbatches(matched, iters, found.compared[iters["iteration"].to_numpy()], threshold)
+        flagged = flags(cells, blocks.iterations, found, busy_scale, causes, len(names), threshold, sigma,
+                        micro.cell_excess_ns if micro is not None and len(micro.finding) else None)
+    finally:
+        cells.close()
+        if causes is not None:
+            causes.close()
+    verdicts = Verdicts(width, found.median_busy_ns, is_warmup, busy_scale, flagged.cause,
+                        pa.array(names.tolist(), pa.string()), np.r_[on_gpu, False].astype(bool), flagged.flagged,
+                        flagged.recoverable_ns, stage if parallel_job else None)
 
-    # a rank is compared with the ranks of its own pipeline stage (all ranks, in a job without one)
-    stage = peers.stages(matched.groups, cells.ranks) if parallel_job else np.zeros(len(cells.ranks), np.int64)
-    cohort = peers.cohorts(cells.iteration, np.repeat(stage, cells.counts))
-    comps = ComponentRows([(r["components"], first) for r, first in zip(per_rank, cells.first, strict=True)], cohort)
-    n_cohorts = int(cohort.max()) + 1 if n else 0
-    median_busy = group_medians(cohort, cells.busy_ns, n_cohorts)
-    # the excess as a float: whole numbers, as exact as int64 below 2**53 ns
-    excess = np.round(cells.busy_ns - median_busy[cohort])
-    # an iteration that is warm-up on any rank (start-up, not straggling) is not compared, nor sets the noise scale
-    is_warmup = warmup_iterations(cells)
-    n_iterations = len(is_warmup)
-    compared = ~is_warmup[cells.iteration] if not options.get("keep_warmup") else np.ones(n, bool)
-    typical = float(np.median(median_busy[cohort])) if n else 0.0
-    floor = max(1000.0, 0.005 * typical)
-    busy_scale = max(robust_scale(excess[compared]), floor)
-
-    peers_in = np.bincount(cohort, minlength=n_cohorts)  # ranks per cohort: a rank has one cell an iteration
-    # an iteration of one rank is every component's median itself: no excess, no cause and never flagged (below),
-    # so where no iteration has two ranks (one long capture) the cell x component work is skipped
-    if comps.counts.sum() and (peers_in >= 2).any():
-        noise_ok, cause, names, on_gpu = component_causes(cohort, comps, sync_names, excess, typical, sigma)
-    else:
-        noise_ok, cause, names, on_gpu = np.zeros(n, bool), np.zeros(n, np.int32), np.zeros(0, object), \
-            np.zeros(0, bool)
-    med_duration = group_medians(cells.iteration, cells.duration_ns, n_iterations)
-    is_straggler = np.empty(n, bool)
-    for at in range(0, n, CHUNK_CELLS):  # a few columns of every cell at once would be 80 MB each
-        part = slice(at, at + CHUNK_CELLS)
-        z_busy = excess[part] / busy_scale
-        is_straggler[part] = (excess[part] > threshold * med_duration[cells.iteration[part]]) & (
-            (z_busy > sigma) | (noise_ok[part] & (z_busy > COMPONENT_BUSY_SIGMA * sigma)))
-    del noise_ok
-    is_straggler[peers_in[cohort] < 2] = False
-    is_straggler[~compared] = False
-    # a cell whose excess is its long micro-batches' (uneven micro-batches on ranks not slow throughout) is no straggler
-    micro = iters = None
-    if parallel_job:
-        iters = pd.DataFrame({"rank": np.repeat(cells.ranks, cells.counts), "iteration": cells.iteration,
-                              "stage": np.repeat(stage, cells.counts), "start_aligned_ns": cells.start_aligned_ns,
-                              "duration_ns": cells.duration_ns, "busy_ns": cells.busy_ns})
-        micro = _uneven_microbatches(matched, iters, compared, threshold)
-        if len(micro.finding):
-            explained = excess - micro.cell_excess_ns <= threshold * med_duration[cells.iteration]
-            is_straggler[explained & (micro.cell_excess_ns > 0)] = False
-    del excess
-    flagged = np.flatnonzero(is_straggler)
-    recoverable = _recoverable(cohort, cells.busy_ns, cells.wait_ns, flagged, median_busy)
-    width = int(stage[cells.counts > 0].max()) + 1 if n else 1  # as peers.cohorts codes them
-    found = Verdicts(width, median_busy, is_warmup, busy_scale, is_straggler, cause,
-                     pa.array(names.tolist(), pa.string()), np.r_[on_gpu, False].astype(bool), flagged, recoverable,
-                     stage if parallel_job else None)
-
-    median_score, worst_score = rank_scores(cells, median_busy, cohort)
-    del cohort
-    flagged_at = np.searchsorted(cells.first, flagged, side="right") - 1  # each flagged cell's rank's place
-    has = cells.counts > 0  # a rank without an iteration has no row
+    median_score, worst_score = rank_scores(cells, found.median_busy_ns)
+    flagged_at = np.searchsorted(cells.first, flagged.flagged, side="right") - 1  # each flagged cell's rank's place
+    has = counts > 0  # a rank without an iteration has no row
     ranks = pd.DataFrame({
-        "iterations": cells.counts[has],
+        "iterations": counts[has],
         "straggler_iterations": np.bincount(flagged_at, minlength=len(has))[has].astype(np.int64),
         "median_score": median_score, "worst_score": worst_score,
-    }, index=pd.Index(cells.ranks[has], name="rank"))
+    }, index=pd.Index(ranks_in[has], name="rank"))
     # iterations.parquet made a rank at a time as it is written; stragglers.parquet, the flagged cells' rows, now
     iterations = RankedRows(cell_schema(parallel_job), [(int(r), at) for at, r in enumerate(cells.ranks)],
-                            lambda _, at: rank_rows(cells, found, at))
+                            lambda _, at: rank_rows(cells, verdicts, at))
     stragglers = pa.concat_tables([iterations.schema.empty_table(), *(
         rows.filter(rows.column("is_straggler")) for rows in RankedRows(
             iterations.schema, [(int(cells.ranks[at]), at) for at in np.unique(flagged_at)],
@@ -428,7 +401,7 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
         ["straggler_iterations", "excess_total_ns", "median_score"], ascending=False, kind="mergesort"
     ).reset_index(drop=True)
     ranks["incidental"] = incidental(ranks, stragglers)
-    run_ns = int(med_duration[np.bincount(cells.iteration, minlength=n_iterations) > 0].sum())
+    run_ns = int(found.median_duration_ns[cells.per_iteration() > 0].sum())
     ranks["recoverable_ns"] = ranks["rank"].map(stragglers.groupby("rank")["recoverable_ns"].sum()).fillna(0) \
         .astype("int64")
     ranks["recoverable_pct"] = 100.0 * ranks["recoverable_ns"] / max(run_ns, 1)
@@ -443,7 +416,8 @@ def reduce(per_rank: list[dict], options: dict) -> dict:
                            "iterations": np.flatnonzero(is_warmup).tolist()}}
     tables = {"iterations": iterations, "ranks": ranks, "stragglers": stragglers, "settings": settings}
     if parallel_job:
-        tables.update(_parallel_tables(tables, matched, iters, compared, threshold, micro))
+        tables.update(_parallel_tables(tables, matched, iters, found.compared[iters["iteration"].to_numpy()], threshold,
+                                       micro))
     return tables
 
 
@@ -481,39 +455,6 @@ def _parallel_tables(tables: dict, matched, iters: pd.DataFrame, compared: np.nd
         out["microbatches"] = micro.spread
         out["microbatch_steps"] = micro.steps
     return out
-
-
-def _recoverable(cohort: np.ndarray, busy: np.ndarray, wait: np.ndarray, flagged: np.ndarray,
-                 median_busy: np.ndarray) -> np.ndarray:
-    """For each flagged cell, the time the whole iteration would have been shorter had the rank's busy time been the
-    median peer's: its busy time above the busiest of its other peers (or the median, if higher), and no more than
-    they waited beyond its own wait (the least-waiting other peer). cohort: each cell's peers (its stage's ranks in the
-    iteration); median_busy: per cohort, their median busy time."""
-    mark = np.zeros(len(median_busy), bool)
-    mark[cohort[flagged]] = True
-    peer = np.flatnonzero(mark[cohort])  # the cells of the flagged cells' cohorts, in order
-    at = np.searchsorted(peer, flagged)
-    cohort, busy, wait = cohort[peer], busy[peer].astype(float), wait[peer].astype(float)
-    busy_other, wait_other = _of_the_others(cohort, busy, at), -_of_the_others(cohort, -wait, at)
-    above = busy[at] - np.maximum(median_busy[cohort[at]], busy_other)
-    waited_more = wait_other - wait[at]  # the least-waiting other rank's wait, beyond this rank's
-    saving = np.clip(np.minimum(above, np.where(np.isfinite(waited_more), waited_more, 0.0)), 0.0, None)
-    return np.round(saving).astype(np.int64)
-
-
-def _of_the_others(group: np.ndarray, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """For each of these rows, the largest value among the other rows of its group (-inf when it is alone)."""
-    n = len(values)
-    order = group_order(group, -values)  # by group, then largest first (among equals any first: the same result)
-    g, v = group[order], values[order]
-    first = np.r_[True, g[1:] != g[:-1]] if n else np.zeros(0, bool)
-    head = np.flatnonzero(first)
-    nxt = np.minimum(head + 1, max(n - 1, 0))
-    second = np.where((head + 1 < n) & (g[nxt] == g[head]), v[nxt], -np.inf)
-    at = np.cumsum(first) - 1
-    out = np.empty(n)
-    out[order] = np.where(first, second[at], v[head][at])
-    return out[rows]
 
 
 def add_options(add, framework: bool = False) -> None:
