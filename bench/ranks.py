@@ -58,12 +58,15 @@ def synth(work: Path, n: int, log: Path) -> tuple[Path, float | None]:
 
 class Peaks:
     """Each watched process tree's largest resident memory of any one process in it, and of its root process alone
-    and of the others alone (`NAME itself`, `NAME children`: the command and the notebook kernel it starts), sampled in
-    a thread."""
+    and of the others alone (`NAME itself`, `NAME children`: the command and the notebook kernel it starts), and of its
+    root before it first had a child (`NAME before children`: the command until its report starts, its map results
+    gathered, reduced and written), sampled in a thread."""
 
     def __init__(self, roots: dict[str, int]):
         self.roots = roots
-        self.peak = {k: 0 for name in roots for k in (name, f"{name} itself", f"{name} children")}
+        self.peak = {k: 0 for name in roots for k in (name, f"{name} itself", f"{name} children",
+                                                      f"{name} before children")}
+        self._had_children = dict.fromkeys(roots, False)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
@@ -73,7 +76,9 @@ class Peaks:
             for name, pid in self.roots.items():
                 try:
                     root = psutil.Process(pid)
-                    for p in [root, *root.children(recursive=True)]:
+                    children = root.children(recursive=True)
+                    self._had_children[name] |= bool(children)
+                    for p in [root, *children]:
                         try:
                             rss = p.memory_info().rss
                         except psutil.Error:
@@ -81,6 +86,8 @@ class Peaks:
                         part = f"{name} itself" if p.pid == pid else f"{name} children"
                         self.peak[name] = max(self.peak[name], rss)
                         self.peak[part] = max(self.peak[part], rss)
+                        if p.pid == pid and not self._had_children[name]:
+                            self.peak[f"{name} before children"] = max(self.peak[f"{name} before children"], rss)
                 except psutil.Error:
                     pass
             self._stop.wait(0.1)
@@ -133,6 +140,7 @@ def run_one(work: Path, d: Path, n: int, log: Path, recipe: str = "straggler_hea
     page = out / "report.html"
     return {"ranks": n, "iterations": ITERATIONS, "wall_s": round(wall, 1), "ok": ok, "exit": client.returncode,
             "client_mb": mb["client"], "command_mb": mb["client itself"], "notebook_mb": mb["client children"],
+            "before_report_mb": mb["client before children"],
             "scheduler_mb": mb["scheduler"], "worker_mb": max(mb[f"worker {i}"] for i in range(WORKERS)),
             "page_mb": round(page.stat().st_size / 1e6, 1) if ok and page.exists() else None,
             "found": found_stragglers(out, d / "truth.json") if ok else "", "cmd": shlex.join(cmd),
@@ -172,7 +180,8 @@ def write_results(results: Path, meta: dict, rows: list[dict], others: list[dict
              "`nsys-recipe run --name straggler_heatmap --report --mode dask-futures` against a `dask scheduler` and "
              f"{WORKERS} `nsys-recipe dask-worker --nthreads 1` on 127.0.0.1. Time: the whole command, its report page "
              "included (the writing of the set apart). Memory: each process's own peak resident memory, the largest "
-             "of each kind (client: the command and the notebook kernel it starts, the larger; then each apart). "
+             "of each kind (client: the command and the notebook kernel it starts, the larger; then each apart, and "
+             "the command until its report starts: the map's results gathered, the reduce, the tables written). "
              "Page: report.html, without the "
              "plotly.js file beside it. Synth: the seconds the set took to write (—: written by an earlier run).", "",
              "What grows with ranks: the client's reduce holds each cell's cause code (rank x iteration: four "
@@ -183,15 +192,16 @@ def write_results(results: Path, meta: dict, rows: list[dict], others: list[dict
              "notebook kernel holds the columns its figures show of every cell (about 80 bytes a cell). The page's "
              "heatmap has 256 rows at most: the page does not grow.",
              "",
-             "| ranks | synth s | run s | client MB | command / notebook MB | scheduler MB | worker MB | page MB | "
-             "headless Chromium | injected straggler |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+             "| ranks | synth s | run s | client MB | command / notebook MB | until the report MB | scheduler MB | "
+             "worker MB | page MB | headless Chromium | injected straggler |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     for r in sorted(rows, key=lambda r: r["ranks"]):
         status = r["found"] if r["ok"] else f"failed (exit {r['exit']})"
         synth_s = "—" if r.get("synth_s") is None else f"{r['synth_s']:.0f}"
         parts = f"{r['command_mb']} / {r['notebook_mb']}" if "command_mb" in r else "—"
+        page = r['page_mb'] if r['page_mb'] is not None else '—'
         lines.append(f"| {r['ranks']} | {synth_s} | {r['wall_s']:.1f} | {r['client_mb']} | {parts} | "
-                     f"{r['scheduler_mb']} | {r['worker_mb']} | {r['page_mb'] if r['page_mb'] is not None else '—'} | "
+                     f"{r.get('before_report_mb', '—')} | {r['scheduler_mb']} | {r['worker_mb']} | {page} | "
                      f"{r.get('chromium') or '—'} | {status} |")
     if others:
         lines += ["", "The other recipes over the same sets, through the same scheduler and workers (no report). Each "
