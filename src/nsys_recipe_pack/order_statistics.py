@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-HOLD_ROWS = 1 << 20  # a statistic's candidate values sorted at once, at most
+HOLD_ROWS = 1 << 20  # candidate values collected and sorted in one pass, at most
 HISTOGRAM_BINS = 4096  # bins of a statistic's range per pass, at most...
 HISTOGRAM_CELLS = 1 << 22  # ... and of all the statistics' histograms together
 
@@ -40,7 +40,11 @@ def order_statistics(read: Callable[[], Iterable[tuple]], n_groups: int, positio
         key = np.stack([group[todo], low[todo], high[todo]])
         _, first, slot = np.unique(key, axis=1, return_index=True, return_inverse=True)
         slots = todo[first]
-        seen = _Pass(n_groups, group[slots], low[slots], high[slots], rows[slots] <= HOLD_ROWS)
+        # the slots with fewest candidates collected, as many as HOLD_ROWS candidates in all; the others narrowed
+        fewest = np.argsort(rows[slots], kind="stable")
+        collected = np.zeros(len(slots), bool)
+        collected[fewest[np.cumsum(np.minimum(rows[slots][fewest], HOLD_ROWS + 1)) <= HOLD_ROWS]] = True
+        seen = _Pass(n_groups, group[slots], low[slots], high[slots], collected)
         for chunk in read():
             seen.add(*chunk)
         slot = slot.reshape(-1)
