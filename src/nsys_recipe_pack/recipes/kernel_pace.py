@@ -22,7 +22,6 @@ from ..intervals import split_into_windows
 from ..iteration_scan import find_iterations, iterations_ahead, no_windows_text
 from ..iterations import WARMUP_RULE, closest_names, iteration_error, warmup, warmup_option
 from ..lazy import pd
-from ..order_statistics import order_statistics
 from ..spill import RankedRows, output_schema, table_of
 from . import Metric, Recipe, indented, iteration_options, ms, ms_cell
 
@@ -122,32 +121,16 @@ STREAM = Stream(needs=dict.fromkeys(GPU_NEEDS, ["start", "end", "globalPid", "de
                 finish=_finish, prepare=_prepare, ahead=("nvtx",))
 
 
-def _stats(read, rank: int, count: int, bounds: tuple[int, int]) -> dict:
-    """Steadiness of some iterations' durations (read(): them in chunks, the same each call; count of them, their
-    least and greatest): count, mean, median, min, max, standard deviation, its ratio to the mean (cv) and 95th
-    percentile, as NumPy gives them over all of them at once; the median and the percentile found in passes over
-    them (order_statistics.py), the sums a chunk at a time, so that ten thousand ranks' are never held at once."""
-    if not count:
-        return {"rank": rank, "count": 0, "mean_ns": np.nan, "median_ns": np.nan, "min_ns": None, "max_ns": None,
-                "std_ns": np.nan, "cv": np.nan, "p95_ns": np.nan}
-    mean = float(sum(int(d.sum()) for d in read())) / count  # whole nanoseconds: np.mean's sum, exact
-    std = float(np.sqrt(sum(float(np.sum((d - mean) * (d - mean))) for d in read()) / (count - 1))) if count > 1 \
-        else np.nan
-    at95 = 0.95 * (count - 1)
-    found = _places(read, count, bounds, [(count - 1) // 2, count // 2, int(np.floor(at95)),
-                                          min(int(np.floor(at95)) + 1, count - 1)])
+def _stats(d: np.ndarray, rank: int) -> dict:
+    d = d.astype(np.int64, copy=False)
+    mean = float(d.mean()) if len(d) else np.nan
+    std = float(d.std(ddof=1)) if len(d) > 1 else np.nan
     return {
-        "rank": rank, "count": count, "mean_ns": mean, "median_ns": float(np.median(found[:2])),
-        "min_ns": int(bounds[0]), "max_ns": int(bounds[1]), "std_ns": std,
-        "cv": std / mean if count > 1 and mean > 0 else np.nan,
-        "p95_ns": float(np.quantile(found[2:], at95 - np.floor(at95))),
+        "rank": rank, "count": len(d), "mean_ns": mean, "median_ns": float(np.median(d)) if len(d) else np.nan,
+        "min_ns": int(d.min()) if len(d) else None, "max_ns": int(d.max()) if len(d) else None,
+        "std_ns": std, "cv": std / mean if len(d) > 1 and mean > 0 else np.nan,
+        "p95_ns": float(np.quantile(d, 0.95)) if len(d) else np.nan,
     }
-
-
-def _places(read, count: int, bounds: tuple[int, int], places: list[int]) -> np.ndarray:
-    """The durations at these places in order (read, count, bounds: as _stats takes them)."""
-    return order_statistics(lambda: ((np.zeros(len(d), np.int64), d, None) for d in read()), 1, np.array([places]),
-                            ([bounds[0]], [bounds[1]], [count]))[0].astype(np.int64)
 
 
 PACE_DTYPES = {"rank": "int64", "iteration": "int64", "kernel": "str", "start_ns": "int64", "end_ns": "int64",
@@ -162,60 +145,40 @@ def _times(r: dict) -> tuple[np.ndarray, np.ndarray]:
 
 
 def reduce(per_rank: list[dict], options: dict) -> dict:
-    """What needs every rank (each iteration's earliest start, the run's median iteration, the statistics of all
-    ranks) from the ranks' times read a rank at a time, in a few passes; pace.parquet, a row per rank and iteration,
-    then made a rank at a time as it is written."""
+    """What needs every rank (each iteration's earliest start, the run's median iteration) from the ranks' times read
+    first; pace.parquet, a row per rank and iteration, then made a rank at a time as it is written."""
     per_rank = sorted(per_rank, key=lambda r: r["rank"])  # rows by rank, then iteration
     earliest = np.full(max((r["times"].num_rows for r in per_rank), default=0), np.iinfo(np.int64).max)
-    count, least, most = 0, np.iinfo(np.int64).max, np.iinfo(np.int64).min
+    durations = []
     for r in per_rank:
         start, end = _times(r)
+        durations.append(end - start)
         aligned = start + np.int64(r["offset_ns"])
         np.minimum(earliest[:len(aligned)], aligned, out=earliest[:len(aligned)])
-        if len(start):
-            count, least, most = count + len(start), min(least, (end - start).min()), max(most, (end - start).max())
-    median = float(np.median(_places(lambda: (np.subtract(*_times(r)[::-1]) for r in per_rank), count, (least, most),
-                                     [(count - 1) // 2, count // 2]))) if count else None
-
-    def timed(at: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """A rank's starts, ends and which iterations are warm-up."""
-        start, end = _times(per_rank[at])
-        d = end - start
-        return start, end, warmup(np.zeros(len(d), np.int64), np.arange(len(d)), d, median)
+    every = np.concatenate(durations) if durations else np.zeros(0, np.int64)
+    median = float(np.median(every)) if len(every) else None
+    warm = [warmup(np.zeros(len(d), np.int64), np.arange(len(d)), d, median) for d in durations]
 
     def pace(rank: int, at: int) -> pa.Table:
-        r = per_rank[at]
-        start, end, is_warmup = timed(at)
+        r, duration, is_warmup = per_rank[at], durations[at], warm[at]
+        start, end = _times(r)
         aligned = start + np.int64(r["offset_ns"])
         delta = start - np.r_[np.int64(0), end[:-1]]
         return pa.table({"iteration": np.arange(len(start), dtype=np.int64),
                          "kernel": pa.repeat(pa.scalar(r["delimiter"]["name"], pa.large_string()), len(start)),
-                         "start_ns": start, "end_ns": end, "start_aligned_ns": aligned, "duration_ns": end - start,
+                         "start_ns": start, "end_ns": end, "start_aligned_ns": aligned, "duration_ns": duration,
                          "delta_ns": arrow_of(delta, valid=np.arange(len(start)) > 0),  # none before the first
                          "lag_ns": aligned - earliest[:len(start)], "is_warmup": is_warmup})
 
     # steadiness without the start-up, unless asked (--keep-warmup); -1 is all ranks
     keep = options.get("keep_warmup")
-
-    def steady(at: int) -> tuple[np.ndarray, np.ndarray]:
-        """A rank's durations its statistics count, and which of its iterations are warm-up."""
-        start, end, is_warmup = timed(at)
-        return ((end - start) if keep else (end - start)[~is_warmup]), is_warmup
-
-    stats, warm, kept, low, high = [], 0, 0, np.iinfo(np.int64).max, np.iinfo(np.int64).min
-    for at, r in enumerate(per_rank):
-        d, is_warmup = steady(at)
-        bounds = (d.min(), d.max()) if len(d) else (0, 0)
-        stats.append({**_stats(lambda d=d: [d], int(r["rank"]), len(d), bounds),
-                      "warmup_iterations": int(is_warmup.sum())})
-        warm, kept = warm + int(is_warmup.sum()), kept + len(d)
-        if len(d):
-            low, high = min(low, bounds[0]), max(high, bounds[1])
-    stats.append({**_stats(lambda: (steady(at)[0] for at in range(len(per_rank))), -1, kept, (low, high)),
-                  "warmup_iterations": warm})
+    stats = [{**_stats(d if keep else d[~w], int(r["rank"])), "warmup_iterations": int(w.sum())}
+             for r, d, w in zip(per_rank, durations, warm, strict=True)]
+    is_warmup = np.concatenate(warm) if warm else np.zeros(0, bool)
+    stats.append({**_stats(every if keep else every[~is_warmup], -1), "warmup_iterations": int(is_warmup.sum())})
     stats = pd.DataFrame(stats).astype({"rank": "int64", "count": "int64", "min_ns": "Int64", "max_ns": "Int64",
                                         "warmup_iterations": "int64"})
-    settings = {"warmup": {"rule": WARMUP_RULE, "left_out": not keep, "iterations": warm}}
+    settings = {"warmup": {"rule": WARMUP_RULE, "left_out": not keep, "iterations": int(is_warmup.sum())}}
     rows = RankedRows(output_schema(PACE_DTYPES), [(int(r["rank"]), at) for at, r in enumerate(per_rank)], pace)
     return {"pace": rows, "stats": stats, "settings": settings}
 
