@@ -54,13 +54,6 @@ class Cells:
         """The cells of each iteration (a rank's iterations are 0 to its count - 1)."""
         return np.cumsum(np.bincount(self.counts, minlength=int(self.counts.max(initial=0)) + 1)[::-1])[::-1][1:]
 
-    def per_cohort(self) -> np.ndarray:
-        """The cells of each cohort code."""
-        out = np.zeros(len(self.per_iteration()) * self.width, np.int64)
-        for count, stage in zip(self.counts.tolist(), self.stage.tolist(), strict=True):
-            out[stage:stage + count * self.width:self.width] += 1
-        return out
-
     def block(self, i: int) -> dict:
         """FILED of run i's cells, and each one's cohort."""
         out = {c: self.files.read(i, c) for c in FILED}
