@@ -1,7 +1,7 @@
 """Exact order statistics (a median, a 90th percentile) of values too many to hold, read again in passes: each pass
 narrows every statistic's candidates to one bin of a histogram of the values still in its range, until they are few
 enough to sort or all equal. The values are whatever the reader gives, the same on every call (straggler_heatmap's
-component noise scales over every rank x iteration cell, read from files a run of cohorts at a time)."""
+medians and noise scales over every rank x iteration cell, read from files a run of iterations at a time)."""
 
 from __future__ import annotations
 
