@@ -66,6 +66,31 @@ def order_statistics(read: Callable[[], Iterable[tuple]], n_groups: int, positio
     return result.reshape(n_groups, k)
 
 
+def medians(read: Callable[[], Iterable[tuple]], n_groups: int, count: int, bounds: tuple | None = None) -> np.ndarray:
+    """Each group's median of its `count` values (read, bounds: as order_statistics takes them), as np.median gives
+    it: the mean of the middle two."""
+    middle = np.tile([(count - 1) // 2, count // 2], (n_groups, 1))
+    return np.median(order_statistics(read, n_groups, middle, bounds), axis=1)
+
+
+def deviations(read: Callable[[], Iterable[tuple]], n_groups: int, count: int, bounds: tuple,
+               places: list[int]) -> np.ndarray:
+    """The values at these places (the same in each group) of each group's absolute deviations from its median
+    (`medians`): what a MAD or a percentile of the deviations picks from. bounds: each group's least and greatest
+    value and its rows, as order_statistics takes them."""
+    center = medians(read, n_groups, count, bounds)
+
+    def apart():
+        for group, value, weight in read():
+            deviation = value - center[group]
+            np.abs(deviation, out=deviation)
+            yield group, deviation, weight
+
+    least, most, rows = bounds
+    farthest = np.maximum(np.abs(least - center), np.abs(most - center))
+    return order_statistics(apart, n_groups, np.tile(places, (n_groups, 1)), (np.zeros(n_groups), farthest, rows))
+
+
 class _Pass:
     """What one pass gathers of each slot's values in its range [low, high] (group: each slot's): a histogram (weight,
     rows, least and greatest value per bin), or where `collect`, the values themselves. A range without finite ends

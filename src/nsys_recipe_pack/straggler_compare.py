@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .order_statistics import order_statistics
+from . import order_statistics
 from .straggler_cells import Cells, group_medians
 from .straggler_noise import MAD_TO_SIGMA, ComponentCauses, group_order
 
@@ -36,7 +36,6 @@ def median_iteration(cells: Cells, runs: int) -> float:
     """The median duration of every cell (np.median's), from passes over the files."""
     if not cells.n:
         return 0.0
-    middle = np.array([[(cells.n - 1) // 2, cells.n // 2]])
 
     def durations():
         for i in range(runs):
@@ -44,7 +43,7 @@ def median_iteration(cells: Cells, runs: int) -> float:
             yield np.zeros(len(values), np.int64), values, None
 
     least, most = cells.duration_bounds
-    return float(np.median(order_statistics(durations, 1, middle, ([least], [most], [cells.n]))))
+    return float(order_statistics.medians(durations, 1, cells.n, ([least], [most], [cells.n]))[0])
 
 
 def medians(cells: Cells, runs: list[tuple[int, int]], compared: np.ndarray) -> Medians:
@@ -66,34 +65,26 @@ def medians(cells: Cells, runs: list[tuple[int, int]], compared: np.ndarray) -> 
         if len(kept):
             least, most, count = min(least, kept.min()), max(most, kept.max()), count + len(kept)
     has = np.flatnonzero(peers)
-    middle = np.array([[(cells.n - 1) // 2, cells.n // 2]])
-    typical = float(np.median(order_statistics(lambda: [(np.zeros(len(has), np.int64), median_busy[has], peers[has])],
-                                               1, middle))) if cells.n else 0.0
+    typical = float(order_statistics.medians(lambda: [(np.zeros(len(has), np.int64), median_busy[has], peers[has])], 1,
+                               cells.n)[0]) if cells.n else 0.0
     return Medians(median_busy, peers, median_duration, compared, typical,
                    _busy_scale(cells, len(runs), compared, (least, most, count)))
 
 
 def _busy_scale(cells: Cells, runs: int, compared: np.ndarray, bounds: tuple) -> float:
-    """The MAD scale of the compared cells' busy excess (as straggler_noise.robust_scale gives it over them all)."""
+    """The MAD scale of the compared cells' busy excess (as np.median gives it over them all)."""
     least, most, count = bounds
     if not count:
         return 0.0
-    middle = np.array([[(count - 1) // 2, count // 2]])
 
-    def excess(center: float = 0.0, deviation: bool = False):
-        def read():
-            for i in range(runs):
-                values = cells.files.read(i, "excess")[compared[cells.files.read(i, "iteration")]]
-                if deviation:
-                    values -= center
-                    np.abs(values, out=values)
-                yield np.zeros(len(values), np.int64), values, None
-        return read
+    def excess():
+        for i in range(runs):
+            values = cells.files.read(i, "excess")[compared[cells.files.read(i, "iteration")]]
+            yield np.zeros(len(values), np.int64), values, None
 
-    center = float(np.median(order_statistics(excess(), 1, middle, ([least], [most], [count]))))
-    farthest = max(abs(least - center), abs(most - center))
-    return float(MAD_TO_SIGMA * np.median(order_statistics(excess(center, True), 1, middle, ([0.0], [farthest],
-                                                                                           [count]))))
+    middle = [(count - 1) // 2, count // 2]
+    spread = order_statistics.deviations(excess, 1, count, ([least], [most], [count]), middle)
+    return float(MAD_TO_SIGMA * np.median(spread))
 
 
 @dataclass

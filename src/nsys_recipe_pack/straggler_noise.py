@@ -11,21 +11,12 @@ import pyarrow as pa
 from .groups import runs_of_about
 from .inputs import numpy_of
 from .iterations import DEFAULT_SYNC_RE
-from .order_statistics import order_statistics
+from .order_statistics import deviations
 from .spill import ColumnFiles, table_of
 
 MAD_TO_SIGMA = 1.4826
 Q90_TO_SIGMA = 1.645  # the 90th percentile of |N(0, 1)|
 EXPLAINS = 0.5  # a component must account for this share of the excess to flag on its own noise
-
-
-def robust_scale(x: np.ndarray) -> float:
-    """The MAD scale of x, which it reorders and overwrites (ten million cells: no copies of them)."""
-    if not len(x):
-        return 0.0
-    x -= np.median(x, overwrite_input=True)
-    np.abs(x, out=x)
-    return float(MAD_TO_SIGMA * np.median(x, overwrite_input=True))
 
 
 BLOCK_ROWS = 1_000_000  # component rows worked on at once, about (~170 B each at their peak)
@@ -219,22 +210,10 @@ class _ComponentExcess:
         yield some, np.zeros(len(some)), self.absent[some]
 
     def scales(self) -> np.ndarray:
-        middle = [(self.n_cells - 1) // 2, self.n_cells // 2]
-        center = np.median(order_statistics(self.values, self.n_names, np.tile(middle, (self.n_names, 1)),
-                                            self.bounds), axis=1)
-
-        def deviations():
-            for col, x, weight in self.values():
-                deviation = x - center[col]
-                np.abs(deviation, out=deviation)
-                yield col, deviation, weight
-
-        least, most, rows = self.bounds
-        farthest = np.maximum(np.abs(least - center), np.abs(most - center))
         q90 = (self.n_cells - 1) * 0.90  # where np.quantile finds it: between two values
-        around = [int(np.floor(q90)), min(int(np.floor(q90)) + 1, self.n_cells - 1)]
-        dev = order_statistics(deviations, self.n_names, np.tile(middle + around, (self.n_names, 1)),
-                               (np.zeros(self.n_names), farthest, rows)).T
+        places = [(self.n_cells - 1) // 2, self.n_cells // 2, int(np.floor(q90)),
+                  min(int(np.floor(q90)) + 1, self.n_cells - 1)]
+        dev = deviations(self.values, self.n_names, self.n_cells, self.bounds, places).T
         # np.median and np.quantile on the values they would pick from the whole column: the same to the last bit
         return np.maximum(MAD_TO_SIGMA * np.median(dev[:2], axis=0),
                           np.quantile(dev[2:], q90 - np.floor(q90), axis=0) / Q90_TO_SIGMA)
